@@ -1,0 +1,10 @@
+# Finds libspng (Debian: libspng-dev). Defines SPNG::spng.
+find_path(SPNG_INCLUDE_DIR spng.h)
+find_library(SPNG_LIBRARY spng)
+include(FindPackageHandleStandardArgs)
+find_package_handle_standard_args(SPNG REQUIRED_VARS SPNG_INCLUDE_DIR SPNG_LIBRARY)
+if(SPNG_FOUND AND NOT TARGET SPNG::spng)
+  add_library(SPNG::spng UNKNOWN IMPORTED)
+  set_target_properties(SPNG::spng PROPERTIES IMPORTED_LOCATION "${SPNG_LIBRARY}"
+    INTERFACE_INCLUDE_DIRECTORIES "${SPNG_INCLUDE_DIR}")
+endif()

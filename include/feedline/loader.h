@@ -1,0 +1,129 @@
+// feedline — the image loader.
+//
+//   absl::StatusOr<std::unique_ptr<feedline::Loader>> loader =
+//       feedline::Loader::Create(feedline::LoaderOptions("data/train").batch_size(256));
+//   if (!loader.ok()) return loader.status();
+//   for (absl::StatusOr<feedline::Batch>& batch : **loader) {   // one epoch
+//     if (!batch.ok()) return batch.status();   // the file and the cause, at its batch
+//     Train(batch->images(), batch->labels());
+//   }
+//
+// Each `begin()` (or `StartEpoch()`) starts the next epoch with a fresh permutation, as torch's
+// DataLoader does; `set_epoch` chooses it explicitly. Starting an epoch cancels the previous one
+// if it is still running (its batches that the user holds stay valid).
+//
+// Thread safety: a `Loader` is used by one consumer thread at a time (as a training loop does);
+// `stats()` may be called from any thread concurrently. An `Epoch` belongs to one thread.
+#ifndef FEEDLINE_LOADER_H_
+#define FEEDLINE_LOADER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "feedline/batch.h"
+#include "feedline/dataset.h"
+#include "feedline/options.h"
+#include "feedline/stats.h"
+
+namespace feedline {
+
+class EpochRun;
+class LoaderShared;
+
+// One pass over the data set. Destroying it stops its workers promptly (mid-epoch too).
+class Epoch {
+ public:
+  ~Epoch();
+  Epoch(const Epoch&) = delete;
+  Epoch& operator=(const Epoch&) = delete;
+
+  // The next batch, in order. At the end of the epoch: a status with code kOutOfRange.
+  // A sample that failed under OnError::kRaise gives its error (kDataLoss, kNotFound, ...,
+  // naming the file) at the batch it belongs to; the following call goes on with the next batch.
+  absl::StatusOr<Batch> Next();
+  // As Next(), calling `interrupted` every `poll` while waiting; a non-OK status from it is
+  // returned at once (the batch stays queued). Bindings use it to let Ctrl-C through.
+  absl::StatusOr<Batch> Next(const std::function<absl::Status()>& interrupted,
+                             absl::Duration poll);
+
+  int64_t epoch() const noexcept;
+  int64_t num_batches() const noexcept;
+  // Stops the workers; later `Next()` calls return kCancelled. Safe to call more than once.
+  void Cancel();
+
+ private:
+  friend class Loader;
+  explicit Epoch(std::unique_ptr<EpochRun> run);
+  std::unique_ptr<EpochRun> run_;
+};
+
+class Loader {
+ public:
+  // Scans the source and validates the options. Errors: kInvalidArgument (an option, naming
+  // it), kNotFound (the source), kResourceExhausted (fixed settings that cannot fit the budget).
+  static absl::StatusOr<std::unique_ptr<Loader>> Create(LoaderOptions options);
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  // Starts the next epoch (or the one chosen by set_epoch).
+  std::unique_ptr<Epoch> StartEpoch();
+
+  int64_t num_batches() const noexcept;  // batches per epoch for this rank: len(loader)
+  int64_t num_samples() const noexcept;  // samples per epoch for this rank (padding included)
+  const Dataset& dataset() const noexcept;
+  const LoaderOptions& options() const noexcept;  // with "auto" fields resolved
+  void set_epoch(int64_t epoch);
+  int64_t next_epoch() const noexcept;  // the epoch that StartEpoch() will start
+  Stats stats() const;
+
+  // Changes resources while running (the autotuner's hooks; values >= 1).
+  void set_workers(int n);
+  void set_prefetch(int n);
+  void set_io_depth(int n);
+
+  // Range-for support: one epoch per loop.
+  class Iterator {
+   public:
+    using value_type = absl::StatusOr<Batch>;
+    absl::StatusOr<Batch>& operator*() { return current_; }
+    absl::StatusOr<Batch>* operator->() { return &current_; }
+    Iterator& operator++();
+    bool operator!=(const Iterator& other) const { return done_ != other.done_; }
+    bool operator==(const Iterator& other) const { return done_ == other.done_; }
+
+   private:
+    friend class Loader;
+    Iterator() = default;
+    explicit Iterator(std::shared_ptr<Epoch> epoch);
+    std::shared_ptr<Epoch> epoch_;
+    absl::StatusOr<Batch> current_;
+    bool done_ = true;
+  };
+  Iterator begin();
+  Iterator end() { return Iterator(); }
+
+ private:
+  explicit Loader(std::shared_ptr<LoaderShared> shared);
+  std::shared_ptr<LoaderShared> shared_;
+};
+
+// Library version and compiled features.
+struct BuildInfo {
+  std::string version;
+  bool cuda_compiled = false;
+  bool png = false;
+  std::string jpeg;    // libjpeg-turbo version
+  std::string resize;  // resampling library
+};
+BuildInfo GetBuildInfo();
+
+}  // namespace feedline
+
+#endif  // FEEDLINE_LOADER_H_

@@ -1,0 +1,102 @@
+// feedline — loader options.
+//
+// One struct holds every option of a loader. Each field documents its default and meaning.
+// Fields that say "auto" are resolved once, when the loader is created (see
+// `ResolvedOptions` in loader.h); a value of 0 means "auto" for the counts.
+//
+// The fluent setters mirror `torch::data::DataLoaderOptions`:
+//   feedline::LoaderOptions().batch_size(256).workers(4).transform(feedline::Transform::kEval)
+//
+// Thread safety: a plain value type; copy it freely, do not share a mutable one across threads.
+#ifndef FEEDLINE_OPTIONS_H_
+#define FEEDLINE_OPTIONS_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+namespace feedline {
+
+enum class Transform {
+  kTrain,  // RandomResizedCrop(size, scale, ratio) + horizontal flip (p = 0.5 when `flip`)
+  kEval,   // Resize(resize_size, shorter side, antialiased) + CenterCrop(size)
+};
+
+enum class Layout { kNCHW, kNHWC };
+
+enum class OnError {
+  kRaise,  // the consumer gets the error (with the file and the cause) at the batch it belongs to
+  kSkip,   // the sample is replaced by another one of the same epoch; the error is counted
+};
+
+// Sentinel for "choose automatically" in the count options.
+inline constexpr int kAuto = 0;
+
+// Declares a field with a getter `name()` and a fluent setter `name(v)`, as torch's TORCH_ARG.
+#define FEEDLINE_ARG(T, name, default_value)                  \
+ public:                                                      \
+  LoaderOptions& name(T v) & { name##_ = std::move(v); return *this; } \
+  LoaderOptions&& name(T v) && { name##_ = std::move(v); return std::move(*this); } \
+  const T& name() const noexcept { return name##_; }          \
+                                                              \
+ private:                                                     \
+  T name##_ = default_value
+
+class LoaderOptions {
+ public:
+  LoaderOptions() = default;
+  explicit LoaderOptions(std::string source) : source_(std::move(source)) {}
+
+  // --- Data ---------------------------------------------------------------------------------
+  // An ImageFolder directory (one sub-folder per class, torchvision's order), or a list file of
+  // "path label" lines (paths relative to the list file's folder). Required.
+  FEEDLINE_ARG(std::string, source, "");
+
+  // --- Sampling -----------------------------------------------------------------------------
+  FEEDLINE_ARG(int64_t, batch_size, 256);  // samples per batch, >= 1
+  FEEDLINE_ARG(bool, shuffle, true);       // a fresh permutation per epoch, from (seed, epoch)
+  FEEDLINE_ARG(uint64_t, seed, 0);         // the only source of randomness (order, crops, flips)
+  FEEDLINE_ARG(bool, drop_last, false);    // drop the last, incomplete batch
+  FEEDLINE_ARG(int, rank, 0);              // this process's shard (DistributedSampler semantics)
+  FEEDLINE_ARG(int, world_size, 1);        // shards; every rank gets the same number of batches
+
+  // --- Transform ----------------------------------------------------------------------------
+  FEEDLINE_ARG(Transform, transform, Transform::kTrain);
+  FEEDLINE_ARG(int, size, 224);         // output height = width
+  FEEDLINE_ARG(int, resize_size, 256);  // eval: shorter side before the centre crop
+  using Range = std::pair<double, double>;
+  FEEDLINE_ARG(Range, scale, Range(0.08, 1.0));              // train: crop area fraction
+  FEEDLINE_ARG(Range, ratio, Range(3.0 / 4.0, 4.0 / 3.0));  // train: crop aspect ratio
+  FEEDLINE_ARG(bool, flip, true);                            // train: horizontal flip, p = 0.5
+
+  // --- Output -------------------------------------------------------------------------------
+  FEEDLINE_ARG(Layout, layout, Layout::kNCHW);
+
+  // --- Resources (kAuto = chosen by the loader) ---------------------------------------------
+  FEEDLINE_ARG(int, workers, kAuto);   // decoder threads
+  FEEDLINE_ARG(int, prefetch, kAuto);  // batches in flight: the prefetch ring's depth
+  FEEDLINE_ARG(int, io_depth, kAuto);  // reads in flight: the reader threads
+  // Bytes the loader may own (ring slots, reads in flight); 0 = auto, a quarter of the
+  // available memory. Batches the user holds are the user's memory, not counted.
+  FEEDLINE_ARG(int64_t, memory_budget, 0);
+
+  // --- Robustness ---------------------------------------------------------------------------
+  FEEDLINE_ARG(OnError, on_error, OnError::kRaise);
+  // Images with more pixels are refused before any pixel memory is allocated (PIL's limit).
+  FEEDLINE_ARG(int64_t, max_image_pixels, 178956970);
+
+ public:
+  // A copy of these options with `source` replaced.
+  LoaderOptions with_source(std::string s) const {
+    LoaderOptions o = *this;
+    o.source_ = std::move(s);
+    return o;
+  }
+};
+
+#undef FEEDLINE_ARG
+
+}  // namespace feedline
+
+#endif  // FEEDLINE_OPTIONS_H_

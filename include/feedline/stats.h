@@ -1,0 +1,55 @@
+// feedline — what the loader measured about itself.
+//
+// Every stage counts the time it spends working (busy) and waiting for its input or for room
+// downstream (wait). The consumer's wait is the figure that matters: time the training loop
+// spent blocked in `Next()`. `bottleneck` names the stage that limits throughput.
+//
+// Thread safety: a plain value (a snapshot); `Loader::stats()` may be called from any thread.
+#ifndef FEEDLINE_STATS_H_
+#define FEEDLINE_STATS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace feedline {
+
+struct StageStats {
+  std::string name;       // "read", "decode", "consumer"
+  double busy_s = 0;      // summed over the stage's threads
+  double wait_s = 0;      // summed over the stage's threads
+  int64_t items = 0;      // samples (read, decode) or batches (consumer)
+  int threads = 0;        // threads currently active in the stage
+  double occupancy = 0;   // mean fill of the stage's output queue, 0..1 (-1: not measured)
+};
+
+struct SampleError {
+  std::string path;
+  std::string cause;
+  int64_t sample = -1;  // index in the data set
+  int64_t epoch = -1;
+};
+
+struct Stats {
+  double elapsed_s = 0;          // since the loader's first epoch started
+  int64_t images = 0;            // images delivered to the consumer
+  int64_t batches = 0;           // batches delivered to the consumer
+  double images_per_s = 0;       // images / elapsed_s
+  double consumer_wait_s = 0;    // time the consumer spent blocked waiting for a batch
+  double consumer_wait_fraction = 0;  // consumer_wait_s / elapsed_s: "starved x% of the time"
+  std::vector<StageStats> stages;
+  int workers = 0;               // decoder threads now
+  int prefetch = 0;              // ring depth now (batches in flight)
+  int io_depth = 0;              // reads in flight now
+  int64_t bytes_in_use = 0;      // ring slots + read buffers the loader owns now
+  int64_t memory_budget = 0;
+  int64_t slots_allocated = 0;   // ring slots allocated so far (held ones included)
+  std::string bottleneck;        // "storage", "decode", "consumer" (or "unknown" before data)
+  std::string bottleneck_reason; // the figures behind the verdict, one line
+  int64_t error_count = 0;
+  std::vector<SampleError> errors;  // the first few hundred, in the order they happened
+};
+
+}  // namespace feedline
+
+#endif  // FEEDLINE_STATS_H_

@@ -1,0 +1,278 @@
+"""feedline: a high-throughput image loader that replaces torch's DataLoader.
+
+    import feedline
+    loader = feedline.ImageLoader("data/train", batch_size=256)
+    for epoch in range(90):
+        for images, labels in loader:      # uint8 [B, 3, 224, 224], int64 [B]
+            ...
+
+The work happens in C++ threads (read -> decode -> batch slot); batches reach Python as torch
+tensors through DLPack without a copy. Each ``iter(loader)`` starts the next epoch.
+"""
+
+import os
+import re
+
+from . import _feedline
+from ._feedline import DataError
+
+__all__ = ["ImageLoader", "DataError", "build_info", "__version__"]
+
+__version__ = _feedline.build_info()["version"]
+
+
+def build_info():
+    """Version and compiled features: a dict."""
+    return _feedline.build_info()
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
+          "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2,
+          "gib": 1024**3, "tib": 1024**4}
+
+
+def _parse_bytes(name, value):
+    """'auto' -> 0; ints; strings such as '2GiB', '512MB', '1.5 GiB'."""
+    if isinstance(value, str):
+        if value == "auto":
+            return 0
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", value)
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"{name}: expected 'auto', a byte count or a size such as '2GiB', "
+                             f"got {value!r}")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    elif isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected 'auto', an int or a size string, "
+                        f"got {type(value).__name__}")
+    else:
+        n = value
+    if n <= 0:
+        raise ValueError(f"{name}: must be positive, got {value!r}")
+    return n
+
+
+def _parse_count(name, value):
+    """'auto' -> 0; positive ints."""
+    if value == "auto" or value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected 'auto' or an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name}: must be >= 1 or 'auto', got {value}")
+    return value
+
+
+def _check_type(name, value, types, what):
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise TypeError(f"{name}: expected {what}, got bool")
+    if not isinstance(value, types):
+        raise TypeError(f"{name}: expected {what}, got {type(value).__name__}")
+    return value
+
+
+def _pair(name, value):
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"{name}: expected a pair of numbers, got {value!r}")
+    for v in value:
+        _check_type(name, v, (int, float), "a pair of numbers")
+    return float(value[0]), float(value[1])
+
+
+def _world():
+    """(rank, world_size): torch.distributed if initialized, else RANK/WORLD_SIZE, else 0/1."""
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except ImportError:
+        pass
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return rank, world
+
+
+class ImageLoader:
+    """Loads an image data set as batches of torch tensors, replacing torch's DataLoader.
+
+    source: an ImageFolder directory (one sub-folder per class, torchvision's order) or a list
+        file of "path label" lines (paths relative to the list file's folder).
+    transform: "train" = RandomResizedCrop(size, scale, ratio) + horizontal flip;
+        "eval" = Resize(resize_size) + CenterCrop(size), with torchvision's semantics.
+    layout: "NCHW" (default) or "NHWC". Images are uint8.
+    workers, prefetch, io_depth: decoder threads, batches in flight, reads in flight ("auto" or
+        an int). memory_budget: bytes the loader may own ("auto", an int or "2GiB").
+    on_error: "raise" (feedline.DataError naming the file, at the batch of the sample) or
+        "skip" (the sample is replaced by another of the same epoch; errors in stats()).
+    rank, world_size: shard for distributed training (default: torch.distributed if
+        initialized, else the RANK / WORLD_SIZE environment variables, else 0 / 1).
+    return_index: also yield the data set indices of the batch's samples.
+
+    Each iteration over the loader is one epoch; a new iteration cancels an unfinished one.
+    """
+
+    def __init__(self, source, batch_size=256, shuffle=True, seed=0, drop_last=False,
+                 transform="train", size=224, resize_size=256, scale=(0.08, 1.0),
+                 ratio=(3.0 / 4.0, 4.0 / 3.0), flip=True, layout="NCHW", dtype="uint8",
+                 mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), device="cpu",
+                 workers="auto", prefetch="auto", io_depth="auto", memory_budget="auto",
+                 on_error="raise", rank=None, world_size=None, cache=None, cache_budget=None,
+                 return_index=False, max_image_pixels=178956970):
+        source = os.fspath(_check_type("source", source, (str, bytes, os.PathLike),
+                                       "a path"))
+        if isinstance(source, bytes):
+            source = os.fsdecode(source)
+        if not os.path.exists(source):
+            raise FileNotFoundError(f"source: {source}: no such file or directory")
+        _check_type("batch_size", batch_size, int, "an int")
+        _check_type("shuffle", shuffle, bool, "a bool")
+        _check_type("seed", seed, int, "an int")
+        if seed < 0:
+            raise ValueError(f"seed: must be >= 0, got {seed}")
+        _check_type("drop_last", drop_last, bool, "a bool")
+        _check_type("transform", transform, str, "'train' or 'eval'")
+        _check_type("size", size, int, "an int")
+        _check_type("resize_size", resize_size, int, "an int")
+        _check_type("flip", flip, bool, "a bool")
+        _check_type("layout", layout, str, "'NCHW' or 'NHWC'")
+        _check_type("dtype", dtype, str, "a dtype name")
+        _check_type("on_error", on_error, str, "'raise' or 'skip'")
+        _check_type("return_index", return_index, bool, "a bool")
+        _check_type("max_image_pixels", max_image_pixels, int, "an int")
+        if dtype != "uint8":
+            raise ValueError(f"dtype: only 'uint8' is available in this build, got {dtype!r}")
+        _check_type("device", device, str, "'cpu' or 'cuda[:N]'")
+        if device != "cpu":
+            if re.fullmatch(r"cuda(:\d+)?", device) is None:
+                raise ValueError(f"device: expected 'cpu' or 'cuda[:N]', got {device!r}")
+            raise ValueError(f"device: {device!r} requested, but this build of feedline has no "
+                             "CUDA path (no CUDA device/driver available); use device='cpu'")
+        if cache is not None:
+            raise ValueError(f"cache: caching is not available in this build, got {cache!r}")
+        if rank is None or world_size is None:
+            r, w = _world()
+            rank = r if rank is None else rank
+            world_size = w if world_size is None else world_size
+        _check_type("rank", rank, int, "an int")
+        _check_type("world_size", world_size, int, "an int")
+        scale = _pair("scale", scale)
+        ratio = _pair("ratio", ratio)
+        layout = layout.upper()
+
+        self._return_index = return_index
+        self._loader = _feedline.Loader(
+            source=source, batch_size=batch_size, shuffle=shuffle, seed=seed,
+            drop_last=drop_last, transform=transform, size=size, resize_size=resize_size,
+            scale=scale, ratio=ratio, flip=flip, layout=layout,
+            workers=_parse_count("workers", workers),
+            prefetch=_parse_count("prefetch", prefetch),
+            io_depth=_parse_count("io_depth", io_depth),
+            memory_budget=_parse_bytes("memory_budget", memory_budget),
+            on_error=on_error, rank=rank, world_size=world_size,
+            max_image_pixels=max_image_pixels)
+        self._samples = None
+        self.batch_size = batch_size
+        self.source = source
+        self.rank = rank
+        self.world_size = world_size
+
+    def __len__(self):
+        """Batches per epoch for this rank."""
+        return len(self._loader)
+
+    def __iter__(self):
+        return _EpochIterator(self._loader.start_epoch(), self._return_index)
+
+    @property
+    def classes(self):
+        """Class names, as torchvision's ImageFolder.classes (empty for list files)."""
+        return list(self._loader.classes)
+
+    @property
+    def class_to_idx(self):
+        return {c: i for i, c in enumerate(self.classes)}
+
+    @property
+    def samples(self):
+        """(path, class index) pairs, as torchvision's ImageFolder.samples."""
+        if self._samples is None:
+            self._samples = self._loader.samples
+        return self._samples
+
+    @property
+    def targets(self):
+        return [label for _, label in self.samples]
+
+    @property
+    def num_samples(self):
+        """Samples per epoch for this rank."""
+        return self._loader.num_samples
+
+    def set_epoch(self, epoch):
+        """The epoch the next iteration starts (its permutation and augmentations)."""
+        _check_type("epoch", epoch, int, "an int")
+        if epoch < 0:
+            raise ValueError(f"epoch: must be >= 0, got {epoch}")
+        self._loader.set_epoch(epoch)
+
+    def stats(self):
+        """Per-stage figures, images/s, current settings, bottleneck verdict and errors."""
+        return self._loader.stats()
+
+    @property
+    def workers(self):
+        return self._loader.workers
+
+    @property
+    def prefetch(self):
+        return self._loader.prefetch
+
+    @property
+    def io_depth(self):
+        return self._loader.io_depth
+
+    def __repr__(self):
+        return (f"feedline.ImageLoader({self.source!r}, batch_size={self.batch_size}, "
+                f"batches={len(self)}, workers={self.workers}, prefetch={self.prefetch})")
+
+
+class _EpochIterator:
+    """One epoch. Dropping it (or breaking out of the loop) stops the workers promptly."""
+
+    def __init__(self, epoch, return_index):
+        import torch  # the consumer's torch; feedline itself does not link it
+        self._from_dlpack = torch.from_dlpack
+        self._epoch = epoch
+        self._return_index = return_index
+
+    def __iter__(self):
+        return self
+
+    def __len__(self):
+        return len(self._epoch) if self._epoch is not None else 0
+
+    def __next__(self):
+        if self._epoch is None:
+            raise StopIteration
+        try:
+            images, labels, indices, _ = self._epoch.next()
+        except StopIteration:
+            self.close()
+            raise
+        images = self._from_dlpack(images)
+        labels = self._from_dlpack(labels)
+        if self._return_index:
+            return images, labels, self._from_dlpack(indices)
+        return images, labels
+
+    def close(self):
+        """Stops the epoch's workers and frees its buffers."""
+        epoch, self._epoch = self._epoch, None
+        if epoch is not None:
+            epoch.cancel()
+            del epoch
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

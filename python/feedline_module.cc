@@ -1,0 +1,337 @@
+// The `feedline._feedline` extension: the C++ loader for Python.
+//
+// Tensors leave through DLPack (`__dlpack__` / `__dlpack_device__`), zero-copy: the capsule
+// owns a reference to the batch's slot, and the slot returns to the ring when the consumer's
+// tensor dies. No LibTorch, no libtorch_python: any DLPack consumer works.
+//
+// The GIL is released around every call that may block (waiting for a batch, creating a
+// loader, destroying an epoch, which joins its threads). The capsule deleter touches no Python
+// object, so it may run on any thread, with or without the GIL.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "feedline/feedline.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// --- DLPack (the stable C ABI of https://dmlc.github.io/dlpack, version 0.8) -----------------
+enum DLDeviceType : int32_t { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3 };
+struct DLDevice {
+  int32_t device_type;
+  int32_t device_id;
+};
+enum DLDataTypeCode : uint8_t { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4 };
+struct DLDataType {
+  uint8_t code;
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct DLTensor {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;
+  uint64_t byte_offset;
+};
+struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor* self);
+};
+
+// Owns what a DLManagedTensor points into: a reference to the batch, and the shape.
+struct DLPackOwner {
+  std::shared_ptr<const void> keep_alive;
+  int64_t shape[4];
+  DLManagedTensor managed;
+};
+
+void DeleteOwner(DLManagedTensor* self) { delete static_cast<DLPackOwner*>(self->manager_ctx); }
+
+void CapsuleDestructor(PyObject* capsule) {
+  // A consumer renames the capsule to "used_dltensor" and takes over the deleter; only an
+  // unconsumed capsule is ours to free.
+  if (PyCapsule_IsValid(capsule, "dltensor")) {
+    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+    if (managed != nullptr && managed->deleter != nullptr) managed->deleter(managed);
+  } else {
+    PyErr_Clear();
+  }
+}
+
+// One array of a batch (images, labels or indices), exported through DLPack.
+class ArrayView {
+ public:
+  ArrayView(std::shared_ptr<const void> keep_alive, void* data, DLDataType dtype,
+            std::vector<int64_t> shape)
+      : keep_alive_(std::move(keep_alive)), data_(data), dtype_(dtype), shape_(std::move(shape)) {}
+
+  py::object DLPack(py::object stream) const {
+    if (!stream.is_none() && !(py::isinstance<py::int_>(stream) && stream.cast<int64_t>() == -1)) {
+      // CPU arrays need no synchronisation; DLPack says stream must be None (or -1) here.
+      if (!py::isinstance<py::int_>(stream)) throw py::type_error("stream: must be None or an int");
+    }
+    auto* owner = new DLPackOwner();
+    owner->keep_alive = keep_alive_;
+    for (size_t i = 0; i < shape_.size(); ++i) owner->shape[i] = shape_[i];
+    DLTensor& t = owner->managed.dl_tensor;
+    t.data = data_;
+    t.device = DLDevice{kDLCPU, 0};
+    t.ndim = static_cast<int32_t>(shape_.size());
+    t.dtype = dtype_;
+    t.shape = owner->shape;
+    t.strides = nullptr;  // compact row-major
+    t.byte_offset = 0;
+    owner->managed.manager_ctx = owner;
+    owner->managed.deleter = &DeleteOwner;
+    PyObject* capsule = PyCapsule_New(&owner->managed, "dltensor", &CapsuleDestructor);
+    if (capsule == nullptr) {
+      delete owner;
+      throw py::error_already_set();
+    }
+    return py::reinterpret_steal<py::object>(capsule);
+  }
+  py::tuple DLPackDevice() const { return py::make_tuple(int(kDLCPU), 0); }
+  std::vector<int64_t> shape() const { return shape_; }
+
+ private:
+  std::shared_ptr<const void> keep_alive_;
+  void* data_;
+  DLDataType dtype_;
+  std::vector<int64_t> shape_;
+};
+
+// Destroying an epoch joins its threads: never with the GIL held.
+struct ReleaseGilDeleter {
+  void operator()(feedline::Epoch* e) const {
+    if (PyGILState_Check()) {
+      py::gil_scoped_release release;
+      delete e;
+    } else {
+      delete e;
+    }
+  }
+};
+using EpochHolder = std::unique_ptr<feedline::Epoch, ReleaseGilDeleter>;
+
+py::object g_data_error;
+
+[[noreturn]] void ThrowStatus(const absl::Status& s, bool sample_error) {
+  const std::string msg(s.message());
+  if (sample_error) {
+    PyErr_SetString(g_data_error.ptr(), msg.c_str());
+    throw py::error_already_set();
+  }
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kOutOfRange:
+      throw py::value_error(msg);
+    case absl::StatusCode::kNotFound:
+      PyErr_SetString(PyExc_FileNotFoundError, msg.c_str());
+      throw py::error_already_set();
+    case absl::StatusCode::kPermissionDenied:
+      PyErr_SetString(PyExc_PermissionError, msg.c_str());
+      throw py::error_already_set();
+    default:
+      throw std::runtime_error(msg);
+  }
+}
+
+template <typename E>
+E ParseEnum(const std::string& value, const char* option,
+            std::initializer_list<std::pair<const char*, E>> choices) {
+  std::string names;
+  for (auto& [name, e] : choices) {
+    if (value == name) return e;
+    absl::StrAppend(&names, names.empty() ? "" : ", ", "'", name, "'");
+  }
+  throw py::value_error(absl::StrCat(option, ": expected one of ", names, ", got '", value, "'"));
+}
+
+py::dict StatsToDict(const feedline::Stats& s) {
+  py::dict d;
+  d["elapsed_s"] = s.elapsed_s;
+  d["images"] = s.images;
+  d["batches"] = s.batches;
+  d["images_per_s"] = s.images_per_s;
+  d["consumer_wait_s"] = s.consumer_wait_s;
+  d["consumer_wait_fraction"] = s.consumer_wait_fraction;
+  py::dict stages;
+  for (const feedline::StageStats& st : s.stages) {
+    py::dict x;
+    x["busy_s"] = st.busy_s;
+    x["wait_s"] = st.wait_s;
+    x["items"] = st.items;
+    x["threads"] = st.threads;
+    if (st.occupancy >= 0) x["occupancy"] = st.occupancy;
+    stages[py::str(st.name)] = x;
+  }
+  d["stages"] = stages;
+  d["workers"] = s.workers;
+  d["prefetch"] = s.prefetch;
+  d["io_depth"] = s.io_depth;
+  d["bytes_in_use"] = s.bytes_in_use;
+  d["memory_budget"] = s.memory_budget;
+  d["slots_allocated"] = s.slots_allocated;
+  d["bottleneck"] = s.bottleneck;
+  d["bottleneck_reason"] = s.bottleneck_reason;
+  d["error_count"] = s.error_count;
+  py::list errors;
+  for (const feedline::SampleError& e : s.errors) {
+    py::dict x;
+    x["path"] = e.path;
+    x["cause"] = e.cause;
+    x["sample"] = e.sample;
+    x["epoch"] = e.epoch;
+    errors.append(x);
+  }
+  d["errors"] = errors;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_feedline, m) {
+  m.doc() = "feedline: a high-throughput image loader (C++ core)";
+  g_data_error = py::reinterpret_steal<py::object>(
+      PyErr_NewExceptionWithDoc("feedline.DataError",
+                                "A sample could not be read or decoded (the message names the "
+                                "file and the cause).",
+                                PyExc_RuntimeError, nullptr));
+  m.attr("DataError") = g_data_error;
+
+  m.def("build_info", [] {
+    feedline::BuildInfo b = feedline::GetBuildInfo();
+    py::dict d;
+    d["version"] = b.version;
+    d["cuda_compiled"] = b.cuda_compiled;
+    d["cuda_devices"] = py::list();
+    d["png"] = b.png;
+    d["jpeg"] = b.jpeg;
+    d["resize"] = b.resize;
+    return d;
+  });
+
+  py::class_<ArrayView>(m, "ArrayView")
+      .def("__dlpack__", &ArrayView::DLPack, py::arg("stream") = py::none())
+      .def("__dlpack_device__", &ArrayView::DLPackDevice)
+      .def_property_readonly("shape", &ArrayView::shape);
+
+  py::class_<feedline::Epoch, EpochHolder>(m, "Epoch")
+      .def_property_readonly("epoch", &feedline::Epoch::epoch)
+      .def("__len__", &feedline::Epoch::num_batches)
+      .def("cancel",
+           [](feedline::Epoch& e) {
+             py::gil_scoped_release release;
+             e.Cancel();
+           })
+      // Returns (images, labels, indices, batch_index) or raises StopIteration.
+      .def("next", [](feedline::Epoch& e) {
+        absl::StatusOr<feedline::Batch> batch;
+        {
+          py::gil_scoped_release release;
+          batch = e.Next(
+              [] {
+                py::gil_scoped_acquire acquire;
+                if (PyErr_CheckSignals() != 0) return absl::CancelledError("interrupted");
+                return absl::OkStatus();
+              },
+              absl::Milliseconds(100));
+        }
+        if (!batch.ok()) {
+          if (PyErr_Occurred()) throw py::error_already_set();
+          if (absl::IsOutOfRange(batch.status()) || absl::IsCancelled(batch.status())) {
+            throw py::stop_iteration();
+          }
+          ThrowStatus(batch.status(), /*sample_error=*/true);
+        }
+        const feedline::Batch& b = *batch;
+        const auto shape = b.image_shape();
+        auto keep = b.keep_alive();
+        const int64_t n = b.size();
+        ArrayView images(keep, const_cast<uint8_t*>(b.images()), DLDataType{kDLUInt, 8, 1},
+                         {shape[0], shape[1], shape[2], shape[3]});
+        ArrayView labels(keep, const_cast<int64_t*>(b.labels()), DLDataType{kDLInt, 64, 1}, {n});
+        ArrayView indices(keep, const_cast<int64_t*>(b.indices()), DLDataType{kDLInt, 64, 1}, {n});
+        return py::make_tuple(std::move(images), std::move(labels), std::move(indices), b.index());
+      });
+
+  py::class_<feedline::Loader>(m, "Loader")
+      .def(py::init([](const std::string& source, int64_t batch_size, bool shuffle, uint64_t seed,
+                       bool drop_last, const std::string& transform, int size, int resize_size,
+                       std::pair<double, double> scale, std::pair<double, double> ratio, bool flip,
+                       const std::string& layout, int workers, int prefetch, int io_depth,
+                       int64_t memory_budget, const std::string& on_error, int rank,
+                       int world_size, int64_t max_image_pixels) {
+             feedline::LoaderOptions o(source);
+             o.batch_size(batch_size).shuffle(shuffle).seed(seed).drop_last(drop_last);
+             o.transform(ParseEnum<feedline::Transform>(
+                 transform, "transform",
+                 {{"train", feedline::Transform::kTrain}, {"eval", feedline::Transform::kEval}}));
+             o.size(size).resize_size(resize_size).scale(scale).ratio(ratio).flip(flip);
+             o.layout(ParseEnum<feedline::Layout>(
+                 layout, "layout",
+                 {{"NCHW", feedline::Layout::kNCHW}, {"NHWC", feedline::Layout::kNHWC}}));
+             o.workers(workers).prefetch(prefetch).io_depth(io_depth).memory_budget(memory_budget);
+             o.on_error(ParseEnum<feedline::OnError>(
+                 on_error, "on_error",
+                 {{"raise", feedline::OnError::kRaise}, {"skip", feedline::OnError::kSkip}}));
+             o.rank(rank).world_size(world_size).max_image_pixels(max_image_pixels);
+             absl::StatusOr<std::unique_ptr<feedline::Loader>> loader;
+             {
+               py::gil_scoped_release release;
+               loader = feedline::Loader::Create(std::move(o));
+             }
+             if (!loader.ok()) ThrowStatus(loader.status(), false);
+             return std::move(*loader);
+           }),
+           py::arg("source"), py::arg("batch_size"), py::arg("shuffle"), py::arg("seed"),
+           py::arg("drop_last"), py::arg("transform"), py::arg("size"), py::arg("resize_size"),
+           py::arg("scale"), py::arg("ratio"), py::arg("flip"), py::arg("layout"),
+           py::arg("workers"), py::arg("prefetch"), py::arg("io_depth"), py::arg("memory_budget"),
+           py::arg("on_error"), py::arg("rank"), py::arg("world_size"),
+           py::arg("max_image_pixels"))
+      .def("start_epoch",
+           [](feedline::Loader& l) {
+             std::unique_ptr<feedline::Epoch> e;
+             {
+               py::gil_scoped_release release;
+               e = l.StartEpoch();
+             }
+             return EpochHolder(e.release());
+           })
+      .def("__len__", &feedline::Loader::num_batches)
+      .def_property_readonly("num_samples", &feedline::Loader::num_samples)
+      .def_property_readonly("classes",
+                             [](const feedline::Loader& l) { return l.dataset().classes; })
+      .def_property_readonly("samples",
+                             [](const feedline::Loader& l) {
+                               py::list out;
+                               for (const feedline::Sample& s : l.dataset().samples) {
+                                 out.append(py::make_tuple(s.path, s.label));
+                               }
+                               return out;
+                             })
+      .def("set_epoch", &feedline::Loader::set_epoch)
+      .def_property_readonly("next_epoch", &feedline::Loader::next_epoch)
+      .def("stats", [](const feedline::Loader& l) { return StatsToDict(l.stats()); })
+      .def("set_workers", &feedline::Loader::set_workers)
+      .def("set_prefetch", &feedline::Loader::set_prefetch)
+      .def("set_io_depth", &feedline::Loader::set_io_depth)
+      .def_property_readonly("workers", [](const feedline::Loader& l) { return l.stats().workers; })
+      .def_property_readonly("prefetch", [](const feedline::Loader& l) { return l.stats().prefetch; })
+      .def_property_readonly("io_depth", [](const feedline::Loader& l) { return l.stats().io_depth; })
+      .def_property_readonly("memory_budget",
+                             [](const feedline::Loader& l) { return l.options().memory_budget(); });
+}

@@ -1,0 +1,155 @@
+#include "image/transform.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include <opencv2/core.hpp>
+#include <opencv2/imgproc.hpp>
+
+namespace feedline {
+namespace {
+
+// Python's round(): half to even. std::nearbyint uses the current rounding mode, which is
+// round-to-nearest-even unless someone changed it; state it explicitly to not depend on that.
+int PyRound(double v) {
+  double r = std::round(v);
+  if (std::fabs(v - std::trunc(v)) == 0.5) r = 2.0 * std::round(v / 2.0);
+  return static_cast<int>(r);
+}
+
+// Resamples `src` to exactly `dst`'s size. Shrinking uses area averaging, enlarging bilinear;
+// when the axes disagree, x then y in two passes (each with its own filter).
+void Resample(const cv::Mat& src, cv::Mat& dst, std::vector<uint8_t>* tmp_storage) {
+  const int sw = src.cols, sh = src.rows, dw = dst.cols, dh = dst.rows;
+  const bool shrink_x = dw < sw, shrink_y = dh < sh;
+  const bool grow_x = dw > sw, grow_y = dh > sh;
+  if ((shrink_x && grow_y) || (grow_x && shrink_y)) {
+    tmp_storage->resize(size_t(dw) * sh * 3);
+    cv::Mat mid(sh, dw, CV_8UC3, tmp_storage->data());
+    cv::resize(src, mid, mid.size(), 0, 0, shrink_x ? cv::INTER_AREA : cv::INTER_LINEAR);
+    cv::resize(mid, dst, dst.size(), 0, 0, shrink_y ? cv::INTER_AREA : cv::INTER_LINEAR);
+    return;
+  }
+  if (!shrink_x && !shrink_y && !grow_x && !grow_y) {
+    src.copyTo(dst);
+    return;
+  }
+  cv::resize(src, dst, dst.size(), 0, 0, (shrink_x || shrink_y) ? cv::INTER_AREA : cv::INTER_LINEAR);
+}
+
+// Writes an HWC image (possibly a non-contiguous window) to `dst` in `layout`, mirrored when
+// `flip` (which needs `tmp`).
+void Store(const cv::Mat& hwc, bool flip, Layout layout, uint8_t* dst, std::vector<uint8_t>* tmp) {
+  const int w = hwc.cols, h = hwc.rows;
+  cv::Mat src = hwc;
+  if (layout == Layout::kNHWC) {
+    cv::Mat out(h, w, CV_8UC3, dst);
+    if (flip) {
+      cv::flip(src, out, 1);
+    } else if (src.data != out.data) {
+      src.copyTo(out);
+    }
+    return;
+  }
+  if (flip) {
+    tmp->resize(size_t(w) * h * 3);
+    cv::Mat flipped(h, w, CV_8UC3, tmp->data());
+    cv::flip(src, flipped, 1);
+    src = flipped;
+  }
+  const size_t plane = size_t(w) * h;
+  cv::Mat planes[3] = {cv::Mat(h, w, CV_8UC1, dst), cv::Mat(h, w, CV_8UC1, dst + plane),
+                       cv::Mat(h, w, CV_8UC1, dst + 2 * plane)};
+  cv::split(src, planes);
+}
+
+cv::Mat RegionMat(const DecodedRegion& r) {
+  return cv::Mat(r.height, r.width, CV_8UC3, const_cast<uint8_t*>(r.pixels), r.stride);
+}
+
+}  // namespace
+
+CropBox RandomResizedCropBox(int width, int height, std::pair<double, double> scale,
+                             std::pair<double, double> ratio, SampleRng& rng) {
+  const double area = double(height) * double(width);
+  const double log_r0 = std::log(ratio.first), log_r1 = std::log(ratio.second);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target_area = area * rng.Uniform(scale.first, scale.second);
+    const double aspect = std::exp(rng.Uniform(log_r0, log_r1));
+    const int w = PyRound(std::sqrt(target_area * aspect));
+    const int h = PyRound(std::sqrt(target_area / aspect));
+    if (0 < w && w <= width && 0 < h && h <= height) {
+      CropBox box;
+      box.top = static_cast<int>(rng.Below(uint64_t(height - h + 1)));
+      box.left = static_cast<int>(rng.Below(uint64_t(width - w + 1)));
+      box.height = h;
+      box.width = w;
+      return box;
+    }
+  }
+  // torchvision's fallback: the central crop with the ratio clamped to the allowed range.
+  const double in_ratio = double(width) / double(height);
+  const double rmin = std::min(ratio.first, ratio.second), rmax = std::max(ratio.first, ratio.second);
+  int w = width, h = height;
+  if (in_ratio < rmin) {
+    h = PyRound(w / rmin);
+  } else if (in_ratio > rmax) {
+    w = PyRound(h * rmax);
+  }
+  return CropBox{(height - h) / 2, (width - w) / 2, h, w};
+}
+
+EvalGeometry ComputeEvalGeometry(int width, int height, int resize_size, int size) {
+  EvalGeometry g;
+  const bool portrait = width <= height;
+  const int s = portrait ? width : height, l = portrait ? height : width;
+  const int new_long = static_cast<int>(double(resize_size) * l / s);
+  g.resized_w = portrait ? resize_size : new_long;
+  g.resized_h = portrait ? new_long : resize_size;
+  g.crop_top = PyRound((g.resized_h - size) / 2.0);
+  g.crop_left = PyRound((g.resized_w - size) / 2.0);
+  return g;
+}
+
+void ResampleInto(const DecodedRegion& region, const Rect& src, int out_w, int out_h, bool flip,
+                  Layout layout, uint8_t* dst, ResampleScratch* scratch) {
+  // The rectangle in decoded coordinates, rounded to whole decoded pixels.
+  int x0 = static_cast<int>(std::lround(src.x * region.scale_x - region.origin_x));
+  int y0 = static_cast<int>(std::lround(src.y * region.scale_y - region.origin_y));
+  int x1 = static_cast<int>(std::lround((src.x + src.w) * region.scale_x - region.origin_x));
+  int y1 = static_cast<int>(std::lround((src.y + src.h) * region.scale_y - region.origin_y));
+  x0 = std::clamp(x0, 0, region.width - 1);
+  y0 = std::clamp(y0, 0, region.height - 1);
+  x1 = std::clamp(x1, x0 + 1, region.width);
+  y1 = std::clamp(y1, y0 + 1, region.height);
+  cv::Mat roi = RegionMat(region)(cv::Rect(x0, y0, x1 - x0, y1 - y0));
+  const bool direct = layout == Layout::kNHWC && !flip;
+  if (!direct) scratch->a.resize(size_t(out_w) * out_h * 3);
+  cv::Mat resized(out_h, out_w, CV_8UC3, direct ? dst : scratch->a.data());
+  Resample(roi, resized, &scratch->b);
+  if (!direct) Store(resized, flip, layout, dst, &scratch->b);
+}
+
+void ResizeThenCropInto(const DecodedRegion& region, const EvalGeometry& g, int out_w, int out_h,
+                        Layout layout, uint8_t* dst, ResampleScratch* scratch) {
+  scratch->a.resize(size_t(g.resized_w) * g.resized_h * 3);
+  cv::Mat resized(g.resized_h, g.resized_w, CV_8UC3, scratch->a.data());
+  Resample(RegionMat(region), resized, &scratch->b);
+  // The crop window, clipped to the resized image; the rest (if any) is zero padding.
+  const cv::Rect window(g.crop_left, g.crop_top, out_w, out_h);
+  const cv::Rect inside = window & cv::Rect(0, 0, g.resized_w, g.resized_h);
+  if (inside == window) {
+    Store(resized(window), /*flip=*/false, layout, dst, nullptr);
+    return;
+  }
+  std::vector<uint8_t> padded(size_t(out_w) * out_h * 3, 0);
+  cv::Mat p(out_h, out_w, CV_8UC3, padded.data());
+  if (inside.area() > 0) {
+    resized(inside).copyTo(p(cv::Rect(inside.x - window.x, inside.y - window.y, inside.width,
+                                      inside.height)));
+  }
+  Store(p, /*flip=*/false, layout, dst, nullptr);
+}
+
+}  // namespace feedline

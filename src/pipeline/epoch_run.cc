@@ -1,0 +1,409 @@
+#include "pipeline/epoch_run.h"
+
+#include <oneapi/tbb/concurrent_queue.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "decode/image_decoder.h"
+#include "image/random.h"
+#include "image/transform.h"
+
+namespace feedline {
+
+struct EpochRun::ReadItem {
+  int64_t seq = 0;
+  int64_t sample = 0;
+  absl::Status status;
+  std::vector<uint8_t> bytes;
+};
+
+// A batch in flight: its slot and how many of its samples are still to be written.
+struct EpochRun::InFlight {
+  std::atomic<int64_t> batch{-1};  // published (release) after the fields below are set
+  std::atomic<int64_t> remaining{0};
+  std::shared_ptr<internal::BatchSlot> slot;
+  int64_t count = 0;
+  absl::Mutex mu;  // guards the error (rare path)
+  absl::Status error ABSL_GUARDED_BY(mu);
+  int64_t error_pos ABSL_GUARDED_BY(mu) = -1;
+};
+
+// Readers hand filled buffers to decoders through `ready`; decoders hand them back through
+// `free`. Both are unbounded (never block on push): the number of buffers bounds them. A null
+// item is the stop sentinel (pushed once per thread on cancel).
+struct EpochRun::Queues {
+  tbb::concurrent_bounded_queue<ReadItem*> ready;
+  tbb::concurrent_bounded_queue<ReadItem*> free;
+  absl::Mutex mu;
+  std::vector<std::unique_ptr<ReadItem>> all ABSL_GUARDED_BY(mu);
+};
+
+struct EpochRun::DecoderState {
+  ImageDecoder decoder;
+  ResampleScratch scratch;
+  std::vector<uint8_t> replacement_bytes;
+};
+
+EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t start_batch)
+    : shared_(std::move(shared)),
+      epoch_(epoch),
+      order_(EpochOrder(shared_->sampler, epoch)),
+      batch_size_(shared_->options.batch_size()),
+      num_batches_(BatchesPerRank(shared_->sampler)),
+      total_seq_(static_cast<int64_t>(order_.size())),
+      next_seq_(std::min(start_batch * batch_size_, total_seq_)),
+      consumed_(std::min(start_batch, num_batches_)),
+      opened_(std::min(start_batch, num_batches_)),
+      inflight_(new InFlight[kMaxPrefetch]),
+      queues_(std::make_unique<Queues>()) {
+  int64_t expected = 0;
+  shared_->start_ns.compare_exchange_strong(expected, NowNs());
+  {
+    absl::MutexLock lock(&shared_->active_mu);
+    shared_->active = this;
+  }
+  last_return_ns_ = NowNs();
+  StartThreads();
+}
+
+EpochRun::~EpochRun() {
+  Shutdown();
+  absl::MutexLock lock(&shared_->active_mu);
+  if (shared_->active == this) shared_->active = nullptr;
+}
+
+void EpochRun::StartThreads() {
+  SetIoDepth(shared_->io_depth.load());
+  SetWorkers(shared_->workers.load());
+}
+
+void EpochRun::SetWorkers(int n) {
+  n = std::max(1, n);
+  shared_->workers.store(n);
+  {
+    absl::MutexLock lock(&threads_mu_);
+    if (shut_down_ || cancelled_.load()) return;
+    while (static_cast<int>(decoders_.size()) < n) {
+      int id = static_cast<int>(decoders_.size());
+      decoders_.emplace_back([this, id] { DecoderLoop(id); });
+    }
+  }
+  Wake();
+}
+
+void EpochRun::SetIoDepth(int n) {
+  n = std::max(1, n);
+  shared_->io_depth.store(n);
+  {
+    absl::MutexLock lock(&threads_mu_);
+    if (shut_down_ || cancelled_.load()) return;
+    while (static_cast<int>(readers_.size()) < n) {
+      int id = static_cast<int>(readers_.size());
+      readers_.emplace_back([this, id] { ReaderLoop(id); });
+    }
+  }
+  Wake();
+}
+
+void EpochRun::SetPrefetch(int n) {
+  n = std::clamp(n, 1, kMaxPrefetch);
+  shared_->prefetch.store(n);
+  shared_->pool->set_keep(n);
+  Wake();
+}
+
+void EpochRun::Wake() {
+  wake_gen_.fetch_add(1, std::memory_order_release);
+  wake_gen_.notify_all();
+}
+
+bool EpochRun::ParkWhileSurplus(int id, const std::atomic<int>& target) {
+  while (true) {
+    const uint32_t gen = wake_gen_.load(std::memory_order_acquire);
+    if (cancelled_.load(std::memory_order_acquire)) return false;
+    if (id < target.load(std::memory_order_acquire)) return true;
+    wake_gen_.wait(gen, std::memory_order_acquire);
+  }
+}
+
+bool EpochRun::WaitAdmitted(int64_t b, int) {
+  while (true) {
+    const uint32_t gen = wake_gen_.load(std::memory_order_acquire);
+    if (cancelled_.load(std::memory_order_acquire)) return false;
+    if (b < consumed_.load(std::memory_order_acquire) + shared_->prefetch.load()) return true;
+    wake_gen_.wait(gen, std::memory_order_acquire);
+  }
+}
+
+void EpochRun::EnsureOpen(int64_t b) {
+  absl::MutexLock lock(&open_mu_);
+  while (opened_ <= b) {
+    const int64_t k = opened_;
+    InFlight& e = inflight_[k % kMaxPrefetch];
+    e.slot = shared_->pool->Acquire();
+    e.count = std::min(batch_size_, total_seq_ - k * batch_size_);
+    e.remaining.store(e.count, std::memory_order_relaxed);
+    {
+      absl::MutexLock elock(&e.mu);
+      e.error = absl::OkStatus();
+      e.error_pos = -1;
+    }
+    e.batch.store(k, std::memory_order_release);
+    ++opened_;
+  }
+}
+
+EpochRun::ReadItem* EpochRun::AcquireReadItem() {
+  ReadItem* item = nullptr;
+  if (queues_->free.try_pop(item)) return item;
+  // Reads in flight plus decode lookahead: enough for every reader and decoder to hold one.
+  const int cap = shared_->io_depth.load() + 2 * shared_->workers.load();
+  if (read_items_created_.load() < cap) {
+    read_items_created_.fetch_add(1);
+    auto owned = std::make_unique<ReadItem>();
+    item = owned.get();
+    absl::MutexLock lock(&queues_->mu);
+    queues_->all.push_back(std::move(owned));
+    return item;
+  }
+  queues_->free.pop(item);  // blocks until a decoder returns one (or the stop sentinel)
+  return item;
+}
+
+void EpochRun::ReaderLoop(int id) {
+  while (ParkWhileSurplus(id, shared_->io_depth)) {
+    const int64_t seq = next_seq_.fetch_add(1, std::memory_order_relaxed);
+    if (seq >= total_seq_) return;
+    const int64_t t0 = NowNs();
+    if (!WaitAdmitted(seq / batch_size_, id)) return;
+    EnsureOpen(seq / batch_size_);
+    ReadItem* item = AcquireReadItem();
+    if (item == nullptr || cancelled_.load(std::memory_order_acquire)) return;
+    const int64_t t1 = NowNs();
+    shared_->read.AddWait(t1 - t0);
+    item->seq = seq;
+    item->sample = order_[size_t(seq)];
+    const size_t before = item->bytes.capacity();
+    item->status = shared_->source->Read(item->sample, &item->bytes);
+    shared_->read_buffer_bytes.fetch_add(int64_t(item->bytes.capacity()) - int64_t(before),
+                                         std::memory_order_relaxed);
+    shared_->read.AddBusy(NowNs() - t1);
+    shared_->read.AddItem();
+    queues_->ready.push(item);
+  }
+}
+
+void EpochRun::DecoderLoop(int id) {
+  DecoderState state;
+  while (ParkWhileSurplus(id, shared_->workers)) {
+    ReadItem* item = nullptr;
+    const int64_t t0 = NowNs();
+    queues_->ready.pop(item);
+    if (item == nullptr || cancelled_.load(std::memory_order_acquire)) return;
+    const int64_t t1 = NowNs();
+    shared_->decode.AddWait(t1 - t0);
+    ProcessSample(item, &state);
+    queues_->free.push(item);
+    shared_->decode.AddBusy(NowNs() - t1);
+    shared_->decode.AddItem();
+  }
+}
+
+absl::Status EpochRun::DecodeInto(const std::vector<uint8_t>& bytes, int64_t sample,
+                                  uint8_t* dst, DecoderState* state) {
+  const LoaderOptions& o = shared_->options;
+  absl::StatusOr<ImageHeader> header = state->decoder.ReadHeader(bytes.data(), bytes.size());
+  if (!header.ok()) return header.status();
+  const int size = o.size();
+  const uint64_t seed = o.seed(), epoch = uint64_t(epoch_), index = uint64_t(sample);
+  if (o.transform() == Transform::kTrain) {
+    SampleRng crop_rng(seed, epoch, index, kRngCrop);
+    const CropBox box =
+        RandomResizedCropBox(header->width, header->height, o.scale(), o.ratio(), crop_rng);
+    const bool flip = o.flip() && SampleRng(seed, epoch, index, kRngFlip).Uniform() < 0.5;
+    const Rect rect{double(box.left), double(box.top), double(box.width), double(box.height)};
+    absl::StatusOr<DecodedRegion> region = state->decoder.Decode(
+        bytes.data(), bytes.size(), rect, size, size, o.max_image_pixels());
+    if (!region.ok()) return region.status();
+    ResampleInto(*region, rect, size, size, flip, o.layout(), dst, &state->scratch);
+  } else {
+    const EvalGeometry g = ComputeEvalGeometry(header->width, header->height, o.resize_size(), size);
+    const Rect whole{0, 0, double(header->width), double(header->height)};
+    absl::StatusOr<DecodedRegion> region = state->decoder.Decode(
+        bytes.data(), bytes.size(), whole, g.resized_w, g.resized_h, o.max_image_pixels());
+    if (!region.ok()) return region.status();
+    ResizeThenCropInto(*region, g, size, size, o.layout(), dst, &state->scratch);
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+absl::Status WithPath(const absl::Status& s, const std::string& path) {
+  // Reader errors already start with the path; decoder errors do not.
+  if (absl::StartsWith(s.message(), path)) return s;
+  return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
+}
+}  // namespace
+
+void EpochRun::ProcessSample(ReadItem* item, DecoderState* state) {
+  const int64_t b = item->seq / batch_size_, pos = item->seq % batch_size_;
+  InFlight& e = inflight_[b % kMaxPrefetch];
+  internal::BatchSlot* slot = e.slot.get();
+  uint8_t* dst = slot->images + size_t(pos) * size_t(shared_->sample_bytes);
+  const std::vector<Sample>& samples = shared_->dataset.samples;
+
+  absl::Status st = item->status.ok() ? DecodeInto(item->bytes, item->sample, dst, state)
+                                      : item->status;
+  int64_t used = item->sample;
+  if (!st.ok()) {
+    st = WithPath(st, shared_->source->Describe(item->sample));
+    shared_->RecordError(SampleError{shared_->source->Describe(item->sample),
+                                     std::string(st.message()), item->sample, epoch_});
+    if (shared_->options.on_error() == OnError::kSkip) {
+      // Replace it by another sample of this epoch, chosen from (seed, epoch, position), so
+      // the batch stays full and the run stays reproducible.
+      SampleRng rng(shared_->options.seed(), uint64_t(epoch_), uint64_t(item->seq), kRngReplace);
+      constexpr int kAttempts = 16;
+      absl::Status last = st;
+      for (int attempt = 0; attempt < kAttempts && !last.ok(); ++attempt) {
+        const int64_t r = order_[size_t(rng.Below(uint64_t(total_seq_)))];
+        last = shared_->source->Read(r, &state->replacement_bytes);
+        if (last.ok()) last = DecodeInto(state->replacement_bytes, r, dst, state);
+        if (last.ok()) {
+          used = r;
+        } else if (r != item->sample) {
+          last = WithPath(last, shared_->source->Describe(r));
+          shared_->RecordError(SampleError{shared_->source->Describe(r),
+                                           std::string(last.message()), r, epoch_});
+        }
+      }
+      if (last.ok()) st = absl::OkStatus();
+    }
+  }
+  if (st.ok()) {
+    slot->labels[size_t(pos)] = samples[size_t(used)].label;
+    slot->indices[size_t(pos)] = used;
+  } else {
+    std::memset(dst, 0, size_t(shared_->sample_bytes));
+    slot->labels[size_t(pos)] = -1;
+    slot->indices[size_t(pos)] = item->sample;
+    absl::MutexLock lock(&e.mu);
+    if (e.error_pos < 0 || pos < e.error_pos) {
+      e.error = st;
+      e.error_pos = pos;
+    }
+  }
+  CompleteSample(e);
+}
+
+void EpochRun::CompleteSample(InFlight& e) {
+  if (e.remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    absl::MutexLock lock(&done_mu_);
+    done_cv_.SignalAll();
+  }
+}
+
+absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interrupted,
+                                     absl::Duration poll) {
+  const int64_t entered = NowNs();
+  shared_->consumer.AddBusy(entered - last_return_ns_);
+  const int64_t b = consumed_.load(std::memory_order_acquire);
+  if (b >= num_batches_) {
+    Shutdown();
+    last_return_ns_ = NowNs();
+    return absl::OutOfRangeError(absl::StrCat("end of epoch ", epoch_));
+  }
+  if (cancelled_.load()) return absl::CancelledError("the epoch was cancelled");
+  InFlight& e = inflight_[b % kMaxPrefetch];
+  {
+    absl::MutexLock lock(&done_mu_);
+    while (!(e.batch.load(std::memory_order_acquire) == b &&
+             e.remaining.load(std::memory_order_acquire) == 0)) {
+      if (cancelled_.load()) return absl::CancelledError("the epoch was cancelled");
+      if (done_cv_.WaitWithTimeout(&done_mu_, poll) && interrupted) {
+        done_mu_.Unlock();
+        absl::Status s = interrupted();
+        done_mu_.Lock();
+        if (!s.ok()) {
+          shared_->consumer.AddWait(NowNs() - entered);
+          last_return_ns_ = NowNs();
+          return s;
+        }
+      }
+    }
+  }
+  shared_->consumer.AddWait(NowNs() - entered);
+  Batch batch;
+  batch.slot_ = std::move(e.slot);
+  batch.size_ = e.count;
+  absl::Status error;
+  {
+    absl::MutexLock lock(&e.mu);
+    error = std::move(e.error);
+    e.error = absl::OkStatus();
+  }
+  e.batch.store(-1, std::memory_order_relaxed);
+  consumed_.store(b + 1, std::memory_order_release);
+  Wake();
+  shared_->consumer.AddItem();
+  shared_->batches.fetch_add(1, std::memory_order_relaxed);
+  shared_->images.fetch_add(batch.size_, std::memory_order_relaxed);
+  if (b + 1 == num_batches_) Shutdown();  // free the threads as soon as the epoch is done
+  last_return_ns_ = NowNs();
+  if (!error.ok()) return error;
+  const LoaderOptions& o = shared_->options;
+  batch.index_ = b;
+  batch.epoch_ = epoch_;
+  batch.layout_ = o.layout();
+  batch.height_ = o.size();
+  batch.width_ = o.size();
+  return batch;
+}
+
+void EpochRun::Cancel() {
+  if (cancelled_.exchange(true)) return;
+  int threads = 0;
+  {
+    absl::MutexLock lock(&threads_mu_);
+    threads = static_cast<int>(readers_.size() + decoders_.size());
+  }
+  for (int i = 0; i < threads; ++i) {
+    queues_->ready.push(nullptr);
+    queues_->free.push(nullptr);
+  }
+  Wake();
+  absl::MutexLock lock(&done_mu_);
+  done_cv_.SignalAll();
+}
+
+void EpochRun::Shutdown() {
+  std::vector<std::thread> threads;
+  {
+    absl::MutexLock lock(&threads_mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  Cancel();
+  {
+    absl::MutexLock lock(&threads_mu_);
+    for (auto& t : readers_) threads.push_back(std::move(t));
+    for (auto& t : decoders_) threads.push_back(std::move(t));
+    readers_.clear();
+    decoders_.clear();
+  }
+  for (auto& t : threads) t.join();
+  // Read buffers are freed with the run; keep the accounting honest.
+  absl::MutexLock lock(&queues_->mu);
+  for (auto& item : queues_->all) {
+    shared_->read_buffer_bytes.fetch_sub(int64_t(item->bytes.capacity()), std::memory_order_relaxed);
+    item->bytes = std::vector<uint8_t>();
+  }
+  // Slots of batches that were opened but never handed out go back to the pool.
+  for (int i = 0; i < kMaxPrefetch; ++i) inflight_[i].slot.reset();
+}
+
+}  // namespace feedline

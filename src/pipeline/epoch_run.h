@@ -1,0 +1,116 @@
+// One epoch of the pipeline: reader threads -> decoder threads -> batch slots -> consumer.
+//
+//  * Readers claim sample sequence numbers in order (one atomic counter), wait until the
+//    sample's batch is admitted (batch < consumed + prefetch depth: the ring's bound), take a
+//    read buffer from the free list (their count bounds the reads in flight), read the bytes
+//    and hand them to the decoders through a lock-free queue (oneTBB concurrent_bounded_queue).
+//  * Decoders decode only what the transform needs and write the result straight into the
+//    sample's place in its batch slot, then count the batch down; the decoder that completes a
+//    batch wakes the consumer.
+//  * The consumer takes batches strictly in order. A failure travels with its batch: the
+//    consumer gets it at the batch where the sample belongs, after all earlier batches.
+//  * Worker count, reads in flight and ring depth can change while running: threads beyond the
+//    target park; new ones are started on demand.
+//
+// Thread safety: `Next()` is called by one consumer thread; `Cancel()` and the setters may be
+// called from any thread. The destructor cancels and joins every thread it started.
+#ifndef FEEDLINE_SRC_PIPELINE_EPOCH_RUN_H_
+#define FEEDLINE_SRC_PIPELINE_EPOCH_RUN_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "feedline/batch.h"
+#include "pipeline/loader_shared.h"
+
+namespace feedline {
+
+class EpochRun {
+ public:
+  // Largest ring depth (batches in flight); the memory budget usually bounds it far lower.
+  static constexpr int kMaxPrefetch = 64;
+
+  EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t start_batch);
+  ~EpochRun();
+  EpochRun(const EpochRun&) = delete;
+  EpochRun& operator=(const EpochRun&) = delete;
+
+  // The next batch; kOutOfRange at the end; kCancelled after Cancel(). While waiting it calls
+  // `interrupted` every `poll` (if given): a non-OK status from it is returned (the batch
+  // stays queued, so the call can be repeated).
+  absl::StatusOr<Batch> Next(const std::function<absl::Status()>& interrupted = nullptr,
+                             absl::Duration poll = absl::Milliseconds(100));
+  void Cancel();
+
+  void SetWorkers(int n);
+  void SetIoDepth(int n);
+  void SetPrefetch(int n);
+
+  int64_t epoch() const { return epoch_; }
+  int64_t num_batches() const { return num_batches_; }
+  int64_t consumed() const { return consumed_.load(std::memory_order_acquire); }
+
+ private:
+  struct ReadItem;
+  struct InFlight;
+  struct Queues;
+  struct DecoderState;
+
+  void ReaderLoop(int id);
+  void DecoderLoop(int id);
+  // Opens batches up to and including b (their slots and counts). b must be admitted.
+  void EnsureOpen(int64_t b);
+  // Waits until batch b is admitted or the run is cancelled; false when cancelled.
+  bool WaitAdmitted(int64_t b, int reader_id);
+  // Parks thread `id` while id >= target; false when cancelled.
+  bool ParkWhileSurplus(int id, const std::atomic<int>& target);
+  void Wake();
+  void StartThreads();
+  void Shutdown();
+  void CompleteSample(InFlight& e);
+  ReadItem* AcquireReadItem();
+  void ProcessSample(ReadItem* item, DecoderState* state);
+  absl::Status DecodeInto(const std::vector<uint8_t>& bytes, int64_t sample, uint8_t* dst,
+                          DecoderState* state);
+
+  int64_t last_return_ns_ = 0;  // consumer thread only
+
+  const std::shared_ptr<LoaderShared> shared_;
+  const int64_t epoch_;
+  const std::vector<int64_t> order_;
+  const int64_t batch_size_;
+  const int64_t num_batches_;
+  const int64_t total_seq_;  // samples in the epoch (after drop_last)
+
+  std::atomic<bool> cancelled_{false};
+  std::atomic<int64_t> next_seq_;
+  std::atomic<int64_t> consumed_;      // batches handed out (the next to hand out)
+  std::atomic<uint32_t> wake_gen_{0};  // bumped on any change readers/parkers wait for
+
+  absl::Mutex open_mu_;
+  int64_t opened_ ABSL_GUARDED_BY(open_mu_);
+  std::unique_ptr<InFlight[]> inflight_;  // kMaxPrefetch entries, batch b at b % kMaxPrefetch
+
+  absl::Mutex done_mu_;  // consumer waits here for its batch; decoders signal per batch
+  absl::CondVar done_cv_;
+
+  std::unique_ptr<Queues> queues_;
+  std::atomic<int> read_items_created_{0};
+
+  absl::Mutex threads_mu_;
+  std::vector<std::thread> readers_ ABSL_GUARDED_BY(threads_mu_);
+  std::vector<std::thread> decoders_ ABSL_GUARDED_BY(threads_mu_);
+  bool shut_down_ ABSL_GUARDED_BY(threads_mu_) = false;
+};
+
+}  // namespace feedline
+
+#endif  // FEEDLINE_SRC_PIPELINE_EPOCH_RUN_H_

@@ -1,0 +1,312 @@
+#include "feedline/loader.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include <jconfig.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "pipeline/epoch_run.h"
+#include "pipeline/loader_shared.h"
+
+namespace feedline {
+
+// ---------------------------------------------------------------------------------------------
+// Batch
+
+std::array<int64_t, 4> Batch::image_shape() const noexcept {
+  if (layout_ == Layout::kNCHW) return {size_, 3, height_, width_};
+  return {size_, height_, width_, 3};
+}
+const uint8_t* Batch::images() const noexcept { return slot_ ? slot_->images : nullptr; }
+uint8_t* Batch::mutable_images() noexcept { return slot_ ? slot_->images : nullptr; }
+const int64_t* Batch::labels() const noexcept { return slot_ ? slot_->labels.data() : nullptr; }
+const int64_t* Batch::indices() const noexcept { return slot_ ? slot_->indices.data() : nullptr; }
+
+// ---------------------------------------------------------------------------------------------
+// LoaderShared
+
+void LoaderShared::RecordError(SampleError e) {
+  error_count_.fetch_add(1, std::memory_order_relaxed);
+  absl::MutexLock lock(&errors_mu_);
+  if (errors_.size() < kMaxErrorsKept) errors_.push_back(std::move(e));
+}
+
+Stats LoaderShared::Snapshot() {
+  Stats s;
+  const int64_t start = start_ns.load();
+  s.elapsed_s = start == 0 ? 0.0 : double(NowNs() - start) * 1e-9;
+  s.images = images.load();
+  s.batches = batches.load();
+  s.images_per_s = s.elapsed_s > 0 ? double(s.images) / s.elapsed_s : 0.0;
+  s.consumer_wait_s = double(consumer.wait_ns.load()) * 1e-9;
+  s.consumer_wait_fraction = s.elapsed_s > 0 ? std::min(1.0, s.consumer_wait_s / s.elapsed_s) : 0;
+  s.workers = workers.load();
+  s.prefetch = prefetch.load();
+  s.io_depth = io_depth.load();
+  auto stage = [](const char* name, const StageCounters& c, int threads) {
+    StageStats st;
+    st.name = name;
+    st.busy_s = double(c.busy_ns.load()) * 1e-9;
+    st.wait_s = double(c.wait_ns.load()) * 1e-9;
+    st.items = c.items.load();
+    st.threads = threads;
+    st.occupancy = -1;
+    return st;
+  };
+  s.stages.push_back(stage("read", read, s.io_depth));
+  s.stages.push_back(stage("decode", decode, s.workers));
+  s.stages.push_back(stage("consumer", consumer, 1));
+  s.slots_allocated = pool->allocated();
+  s.bytes_in_use = (pool->cached() + prefetch.load()) * int64_t(pool->slot_bytes()) +
+                   read_buffer_bytes.load();
+  s.memory_budget = options.memory_budget();
+  s.error_count = error_count();
+  {
+    absl::MutexLock lock(&errors_mu_);
+    s.errors = errors_;
+  }
+  // The verdict: the consumer is the bottleneck when it rarely waits; otherwise the stage
+  // whose threads are busiest per thread limits the rate, storage when decoders mostly wait
+  // for bytes.
+  const StageStats& rd = s.stages[0];
+  const StageStats& dc = s.stages[1];
+  const double dec_util = dc.busy_s / std::max(1e-9, dc.busy_s + dc.wait_s);
+  const double rd_util = rd.busy_s / std::max(1e-9, rd.busy_s + rd.wait_s);
+  if (s.batches == 0) {
+    s.bottleneck = "unknown";
+    s.bottleneck_reason = "no batch delivered yet";
+  } else if (s.consumer_wait_fraction < 0.05) {
+    s.bottleneck = "consumer";
+    s.bottleneck_reason = absl::StrFormat(
+        "the consumer waited %.1f%% of the time; decoders were busy %.0f%%",
+        100 * s.consumer_wait_fraction, 100 * dec_util);
+  } else if (dec_util < 0.6 && rd_util > 0.5) {
+    s.bottleneck = "storage";
+    s.bottleneck_reason = absl::StrFormat(
+        "the consumer waited %.1f%%; decoders idle %.0f%% of the time waiting for reads, readers "
+        "busy %.0f%%",
+        100 * s.consumer_wait_fraction, 100 * (1 - dec_util), 100 * rd_util);
+  } else {
+    s.bottleneck = "decode";
+    s.bottleneck_reason = absl::StrFormat(
+        "the consumer waited %.1f%%; %d decoders busy %.0f%% of the time",
+        100 * s.consumer_wait_fraction, s.workers, 100 * dec_util);
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Epoch
+
+Epoch::Epoch(std::unique_ptr<EpochRun> run) : run_(std::move(run)) {}
+Epoch::~Epoch() = default;
+absl::StatusOr<Batch> Epoch::Next() { return run_->Next(); }
+absl::StatusOr<Batch> Epoch::Next(const std::function<absl::Status()>& interrupted,
+                                  absl::Duration poll) {
+  return run_->Next(interrupted, poll);
+}
+int64_t Epoch::epoch() const noexcept { return run_->epoch(); }
+int64_t Epoch::num_batches() const noexcept { return run_->num_batches(); }
+void Epoch::Cancel() { run_->Cancel(); }
+
+// ---------------------------------------------------------------------------------------------
+// Loader
+
+namespace {
+
+int64_t AvailableMemoryBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t value = 0;
+  std::string unit;
+  while (meminfo >> key >> value >> unit) {
+    if (key == "MemAvailable:") return value * 1024;
+  }
+  return int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGE_SIZE));
+}
+
+absl::Status Invalid(absl::string_view option, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(option, ": ", why));
+}
+
+absl::Status Validate(const LoaderOptions& o) {
+  if (o.batch_size() < 1) return Invalid("batch_size", "must be >= 1");
+  if (o.size() < 1 || o.size() > 16384) return Invalid("size", "must be in [1, 16384]");
+  if (o.resize_size() < 1 || o.resize_size() > 16384)
+    return Invalid("resize_size", "must be in [1, 16384]");
+  if (!(o.scale().first > 0 && o.scale().first <= o.scale().second && o.scale().second <= 1.0))
+    return Invalid("scale", "must satisfy 0 < min <= max <= 1");
+  if (!(o.ratio().first > 0 && o.ratio().first <= o.ratio().second))
+    return Invalid("ratio", "must satisfy 0 < min <= max");
+  if (o.world_size() < 1) return Invalid("world_size", "must be >= 1");
+  if (o.rank() < 0 || o.rank() >= o.world_size())
+    return Invalid("rank", absl::StrCat("must be in [0, world_size=", o.world_size(), ")"));
+  if (o.workers() < 0 || o.workers() > 1024) return Invalid("workers", "must be auto or in [1, 1024]");
+  if (o.prefetch() < 0 || o.prefetch() > EpochRun::kMaxPrefetch)
+    return Invalid("prefetch", absl::StrCat("must be auto or in [1, ", EpochRun::kMaxPrefetch, "]"));
+  if (o.io_depth() < 0 || o.io_depth() > 1024) return Invalid("io_depth", "must be auto or in [1, 1024]");
+  if (o.memory_budget() < 0) return Invalid("memory_budget", "must be auto (0) or a byte count");
+  if (o.max_image_pixels() < 1) return Invalid("max_image_pixels", "must be >= 1");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(LoaderOptions options) {
+  if (absl::Status s = Validate(options); !s.ok()) return s;
+  absl::StatusOr<Dataset> dataset = ScanDataset(options.source());
+  if (!dataset.ok()) return dataset.status();
+
+  auto shared = std::make_shared<LoaderShared>();
+  shared->dataset = *std::move(dataset);
+  shared->source = std::make_unique<FileSource>(&shared->dataset);
+  shared->sample_bytes = 3 * int64_t{options.size()} * options.size();
+  const size_t image_bytes = size_t(shared->sample_bytes) * size_t(options.batch_size());
+  shared->pool = std::make_shared<SlotPool>(DefaultHostAllocator(), image_bytes, options.batch_size());
+
+  // Resolve "auto" once. Decoding is CPU-bound: one decoder per core. Reads of local files are
+  // short; a few in flight hide their latency. The ring holds enough batches to absorb jitter,
+  // within the budget.
+  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  const int64_t budget =
+      options.memory_budget() > 0 ? options.memory_budget() : AvailableMemoryBytes() / 4;
+  const int64_t slot_bytes = int64_t(shared->pool->slot_bytes());
+  const int workers = options.workers() > 0 ? options.workers() : cores;
+  const int io_depth = options.io_depth() > 0 ? options.io_depth() : std::max(2, cores);
+  // Read buffers: ~1 MiB each is a generous bound for ImageNet-like files.
+  const int64_t read_bytes = int64_t(io_depth + 2 * workers) << 20;
+  const int64_t fit = (budget - read_bytes) / slot_bytes;
+  int prefetch = options.prefetch();
+  if (prefetch > 0) {
+    if (prefetch > fit) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "prefetch=", prefetch, " batches of ", slot_bytes, " bytes (+", read_bytes,
+          " bytes of reads in flight) do not fit memory_budget=", budget,
+          " bytes; lower prefetch or batch_size, or raise memory_budget"));
+    }
+  } else {
+    if (fit < 1) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "one batch of ", slot_bytes, " bytes does not fit memory_budget=", budget,
+          " bytes; lower batch_size or size, or raise memory_budget"));
+    }
+    prefetch = int(std::clamp<int64_t>(std::min<int64_t>(fit, 2 * workers + 2), 1, 8));
+  }
+  options.workers(workers).io_depth(io_depth).prefetch(prefetch).memory_budget(budget);
+  shared->workers.store(workers);
+  shared->io_depth.store(io_depth);
+  shared->prefetch.store(prefetch);
+  shared->pool->set_keep(prefetch);
+
+  shared->sampler.dataset_size = int64_t(shared->dataset.samples.size());
+  shared->sampler.batch_size = options.batch_size();
+  shared->sampler.shuffle = options.shuffle();
+  shared->sampler.seed = options.seed();
+  shared->sampler.drop_last = options.drop_last();
+  shared->sampler.rank = options.rank();
+  shared->sampler.world_size = options.world_size();
+  shared->options = std::move(options);
+  return std::unique_ptr<Loader>(new Loader(std::move(shared)));
+}
+
+Loader::Loader(std::shared_ptr<LoaderShared> shared) : shared_(std::move(shared)) {}
+
+Loader::~Loader() {
+  absl::MutexLock lock(&shared_->active_mu);
+  if (shared_->active != nullptr) shared_->active->Cancel();
+}
+
+std::unique_ptr<Epoch> Loader::StartEpoch() {
+  int64_t epoch;
+  {
+    absl::MutexLock lock(&shared_->active_mu);
+    if (shared_->active != nullptr) shared_->active->Cancel();
+    epoch = shared_->next_epoch++;
+  }
+  return std::unique_ptr<Epoch>(new Epoch(std::make_unique<EpochRun>(shared_, epoch, 0)));
+}
+
+int64_t Loader::num_batches() const noexcept { return BatchesPerRank(shared_->sampler); }
+int64_t Loader::num_samples() const noexcept {
+  const int64_t s = SamplesPerRank(shared_->sampler);
+  return shared_->sampler.drop_last ? s / shared_->sampler.batch_size * shared_->sampler.batch_size
+                                    : s;
+}
+const Dataset& Loader::dataset() const noexcept { return shared_->dataset; }
+const LoaderOptions& Loader::options() const noexcept { return shared_->options; }
+
+void Loader::set_epoch(int64_t epoch) {
+  absl::MutexLock lock(&shared_->active_mu);
+  shared_->next_epoch = epoch;
+}
+int64_t Loader::next_epoch() const noexcept {
+  absl::MutexLock lock(&shared_->active_mu);
+  return shared_->next_epoch;
+}
+
+Stats Loader::stats() const { return shared_->Snapshot(); }
+
+void Loader::set_workers(int n) {
+  absl::MutexLock lock(&shared_->active_mu);
+  if (shared_->active != nullptr) {
+    shared_->active->SetWorkers(n);
+  } else {
+    shared_->workers.store(std::max(1, n));
+  }
+}
+void Loader::set_prefetch(int n) {
+  absl::MutexLock lock(&shared_->active_mu);
+  if (shared_->active != nullptr) {
+    shared_->active->SetPrefetch(n);
+  } else {
+    n = std::clamp(n, 1, EpochRun::kMaxPrefetch);
+    shared_->prefetch.store(n);
+    shared_->pool->set_keep(n);
+  }
+}
+void Loader::set_io_depth(int n) {
+  absl::MutexLock lock(&shared_->active_mu);
+  if (shared_->active != nullptr) {
+    shared_->active->SetIoDepth(n);
+  } else {
+    shared_->io_depth.store(std::max(1, n));
+  }
+}
+
+Loader::Iterator::Iterator(std::shared_ptr<Epoch> epoch) : epoch_(std::move(epoch)), done_(false) {
+  ++*this;
+}
+
+Loader::Iterator& Loader::Iterator::operator++() {
+  current_ = epoch_->Next();
+  if (absl::IsOutOfRange(current_.status()) || absl::IsCancelled(current_.status())) {
+    done_ = true;
+    epoch_.reset();
+  }
+  return *this;
+}
+
+Loader::Iterator Loader::begin() { return Iterator(std::shared_ptr<Epoch>(StartEpoch())); }
+
+BuildInfo GetBuildInfo() {
+  BuildInfo info;
+  info.version = FEEDLINE_VERSION;
+#ifdef FEEDLINE_WITH_CUDA
+  info.cuda_compiled = true;
+#endif
+  info.png = true;
+  info.jpeg = absl::StrCat("libjpeg-turbo ", LIBJPEG_TURBO_VERSION_NUMBER / 1000000, ".",
+                           LIBJPEG_TURBO_VERSION_NUMBER / 1000 % 1000, ".",
+                           LIBJPEG_TURBO_VERSION_NUMBER % 1000);
+  info.resize = "OpenCV imgproc";
+  return info;
+}
+
+}  // namespace feedline

@@ -1,0 +1,83 @@
+// State shared by a loader and its epochs: the resolved options, the data set, the source,
+// the slot pool and the counters behind `stats()`.
+//
+// Thread safety: immutable after construction except the counters (atomics, relaxed: they are
+// statistics, read as a snapshot), the error list and the tuning targets (mutex / atomics).
+#ifndef FEEDLINE_SRC_PIPELINE_LOADER_SHARED_H_
+#define FEEDLINE_SRC_PIPELINE_LOADER_SHARED_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "feedline/dataset.h"
+#include "feedline/options.h"
+#include "feedline/stats.h"
+#include "io/reader.h"
+#include "pipeline/batch_slot.h"
+#include "pipeline/sampler.h"
+
+namespace feedline {
+
+class EpochRun;
+
+// Busy/wait nanoseconds and item counts for one stage, summed over its threads.
+struct StageCounters {
+  std::atomic<int64_t> busy_ns{0};
+  std::atomic<int64_t> wait_ns{0};
+  std::atomic<int64_t> items{0};
+  void AddBusy(int64_t ns) { busy_ns.fetch_add(ns, std::memory_order_relaxed); }
+  void AddWait(int64_t ns) { wait_ns.fetch_add(ns, std::memory_order_relaxed); }
+  void AddItem() { items.fetch_add(1, std::memory_order_relaxed); }
+};
+
+inline int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+class LoaderShared {
+ public:
+  LoaderOptions options;  // resolved: no "auto" left
+  Dataset dataset;
+  std::unique_ptr<SampleSource> source;
+  SamplerConfig sampler;
+  std::shared_ptr<SlotPool> pool;
+  int64_t sample_bytes = 0;  // 3 * size * size
+
+  // Tuning targets, applied to the running epoch and to the next ones.
+  std::atomic<int> workers{1};
+  std::atomic<int> prefetch{2};
+  std::atomic<int> io_depth{1};
+
+  StageCounters read, decode, consumer;
+  std::atomic<int64_t> images{0};
+  std::atomic<int64_t> batches{0};
+  std::atomic<int64_t> start_ns{0};        // first epoch's start; 0 before
+  std::atomic<int64_t> read_buffer_bytes{0};  // capacity of read buffers alive now
+
+  static constexpr size_t kMaxErrorsKept = 256;
+  void RecordError(SampleError e);
+  int64_t error_count() const { return error_count_.load(std::memory_order_relaxed); }
+
+  // The epoch running now (for stats and live tuning); set/cleared by EpochRun.
+  absl::Mutex active_mu;
+  EpochRun* active ABSL_GUARDED_BY(active_mu) = nullptr;
+  int64_t next_epoch ABSL_GUARDED_BY(active_mu) = 0;
+
+  Stats Snapshot();
+
+ private:
+  std::atomic<int64_t> error_count_{0};
+  absl::Mutex errors_mu_;
+  std::vector<SampleError> errors_ ABSL_GUARDED_BY(errors_mu_);
+};
+
+}  // namespace feedline
+
+#endif  // FEEDLINE_SRC_PIPELINE_LOADER_SHARED_H_
