@@ -87,6 +87,11 @@ class LoaderOptions {
   FEEDLINE_ARG(int64_t, max_image_pixels, 178956970);
 
  public:
+  LoaderOptions& scale(double lo, double hi) & { return scale(Range(lo, hi)); }
+  LoaderOptions&& scale(double lo, double hi) && { return std::move(scale(Range(lo, hi))); }
+  LoaderOptions& ratio(double lo, double hi) & { return ratio(Range(lo, hi)); }
+  LoaderOptions&& ratio(double lo, double hi) && { return std::move(ratio(Range(lo, hi))); }
+
   // A copy of these options with `source` replaced.
   LoaderOptions with_source(std::string s) const {
     LoaderOptions o = *this;

@@ -42,14 +42,14 @@ BatchSlot::~BatchSlot() { allocator->Free(images, image_bytes); }
 }  // namespace internal
 
 SlotPool::~SlotPool() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   for (internal::BatchSlot* s : free_) delete s;
 }
 
 std::shared_ptr<internal::BatchSlot> SlotPool::Acquire() {
   internal::BatchSlot* slot = nullptr;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (!free_.empty()) {
       slot = free_.back();
       free_.pop_back();
@@ -71,7 +71,7 @@ std::shared_ptr<internal::BatchSlot> SlotPool::Acquire() {
 
 void SlotPool::Return(internal::BatchSlot* slot) {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (static_cast<int>(free_.size()) < keep_) {
       free_.push_back(slot);
       return;
@@ -84,7 +84,7 @@ void SlotPool::Return(internal::BatchSlot* slot) {
 void SlotPool::set_keep(int n) {
   std::vector<internal::BatchSlot*> drop;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     keep_ = n;
     while (static_cast<int>(free_.size()) > keep_) {
       drop.push_back(free_.back());
@@ -98,7 +98,7 @@ void SlotPool::set_keep(int n) {
 }
 
 int64_t SlotPool::cached() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int64_t>(free_.size());
 }
 

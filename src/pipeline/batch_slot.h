@@ -16,10 +16,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 
 namespace feedline {
 
@@ -73,7 +73,7 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
   const size_t image_bytes_;
   const int64_t batch_size_;
   std::atomic<int64_t> allocated_{0};
-  mutable absl::Mutex mu_;
+  mutable std::mutex mu_;
   std::vector<internal::BatchSlot*> free_ ABSL_GUARDED_BY(mu_);
   int keep_ ABSL_GUARDED_BY(mu_) = 4;
 };

@@ -27,7 +27,7 @@ struct EpochRun::InFlight {
   std::atomic<int64_t> remaining{0};
   std::shared_ptr<internal::BatchSlot> slot;
   int64_t count = 0;
-  absl::Mutex mu;  // guards the error (rare path)
+  std::mutex mu;  // guards the error (rare path)
   absl::Status error ABSL_GUARDED_BY(mu);
   int64_t error_pos ABSL_GUARDED_BY(mu) = -1;
 };
@@ -38,7 +38,7 @@ struct EpochRun::InFlight {
 struct EpochRun::Queues {
   tbb::concurrent_bounded_queue<ReadItem*> ready;
   tbb::concurrent_bounded_queue<ReadItem*> free;
-  absl::Mutex mu;
+  std::mutex mu;
   std::vector<std::unique_ptr<ReadItem>> all ABSL_GUARDED_BY(mu);
 };
 
@@ -63,7 +63,7 @@ EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t 
   int64_t expected = 0;
   shared_->start_ns.compare_exchange_strong(expected, NowNs());
   {
-    absl::MutexLock lock(&shared_->active_mu);
+    std::lock_guard<std::mutex> lock(shared_->active_mu);
     shared_->active = this;
   }
   last_return_ns_ = NowNs();
@@ -72,7 +72,7 @@ EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t 
 
 EpochRun::~EpochRun() {
   Shutdown();
-  absl::MutexLock lock(&shared_->active_mu);
+  std::lock_guard<std::mutex> lock(shared_->active_mu);
   if (shared_->active == this) shared_->active = nullptr;
 }
 
@@ -85,7 +85,7 @@ void EpochRun::SetWorkers(int n) {
   n = std::max(1, n);
   shared_->workers.store(n);
   {
-    absl::MutexLock lock(&threads_mu_);
+    std::lock_guard<std::mutex> lock(threads_mu_);
     if (shut_down_ || cancelled_.load()) return;
     while (static_cast<int>(decoders_.size()) < n) {
       int id = static_cast<int>(decoders_.size());
@@ -99,7 +99,7 @@ void EpochRun::SetIoDepth(int n) {
   n = std::max(1, n);
   shared_->io_depth.store(n);
   {
-    absl::MutexLock lock(&threads_mu_);
+    std::lock_guard<std::mutex> lock(threads_mu_);
     if (shut_down_ || cancelled_.load()) return;
     while (static_cast<int>(readers_.size()) < n) {
       int id = static_cast<int>(readers_.size());
@@ -140,7 +140,7 @@ bool EpochRun::WaitAdmitted(int64_t b, int) {
 }
 
 void EpochRun::EnsureOpen(int64_t b) {
-  absl::MutexLock lock(&open_mu_);
+  std::lock_guard<std::mutex> lock(open_mu_);
   while (opened_ <= b) {
     const int64_t k = opened_;
     InFlight& e = inflight_[k % kMaxPrefetch];
@@ -148,7 +148,7 @@ void EpochRun::EnsureOpen(int64_t b) {
     e.count = std::min(batch_size_, total_seq_ - k * batch_size_);
     e.remaining.store(e.count, std::memory_order_relaxed);
     {
-      absl::MutexLock elock(&e.mu);
+      std::lock_guard<std::mutex> elock(e.mu);
       e.error = absl::OkStatus();
       e.error_pos = -1;
     }
@@ -166,7 +166,7 @@ EpochRun::ReadItem* EpochRun::AcquireReadItem() {
     read_items_created_.fetch_add(1);
     auto owned = std::make_unique<ReadItem>();
     item = owned.get();
-    absl::MutexLock lock(&queues_->mu);
+    std::lock_guard<std::mutex> lock(queues_->mu);
     queues_->all.push_back(std::move(owned));
     return item;
   }
@@ -291,7 +291,7 @@ void EpochRun::ProcessSample(ReadItem* item, DecoderState* state) {
     std::memset(dst, 0, size_t(shared_->sample_bytes));
     slot->labels[size_t(pos)] = -1;
     slot->indices[size_t(pos)] = item->sample;
-    absl::MutexLock lock(&e.mu);
+    std::lock_guard<std::mutex> lock(e.mu);
     if (e.error_pos < 0 || pos < e.error_pos) {
       e.error = st;
       e.error_pos = pos;
@@ -302,8 +302,8 @@ void EpochRun::ProcessSample(ReadItem* item, DecoderState* state) {
 
 void EpochRun::CompleteSample(InFlight& e) {
   if (e.remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    absl::MutexLock lock(&done_mu_);
-    done_cv_.SignalAll();
+    std::lock_guard<std::mutex> lock(done_mu_);
+    done_cv_.notify_all();
   }
 }
 
@@ -320,14 +320,15 @@ absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interr
   if (cancelled_.load()) return absl::CancelledError("the epoch was cancelled");
   InFlight& e = inflight_[b % kMaxPrefetch];
   {
-    absl::MutexLock lock(&done_mu_);
+    std::unique_lock<std::mutex> lock(done_mu_);
+    const auto poll_ns = std::chrono::nanoseconds(absl::ToInt64Nanoseconds(poll));
     while (!(e.batch.load(std::memory_order_acquire) == b &&
              e.remaining.load(std::memory_order_acquire) == 0)) {
       if (cancelled_.load()) return absl::CancelledError("the epoch was cancelled");
-      if (done_cv_.WaitWithTimeout(&done_mu_, poll) && interrupted) {
-        done_mu_.Unlock();
+      if (done_cv_.wait_for(lock, poll_ns) == std::cv_status::timeout && interrupted) {
+        lock.unlock();
         absl::Status s = interrupted();
-        done_mu_.Lock();
+        lock.lock();
         if (!s.ok()) {
           shared_->consumer.AddWait(NowNs() - entered);
           last_return_ns_ = NowNs();
@@ -342,7 +343,7 @@ absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interr
   batch.size_ = e.count;
   absl::Status error;
   {
-    absl::MutexLock lock(&e.mu);
+    std::lock_guard<std::mutex> lock(e.mu);
     error = std::move(e.error);
     e.error = absl::OkStatus();
   }
@@ -368,7 +369,7 @@ void EpochRun::Cancel() {
   if (cancelled_.exchange(true)) return;
   int threads = 0;
   {
-    absl::MutexLock lock(&threads_mu_);
+    std::lock_guard<std::mutex> lock(threads_mu_);
     threads = static_cast<int>(readers_.size() + decoders_.size());
   }
   for (int i = 0; i < threads; ++i) {
@@ -376,20 +377,20 @@ void EpochRun::Cancel() {
     queues_->free.push(nullptr);
   }
   Wake();
-  absl::MutexLock lock(&done_mu_);
-  done_cv_.SignalAll();
+  std::lock_guard<std::mutex> lock(done_mu_);
+  done_cv_.notify_all();
 }
 
 void EpochRun::Shutdown() {
   std::vector<std::thread> threads;
   {
-    absl::MutexLock lock(&threads_mu_);
+    std::lock_guard<std::mutex> lock(threads_mu_);
     if (shut_down_) return;
     shut_down_ = true;
   }
   Cancel();
   {
-    absl::MutexLock lock(&threads_mu_);
+    std::lock_guard<std::mutex> lock(threads_mu_);
     for (auto& t : readers_) threads.push_back(std::move(t));
     for (auto& t : decoders_) threads.push_back(std::move(t));
     readers_.clear();
@@ -397,7 +398,7 @@ void EpochRun::Shutdown() {
   }
   for (auto& t : threads) t.join();
   // Read buffers are freed with the run; keep the accounting honest.
-  absl::MutexLock lock(&queues_->mu);
+  std::lock_guard<std::mutex> lock(queues_->mu);
   for (auto& item : queues_->all) {
     shared_->read_buffer_bytes.fetch_sub(int64_t(item->bytes.capacity()), std::memory_order_relaxed);
     item->bytes = std::vector<uint8_t>();

@@ -12,21 +12,26 @@
 //  * Worker count, reads in flight and ring depth can change while running: threads beyond the
 //    target park; new ones are started on demand.
 //
+// Locks are std::mutex (pthread) rather than absl::Mutex: Debian's prebuilt Abseil is not
+// instrumented, so ThreadSanitizer could not see absl::Mutex's ordering. They are taken once per
+// batch, never per sample; per-sample hand-offs are lock-free (atomics and the TBB queue).
+//
 // Thread safety: `Next()` is called by one consumer thread; `Cancel()` and the setters may be
 // called from any thread. The destructor cancels and joins every thread it started.
 #ifndef FEEDLINE_SRC_PIPELINE_EPOCH_RUN_H_
 #define FEEDLINE_SRC_PIPELINE_EPOCH_RUN_H_
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "feedline/batch.h"
 #include "pipeline/loader_shared.h"
@@ -95,17 +100,17 @@ class EpochRun {
   std::atomic<int64_t> consumed_;      // batches handed out (the next to hand out)
   std::atomic<uint32_t> wake_gen_{0};  // bumped on any change readers/parkers wait for
 
-  absl::Mutex open_mu_;
+  std::mutex open_mu_;
   int64_t opened_ ABSL_GUARDED_BY(open_mu_);
   std::unique_ptr<InFlight[]> inflight_;  // kMaxPrefetch entries, batch b at b % kMaxPrefetch
 
-  absl::Mutex done_mu_;  // consumer waits here for its batch; decoders signal per batch
-  absl::CondVar done_cv_;
+  std::mutex done_mu_;  // consumer waits here for its batch; decoders signal per batch
+  std::condition_variable done_cv_;
 
   std::unique_ptr<Queues> queues_;
   std::atomic<int> read_items_created_{0};
 
-  absl::Mutex threads_mu_;
+  std::mutex threads_mu_;
   std::vector<std::thread> readers_ ABSL_GUARDED_BY(threads_mu_);
   std::vector<std::thread> decoders_ ABSL_GUARDED_BY(threads_mu_);
   bool shut_down_ ABSL_GUARDED_BY(threads_mu_) = false;

@@ -34,7 +34,7 @@ const int64_t* Batch::indices() const noexcept { return slot_ ? slot_->indices.d
 
 void LoaderShared::RecordError(SampleError e) {
   error_count_.fetch_add(1, std::memory_order_relaxed);
-  absl::MutexLock lock(&errors_mu_);
+  std::lock_guard<std::mutex> lock(errors_mu_);
   if (errors_.size() < kMaxErrorsKept) errors_.push_back(std::move(e));
 }
 
@@ -69,7 +69,7 @@ Stats LoaderShared::Snapshot() {
   s.memory_budget = options.memory_budget();
   s.error_count = error_count();
   {
-    absl::MutexLock lock(&errors_mu_);
+    std::lock_guard<std::mutex> lock(errors_mu_);
     s.errors = errors_;
   }
   // The verdict: the consumer is the bottleneck when it rarely waits; otherwise the stage
@@ -219,14 +219,14 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(LoaderOptions options) {
 Loader::Loader(std::shared_ptr<LoaderShared> shared) : shared_(std::move(shared)) {}
 
 Loader::~Loader() {
-  absl::MutexLock lock(&shared_->active_mu);
+  std::lock_guard<std::mutex> lock(shared_->active_mu);
   if (shared_->active != nullptr) shared_->active->Cancel();
 }
 
 std::unique_ptr<Epoch> Loader::StartEpoch() {
   int64_t epoch;
   {
-    absl::MutexLock lock(&shared_->active_mu);
+    std::lock_guard<std::mutex> lock(shared_->active_mu);
     if (shared_->active != nullptr) shared_->active->Cancel();
     epoch = shared_->next_epoch++;
   }
@@ -243,18 +243,18 @@ const Dataset& Loader::dataset() const noexcept { return shared_->dataset; }
 const LoaderOptions& Loader::options() const noexcept { return shared_->options; }
 
 void Loader::set_epoch(int64_t epoch) {
-  absl::MutexLock lock(&shared_->active_mu);
+  std::lock_guard<std::mutex> lock(shared_->active_mu);
   shared_->next_epoch = epoch;
 }
 int64_t Loader::next_epoch() const noexcept {
-  absl::MutexLock lock(&shared_->active_mu);
+  std::lock_guard<std::mutex> lock(shared_->active_mu);
   return shared_->next_epoch;
 }
 
 Stats Loader::stats() const { return shared_->Snapshot(); }
 
 void Loader::set_workers(int n) {
-  absl::MutexLock lock(&shared_->active_mu);
+  std::lock_guard<std::mutex> lock(shared_->active_mu);
   if (shared_->active != nullptr) {
     shared_->active->SetWorkers(n);
   } else {
@@ -262,7 +262,7 @@ void Loader::set_workers(int n) {
   }
 }
 void Loader::set_prefetch(int n) {
-  absl::MutexLock lock(&shared_->active_mu);
+  std::lock_guard<std::mutex> lock(shared_->active_mu);
   if (shared_->active != nullptr) {
     shared_->active->SetPrefetch(n);
   } else {
@@ -272,7 +272,7 @@ void Loader::set_prefetch(int n) {
   }
 }
 void Loader::set_io_depth(int n) {
-  absl::MutexLock lock(&shared_->active_mu);
+  std::lock_guard<std::mutex> lock(shared_->active_mu);
   if (shared_->active != nullptr) {
     shared_->active->SetIoDepth(n);
   } else {

@@ -10,10 +10,10 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "feedline/dataset.h"
 #include "feedline/options.h"
 #include "feedline/stats.h"
@@ -66,7 +66,7 @@ class LoaderShared {
   int64_t error_count() const { return error_count_.load(std::memory_order_relaxed); }
 
   // The epoch running now (for stats and live tuning); set/cleared by EpochRun.
-  absl::Mutex active_mu;
+  std::mutex active_mu;
   EpochRun* active ABSL_GUARDED_BY(active_mu) = nullptr;
   int64_t next_epoch ABSL_GUARDED_BY(active_mu) = 0;
 
@@ -74,7 +74,7 @@ class LoaderShared {
 
  private:
   std::atomic<int64_t> error_count_{0};
-  absl::Mutex errors_mu_;
+  std::mutex errors_mu_;
   std::vector<SampleError> errors_ ABSL_GUARDED_BY(errors_mu_);
 };
 

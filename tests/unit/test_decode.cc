@@ -1,0 +1,165 @@
+// The decoder on real JPEGs: ROI + DCT-scaled decode against full decode, colour spaces,
+// and broken input (which must give an error, never a crash).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "decode/image_decoder.h"
+#include "image/random.h"
+#include "image/transform.h"
+#include "test_util.h"
+
+using feedline::DecodedRegion;
+using feedline::ImageDecoder;
+using feedline::Layout;
+using feedline::Rect;
+namespace t = feedline::testing;
+
+namespace {
+constexpr int64_t kMaxPixels = 100'000'000;
+
+const uint8_t* U8(const std::string& s) { return reinterpret_cast<const uint8_t*>(s.data()); }
+
+// Full-resolution decode of the whole image, then crop + resize: the reference.
+std::vector<uint8_t> Reference(ImageDecoder& d, const std::string& jpeg, const Rect& box, int out) {
+  auto full = d.Decode(U8(jpeg), jpeg.size(), Rect{0, 0, 1e9, 1e9}, 1, 1, kMaxPixels, false);
+  REQUIRE(full.ok());
+  std::vector<uint8_t> dst(size_t(out) * out * 3);
+  feedline::ResampleScratch scratch;
+  feedline::ResampleInto(*full, box, out, out, false, Layout::kNHWC, dst.data(), &scratch);
+  return dst;
+}
+}  // namespace
+
+TEST_CASE("ROI + DCT-scaled decode matches full decode + crop + resize", "[decode]") {
+  ImageDecoder d;
+  double psnr_min = 99, psnr_sum = 0;
+  int psnr_n = 0;
+  for (bool s444 : {false, true}) {
+    for (bool progressive : {false, true}) {
+      const std::string jpeg = t::PhotoJpeg(640, 480, 11, 92, s444, progressive);
+      for (int i = 0; i < 24; ++i) {
+        feedline::SampleRng rng(1, 0, uint64_t(i), feedline::kRngCrop);
+        feedline::CropBox b = feedline::RandomResizedCropBox(640, 480, {0.08, 1.0}, {0.75, 4.0 / 3}, rng);
+        const Rect box{double(b.left), double(b.top), double(b.width), double(b.height)};
+        const int out = 112;  // small output: exercises the 1/2 .. 1/4 scales
+        auto region = d.Decode(U8(jpeg), jpeg.size(), box, out, out, kMaxPixels);
+        REQUIRE(region.ok());
+        REQUIRE(region->width <= 640);
+        // The decoded region is no larger than needed: at most one iMCU of slack per side.
+        REQUIRE(region->width <= int(b.width * region->scale_x) + 2 * 16 + 2);
+        std::vector<uint8_t> fast(size_t(out) * out * 3);
+        feedline::ResampleScratch scratch;
+        feedline::ResampleInto(*region, box, out, out, false, Layout::kNHWC, fast.data(), &scratch);
+        std::vector<uint8_t> ref = Reference(d, jpeg, box, out);
+        const double psnr = t::Psnr(fast.data(), ref.data(), fast.size());
+        INFO("box " << b.left << "," << b.top << " " << b.width << "x" << b.height << " scale "
+                    << region->scale_x << " psnr " << psnr);
+        REQUIRE(psnr > 24.0);
+        psnr_min = std::min(psnr_min, psnr);
+        psnr_sum += psnr;
+        ++psnr_n;
+      }
+    }
+  }
+  // The synthetic images carry strong per-pixel grain, the worst case for decoding at a
+  // reduced DCT scale; photographs score higher.
+  REQUIRE(psnr_sum / psnr_n > 33.0);
+  WARN("ROI/DCT-scaled vs full decode: PSNR min " << psnr_min << " dB, mean "
+                                                  << psnr_sum / psnr_n << " dB");
+}
+
+TEST_CASE("progressive and baseline encodings decode alike", "[decode]") {
+  ImageDecoder d;
+  const std::string base = t::PhotoJpeg(301, 203, 5, 90, false, false);
+  const std::string prog = t::PhotoJpeg(301, 203, 5, 90, false, true);
+  auto a = d.Decode(U8(base), base.size(), Rect{0, 0, 301, 203}, 301, 203, kMaxPixels, false);
+  REQUIRE(a.ok());
+  std::vector<uint8_t> pa(a->pixels, a->pixels + a->stride * size_t(a->height));
+  auto b = d.Decode(U8(prog), prog.size(), Rect{0, 0, 301, 203}, 301, 203, kMaxPixels, false);
+  REQUIRE(b.ok());
+  REQUIRE(b->width == 301);
+  REQUIRE(b->height == 203);
+  REQUIRE(t::Psnr(pa.data(), b->pixels, pa.size()) > 45.0);
+}
+
+TEST_CASE("grayscale JPEGs come out RGB", "[decode]") {
+  ImageDecoder d;
+  const std::string gray = t::PhotoJpeg(120, 90, 3, 90, false, false, /*gray=*/true);
+  auto r = d.Decode(U8(gray), gray.size(), Rect{0, 0, 120, 90}, 120, 90, kMaxPixels);
+  REQUIRE(r.ok());
+  REQUIRE(r->width == 120);
+  for (int i = 0; i < r->width * r->height; ++i) {
+    REQUIRE(r->pixels[3 * i] == r->pixels[3 * i + 1]);
+    REQUIRE(r->pixels[3 * i] == r->pixels[3 * i + 2]);
+  }
+}
+
+TEST_CASE("headers: format and size by content, not by name", "[decode]") {
+  ImageDecoder d;
+  const std::string jpeg = t::PhotoJpeg(77, 33, 1);
+  auto h = d.ReadHeader(U8(jpeg), jpeg.size());
+  REQUIRE(h.ok());
+  REQUIRE(h->format == feedline::ImageFormat::kJpeg);
+  REQUIRE(h->width == 77);
+  REQUIRE(h->height == 33);
+  // A 1x1 image and an extremely thin one decode.
+  for (auto [w, hh] : {std::pair{1, 1}, std::pair{1, 700}, std::pair{900, 2}}) {
+    const std::string j = t::PhotoJpeg(w, hh, 2);
+    auto r = d.Decode(U8(j), j.size(), Rect{0, 0, double(w), double(hh)}, 8, 8, kMaxPixels);
+    REQUIRE(r.ok());
+    REQUIRE(r->width == w);
+    REQUIRE(r->height == hh);
+  }
+}
+
+TEST_CASE("broken input gives a clear error, never a crash", "[decode]") {
+  ImageDecoder d;
+  const std::string jpeg = t::PhotoJpeg(200, 150, 9);
+  const Rect all{0, 0, 200, 150};
+  SECTION("empty") {
+    auto r = d.Decode(nullptr, 0, all, 8, 8, kMaxPixels);
+    REQUIRE(absl::IsDataLoss(r.status()));
+  }
+  SECTION("not an image") {
+    const std::string text = "hello, this is not an image at all";
+    auto r = d.Decode(U8(text), text.size(), all, 8, 8, kMaxPixels);
+    REQUIRE(absl::IsInvalidArgument(r.status()));
+    REQUIRE(std::string(r.status().message()).find("not a JPEG or PNG") != std::string::npos);
+  }
+  SECTION("truncated anywhere") {
+    for (size_t cut : {size_t(3), size_t(20), size_t(200), jpeg.size() / 2, jpeg.size() - 10}) {
+      auto r = d.Decode(U8(jpeg), cut, all, 8, 8, kMaxPixels);
+      INFO("cut at " << cut);
+      REQUIRE(!r.ok());
+      REQUIRE(absl::IsDataLoss(r.status()));
+    }
+    // The decoder is reusable after an error.
+    REQUIRE(d.Decode(U8(jpeg), jpeg.size(), all, 8, 8, kMaxPixels).ok());
+  }
+  SECTION("bit flips") {
+    feedline::SampleRng rng(42, 0, 0, 0);
+    int failures = 0;
+    for (int i = 0; i < 300; ++i) {
+      std::string bad = jpeg;
+      for (int k = 0; k < 4; ++k) bad[rng.Below(bad.size())] ^= char(1 << rng.Below(8));
+      auto r = d.Decode(U8(bad), bad.size(), Rect{10, 10, 100, 100}, 20, 20, kMaxPixels);
+      if (!r.ok()) ++failures;
+    }
+    SUCCEED("bit flips: " << failures << " of 300 refused, the rest decoded");
+  }
+  SECTION("decompression bomb refused before allocating") {
+    std::string bomb = jpeg;
+    // Patch the SOF0 marker's height and width to 60000 x 60000.
+    size_t sof = bomb.find("\xFF\xC0", 2);
+    REQUIRE(sof != std::string::npos);
+    bomb[sof + 5] = char(0xEA), bomb[sof + 6] = char(0x60);
+    bomb[sof + 7] = char(0xEA), bomb[sof + 8] = char(0x60);
+    auto r = d.Decode(U8(bomb), bomb.size(), all, 8, 8, /*max_pixels=*/178956970);
+    REQUIRE(absl::IsResourceExhausted(r.status()));
+    REQUIRE(std::string(r.status().message()).find("60000x60000") != std::string::npos);
+  }
+}

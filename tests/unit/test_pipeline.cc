@@ -1,0 +1,275 @@
+// The whole CPU pipeline with real files and real threads, at several concurrency levels.
+// Also built and run under ThreadSanitizer by .ci/run.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "feedline/feedline.h"
+#include "pipeline/batch_slot.h"
+#include "test_util.h"
+
+namespace t = feedline::testing;
+using feedline::Batch;
+using feedline::Loader;
+using feedline::LoaderOptions;
+
+namespace {
+
+// One data set for the whole file (75 images in 3 classes).
+const std::string& DataDir() {
+  static t::TempDir* dir = [] {
+    auto* d = new t::TempDir();
+    t::MakeSmallImageFolder(d->path(), 3, 25, 1);
+    return d;
+  }();
+  return dir->path();
+}
+
+std::unique_ptr<Loader> MakeLoader(LoaderOptions o) {
+  auto loader = Loader::Create(std::move(o));
+  REQUIRE(loader.ok());
+  return std::move(*loader);
+}
+
+struct EpochData {
+  std::vector<int64_t> indices;
+  std::vector<int64_t> labels;
+  std::vector<std::vector<uint8_t>> images;  // one per batch
+};
+
+EpochData RunEpoch(Loader& loader) {
+  EpochData out;
+  for (absl::StatusOr<Batch>& b : loader) {
+    REQUIRE(b.ok());
+    out.indices.insert(out.indices.end(), b->indices(), b->indices() + b->size());
+    out.labels.insert(out.labels.end(), b->labels(), b->labels() + b->size());
+    out.images.emplace_back(b->images(), b->images() + b->image_bytes());
+  }
+  return out;
+}
+
+LoaderOptions Small() {
+  return LoaderOptions(DataDir()).batch_size(8).size(32).resize_size(40).seed(5);
+}
+
+}  // namespace
+
+TEST_CASE("exactly once per epoch at every concurrency level", "[pipeline]") {
+  for (int workers : {1, 2, 4, 8}) {
+    for (int prefetch : {1, 3}) {
+      for (int io : {1, 5}) {
+        auto loader = MakeLoader(Small().workers(workers).prefetch(prefetch).io_depth(io));
+        REQUIRE(loader->num_batches() == 10);  // ceil(75 / 8)
+        EpochData e = RunEpoch(*loader);
+        INFO("workers=" << workers << " prefetch=" << prefetch << " io=" << io);
+        REQUIRE(e.indices.size() == 75);
+        std::set<int64_t> distinct(e.indices.begin(), e.indices.end());
+        REQUIRE(distinct.size() == 75);
+        for (size_t i = 0; i < e.indices.size(); ++i) {
+          REQUIRE(e.labels[i] == loader->dataset().samples[size_t(e.indices[i])].label);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the same seed gives the same bytes whatever the worker count", "[pipeline]") {
+  for (auto transform : {feedline::Transform::kTrain, feedline::Transform::kEval}) {
+    auto a = MakeLoader(Small().workers(1).prefetch(1).transform(transform));
+    auto b = MakeLoader(Small().workers(6).prefetch(4).io_depth(3).transform(transform));
+    EpochData ea = RunEpoch(*a), eb = RunEpoch(*b);
+    REQUIRE(ea.indices == eb.indices);
+    REQUIRE(ea.images == eb.images);
+    EpochData ea2 = RunEpoch(*a);  // the next epoch differs
+    REQUIRE(ea2.indices != ea.indices);
+    b->set_epoch(1);
+    REQUIRE(RunEpoch(*b).images == ea2.images);  // set_epoch reproduces it
+  }
+}
+
+TEST_CASE("held batches stay intact and never block the loader", "[pipeline]") {
+  auto loader = MakeLoader(Small().workers(3).prefetch(2).drop_last(true));
+  std::vector<Batch> held;
+  std::vector<std::vector<uint8_t>> copies;
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    for (absl::StatusOr<Batch>& b : *loader) {
+      REQUIRE(b.ok());
+      REQUIRE(b->size() == 8);
+      held.push_back(*b);
+      copies.emplace_back(b->images(), b->images() + b->image_bytes());
+    }
+  }
+  REQUIRE(held.size() == 27);  // 3 epochs x 9 full batches, 2 batches of ring depth
+  for (size_t i = 0; i < held.size(); ++i) {
+    REQUIRE(std::equal(copies[i].begin(), copies[i].end(), held[i].images()));
+  }
+  // Batches outlive their loader.
+  loader.reset();
+  REQUIRE(std::equal(copies[0].begin(), copies[0].end(), held[0].images()));
+}
+
+TEST_CASE("stopping mid-epoch ends the workers and frees the slots", "[pipeline]") {
+  auto loader = MakeLoader(Small().workers(4).prefetch(2));
+  for (int round = 0; round < 5; ++round) {
+    auto epoch = loader->StartEpoch();
+    auto first = epoch->Next();
+    REQUIRE(first.ok());
+    // The workers now block on a full ring; dropping the epoch must not hang.
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    epoch.reset();
+  }
+  // Starting an epoch cancels the previous one.
+  auto e1 = loader->StartEpoch();
+  REQUIRE(e1->Next().ok());
+  auto e2 = loader->StartEpoch();
+  REQUIRE(absl::IsCancelled(e1->Next().status()));
+  int n = 0;
+  while (e2->Next().ok()) ++n;
+  REQUIRE(n == 10);
+  e1.reset();
+  e2.reset();
+  // Only the ring's cached slots remain.
+  REQUIRE(loader->stats().slots_allocated <= 2);
+  // The loader destroyed while an epoch is alive: the epoch ends cleanly.
+  auto e3 = loader->StartEpoch();
+  REQUIRE(e3->Next().ok());
+  loader.reset();
+  absl::StatusOr<Batch> after = e3->Next();
+  REQUIRE(absl::IsCancelled(after.status()));
+}
+
+TEST_CASE("resources change while running; every sample still comes once", "[pipeline]") {
+  auto loader = MakeLoader(Small().workers(1).prefetch(1).io_depth(1));
+  auto epoch = loader->StartEpoch();
+  std::vector<int64_t> seen;
+  int i = 0;
+  while (true) {
+    auto b = epoch->Next();
+    if (absl::IsOutOfRange(b.status())) break;
+    REQUIRE(b.ok());
+    seen.insert(seen.end(), b->indices(), b->indices() + b->size());
+    ++i;
+    loader->set_workers(1 + i % 4);
+    loader->set_prefetch(1 + (i * 3) % 5);
+    loader->set_io_depth(1 + i % 3);
+  }
+  std::set<int64_t> distinct(seen.begin(), seen.end());
+  REQUIRE(seen.size() == 75);
+  REQUIRE(distinct.size() == 75);
+  feedline::Stats s = loader->stats();
+  REQUIRE(s.images == 75);
+  REQUIRE(s.batches == 10);
+  REQUIRE(s.stages.size() == 3);
+  REQUIRE(s.stages[1].items == 75);
+  REQUIRE(s.stages[1].busy_s > 0);
+}
+
+TEST_CASE("a failed sample reaches the consumer at its batch; skip replaces it", "[pipeline]") {
+  t::TempDir dir;
+  t::MakeSmallImageFolder(dir.path(), 2, 10, 3);
+  const std::string bad = dir.path() + "/class1/img004.jpg";
+  std::string bytes = t::ReadFile(bad);
+  t::WriteFile(bad, bytes.substr(0, bytes.size() / 3));  // truncated
+  const std::string text = dir.path() + "/class0/zz_notes.jpg";
+  t::WriteFile(text, "not an image");
+
+  SECTION("raise") {
+    auto loader = MakeLoader(LoaderOptions(dir.path()).batch_size(4).size(32).shuffle(false));
+    auto epoch = loader->StartEpoch();
+    std::vector<std::string> errors;
+    int ok = 0;
+    while (true) {
+      auto b = epoch->Next();
+      if (absl::IsOutOfRange(b.status())) break;
+      if (!b.ok()) {
+        REQUIRE((absl::IsDataLoss(b.status()) || absl::IsInvalidArgument(b.status())));
+        errors.emplace_back(b.status().message());
+      } else {
+        ++ok;
+      }
+    }
+    // 21 files, batch 4: zz_notes is index 10 (batch 2), class1/img004 is index 15 (batch 3).
+    REQUIRE(errors.size() == 2);
+    REQUIRE(errors[0].find(text) != std::string::npos);
+    REQUIRE(errors[1].find(bad) != std::string::npos);
+    REQUIRE(ok == 4);
+  }
+  SECTION("skip") {
+    auto loader = MakeLoader(
+        LoaderOptions(dir.path()).batch_size(4).size(32).on_error(feedline::OnError::kSkip));
+    int samples = 0;
+    for (auto& b : *loader) {
+      REQUIRE(b.ok());
+      samples += int(b->size());
+      for (int64_t i = 0; i < b->size(); ++i) {
+        const std::string& path = loader->dataset().samples[size_t(b->indices()[i])].path;
+        REQUIRE(path != bad);
+        REQUIRE(path != text);
+      }
+    }
+    REQUIRE(samples == 21);
+    feedline::Stats s = loader->stats();
+    REQUIRE(s.error_count >= 2);
+    std::set<std::string> paths;
+    for (auto& e : s.errors) paths.insert(e.path);
+    REQUIRE(paths.count(bad) == 1);
+    REQUIRE(paths.count(text) == 1);
+  }
+}
+
+TEST_CASE("bad options and sources give clear errors", "[pipeline]") {
+  auto expect = [](LoaderOptions o, absl::StatusCode code, const std::string& needle) {
+    auto l = Loader::Create(std::move(o));
+    REQUIRE(!l.ok());
+    REQUIRE(l.status().code() == code);
+    REQUIRE(std::string(l.status().message()).find(needle) != std::string::npos);
+  };
+  expect(Small().batch_size(0), absl::StatusCode::kInvalidArgument, "batch_size");
+  expect(Small().scale(0.9, 0.1), absl::StatusCode::kInvalidArgument, "scale");
+  expect(Small().rank(2).world_size(2), absl::StatusCode::kInvalidArgument, "rank");
+  expect(Small().prefetch(65), absl::StatusCode::kInvalidArgument, "prefetch");
+  expect(Small().with_source("/nonexistent/dir"), absl::StatusCode::kNotFound, "/nonexistent/dir");
+  expect(Small().batch_size(1024).size(512).memory_budget(1 << 20).prefetch(4),
+         absl::StatusCode::kResourceExhausted, "memory_budget");
+}
+
+TEST_CASE("slot pool: every slot constructed is destroyed, across threads", "[pipeline]") {
+  struct CountingAllocator : feedline::HostAllocator {
+    std::atomic<int> live{0};
+    void* Allocate(size_t bytes) override {
+      live++;
+      return ::operator new(bytes);
+    }
+    void Free(void* p, size_t) override {
+      live--;
+      ::operator delete(p);
+    }
+    const char* name() const override { return "counting"; }
+  } alloc;
+  {
+    auto pool = std::make_shared<feedline::SlotPool>(&alloc, 1024, 4);
+    pool->set_keep(3);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&pool] {
+        for (int i = 0; i < 2000; ++i) {
+          auto a = pool->Acquire();
+          auto b = pool->Acquire();
+          a->images[0] = 1;
+          b->images[1023] = 2;
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    REQUIRE(pool->cached() <= 3);
+    REQUIRE(alloc.live.load() == pool->allocated());
+    auto held = pool->Acquire();
+    pool.reset();  // a slot outliving its pool is freed when released
+    REQUIRE(alloc.live.load() == 1);
+  }
+  REQUIRE(alloc.live.load() == 0);
+}
