@@ -186,6 +186,29 @@ py::dict StatsToDict(const feedline::Stats& s) {
   d["slots_allocated"] = s.slots_allocated;
   d["bottleneck"] = s.bottleneck;
   d["bottleneck_reason"] = s.bottleneck_reason;
+  d["auto"] = py::dict(py::arg("workers") = s.auto_workers, py::arg("io_depth") = s.auto_io_depth,
+                      py::arg("prefetch") = s.auto_prefetch);
+  d["demand_images_per_s"] = s.demand_images_per_s;
+  d["decode_ms_per_image"] = s.decode_ms_per_image;
+  d["read_ms"] = s.read_ms;
+  py::list tuning;
+  for (const feedline::TuningEvent& t : s.tuning) {
+    tuning.append(py::dict(py::arg("time_s") = t.time_s, py::arg("workers") = t.workers,
+                           py::arg("io_depth") = t.io_depth, py::arg("prefetch") = t.prefetch,
+                           py::arg("images_per_s") = t.images_per_s,
+                           py::arg("reason") = t.reason));
+  }
+  d["tuning"] = tuning;
+  py::list timeline;
+  for (const feedline::TimelinePoint& t : s.timeline) {
+    timeline.append(py::dict(py::arg("time_s") = t.time_s,
+                             py::arg("images_per_s") = t.images_per_s,
+                             py::arg("consumer_wait_fraction") = t.consumer_wait_fraction,
+                             py::arg("workers") = t.workers, py::arg("io_depth") = t.io_depth,
+                             py::arg("prefetch") = t.prefetch,
+                             py::arg("bytes_in_use") = t.bytes_in_use));
+  }
+  d["timeline"] = timeline;
   d["error_count"] = s.error_count;
   py::list errors;
   for (const feedline::SampleError& e : s.errors) {
@@ -273,7 +296,8 @@ PYBIND11_MODULE(_feedline, m) {
                        std::pair<double, double> scale, std::pair<double, double> ratio, bool flip,
                        const std::string& layout, int workers, int prefetch, int io_depth,
                        int64_t memory_budget, const std::string& on_error, int rank,
-                       int world_size, int64_t max_image_pixels) {
+                       int world_size, int64_t max_image_pixels,
+                       double simulated_read_latency_ms) {
              feedline::LoaderOptions o(source);
              o.batch_size(batch_size).shuffle(shuffle).seed(seed).drop_last(drop_last);
              o.transform(ParseEnum<feedline::Transform>(
@@ -288,6 +312,7 @@ PYBIND11_MODULE(_feedline, m) {
                  on_error, "on_error",
                  {{"raise", feedline::OnError::kRaise}, {"skip", feedline::OnError::kSkip}}));
              o.rank(rank).world_size(world_size).max_image_pixels(max_image_pixels);
+             o.simulated_read_latency_ms(simulated_read_latency_ms);
              absl::StatusOr<std::unique_ptr<feedline::Loader>> loader;
              {
                py::gil_scoped_release release;
@@ -301,7 +326,7 @@ PYBIND11_MODULE(_feedline, m) {
            py::arg("scale"), py::arg("ratio"), py::arg("flip"), py::arg("layout"),
            py::arg("workers"), py::arg("prefetch"), py::arg("io_depth"), py::arg("memory_budget"),
            py::arg("on_error"), py::arg("rank"), py::arg("world_size"),
-           py::arg("max_image_pixels"))
+           py::arg("max_image_pixels"), py::arg("simulated_read_latency_ms") = 0.0)
       .def("start_epoch",
            [](feedline::Loader& l) {
              std::unique_ptr<feedline::Epoch> e;
@@ -324,6 +349,15 @@ PYBIND11_MODULE(_feedline, m) {
                                return out;
                              })
       .def("set_epoch", &feedline::Loader::set_epoch)
+      .def("save_trace",
+           [](const feedline::Loader& l, const std::string& path) {
+             absl::Status s;
+             {
+               py::gil_scoped_release release;
+               s = l.SaveTrace(path);
+             }
+             if (!s.ok()) ThrowStatus(s, false);
+           })
       .def_property_readonly("next_epoch", &feedline::Loader::next_epoch)
       .def("stats", [](const feedline::Loader& l) { return StatsToDict(l.stats()); })
       .def("set_workers", &feedline::Loader::set_workers)

@@ -82,6 +82,10 @@ class Loader {
   void set_epoch(int64_t epoch);
   int64_t next_epoch() const noexcept;  // the epoch that StartEpoch() will start
   Stats stats() const;
+  // Writes what the pipeline did as Chrome trace-event JSON (Perfetto, chrome://tracing): one
+  // track per reader and decoder thread, the consumer's waits, batch lifetimes, the tuner's
+  // settings and decisions.
+  absl::Status SaveTrace(const std::string& path) const;
 
   // Changes resources while running (the autotuner's hooks; values >= 1).
   void set_workers(int n);

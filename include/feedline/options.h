@@ -86,6 +86,11 @@ class LoaderOptions {
   // Images with more pixels are refused before any pixel memory is allocated (PIL's limit).
   FEEDLINE_ARG(int64_t, max_image_pixels, 178956970);
 
+  // --- Benchmarking -------------------------------------------------------------------------
+  // Adds this many milliseconds to every read, simulating remote storage (network file systems,
+  // object stores). 0 = off.
+  FEEDLINE_ARG(double, simulated_read_latency_ms, 0.0);
+
  public:
   LoaderOptions& scale(double lo, double hi) & { return scale(Range(lo, hi)); }
   LoaderOptions&& scale(double lo, double hi) && { return std::move(scale(Range(lo, hi))); }

@@ -20,7 +20,7 @@ struct StageStats {
   double wait_s = 0;      // summed over the stage's threads
   int64_t items = 0;      // samples (read, decode) or batches (consumer)
   int threads = 0;        // threads currently active in the stage
-  double occupancy = 0;   // mean fill of the stage's output queue, 0..1 (-1: not measured)
+  double occupancy = -1;  // mean fill of the stage's output queue, 0..1 (-1: not measured)
 };
 
 struct SampleError {
@@ -28,6 +28,27 @@ struct SampleError {
   std::string cause;
   int64_t sample = -1;  // index in the data set
   int64_t epoch = -1;
+};
+
+// One change the autotuner made, and why.
+struct TuningEvent {
+  double time_s = 0;  // since the loader's first epoch started
+  int workers = 0;
+  int io_depth = 0;
+  int prefetch = 0;
+  double images_per_s = 0;  // measured over the interval that led to it
+  std::string reason;
+};
+
+// The pipeline sampled every tuning interval (for plots).
+struct TimelinePoint {
+  double time_s = 0;
+  double images_per_s = 0;
+  double consumer_wait_fraction = 0;
+  int workers = 0;
+  int io_depth = 0;
+  int prefetch = 0;
+  int64_t bytes_in_use = 0;
 };
 
 struct Stats {
@@ -46,6 +67,14 @@ struct Stats {
   int64_t slots_allocated = 0;   // ring slots allocated so far (held ones included)
   std::string bottleneck;        // "storage", "decode", "consumer" (or "unknown" before data)
   std::string bottleneck_reason; // the figures behind the verdict, one line
+  bool auto_workers = false;     // which settings the autotuner controls
+  bool auto_io_depth = false;
+  bool auto_prefetch = false;
+  double demand_images_per_s = 0;   // the consumer's appetite (0: unknown; huge: unlimited)
+  double decode_ms_per_image = 0;   // one decoder thread's time per image
+  double read_ms = 0;               // one read, latency included
+  std::vector<TuningEvent> tuning;  // the tuner's decisions, in order
+  std::vector<TimelinePoint> timeline;
   int64_t error_count = 0;
   std::vector<SampleError> errors;  // the first few hundred, in the order they happened
 };

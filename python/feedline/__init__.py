@@ -106,6 +106,7 @@ class ImageLoader:
     rank, world_size: shard for distributed training (default: torch.distributed if
         initialized, else the RANK / WORLD_SIZE environment variables, else 0 / 1).
     return_index: also yield the data set indices of the batch's samples.
+    simulated_read_latency_ms: adds latency to every read (benchmarks: remote storage).
 
     Each iteration over the loader is one epoch; a new iteration cancels an unfinished one.
     """
@@ -116,7 +117,7 @@ class ImageLoader:
                  mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), device="cpu",
                  workers="auto", prefetch="auto", io_depth="auto", memory_budget="auto",
                  on_error="raise", rank=None, world_size=None, cache=None, cache_budget=None,
-                 return_index=False, max_image_pixels=178956970):
+                 return_index=False, max_image_pixels=178956970, simulated_read_latency_ms=0.0):
         source = os.fspath(_check_type("source", source, (str, bytes, os.PathLike),
                                        "a path"))
         if isinstance(source, bytes):
@@ -168,7 +169,9 @@ class ImageLoader:
             io_depth=_parse_count("io_depth", io_depth),
             memory_budget=_parse_bytes("memory_budget", memory_budget),
             on_error=on_error, rank=rank, world_size=world_size,
-            max_image_pixels=max_image_pixels)
+            max_image_pixels=max_image_pixels,
+            simulated_read_latency_ms=float(_check_type(
+                "simulated_read_latency_ms", simulated_read_latency_ms, (int, float), "a number")))
         self._samples = None
         self.batch_size = batch_size
         self.source = source
@@ -217,6 +220,10 @@ class ImageLoader:
     def stats(self):
         """Per-stage figures, images/s, current settings, bottleneck verdict and errors."""
         return self._loader.stats()
+
+    def save_trace(self, path):
+        """Writes a Chrome trace (Perfetto / chrome://tracing): threads, batches, tuner."""
+        self._loader.save_trace(os.fspath(path))
 
     @property
     def workers(self):

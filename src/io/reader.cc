@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <thread>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -80,6 +82,9 @@ absl::Status ReadWholeFile(const std::string& path, int64_t max_bytes,
 }
 
 absl::Status FileSource::Read(int64_t index, std::vector<uint8_t>* bytes) const {
+  if (simulated_latency_ms_ > 0) {
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(simulated_latency_ms_));
+  }
   return ReadWholeFile(dataset_->samples[static_cast<size_t>(index)].path, max_file_bytes_, bytes);
 }
 

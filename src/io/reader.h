@@ -29,8 +29,11 @@ class SampleSource {
 // that shrank while being read), kResourceExhausted (a file above `max_file_bytes`).
 class FileSource final : public SampleSource {
  public:
-  explicit FileSource(const Dataset* dataset, int64_t max_file_bytes = int64_t{1} << 30)
-      : dataset_(dataset), max_file_bytes_(max_file_bytes) {}
+  explicit FileSource(const Dataset* dataset, int64_t max_file_bytes = int64_t{1} << 30,
+                      double simulated_latency_ms = 0)
+      : dataset_(dataset),
+        max_file_bytes_(max_file_bytes),
+        simulated_latency_ms_(simulated_latency_ms) {}
   int64_t size() const override { return static_cast<int64_t>(dataset_->samples.size()); }
   absl::Status Read(int64_t index, std::vector<uint8_t>* bytes) const override;
   std::string Describe(int64_t index) const override;
@@ -38,6 +41,7 @@ class FileSource final : public SampleSource {
  private:
   const Dataset* dataset_;  // not owned; outlives the source
   int64_t max_file_bytes_;
+  double simulated_latency_ms_;  // added to every read (benchmarks: remote storage)
 };
 
 // Reads a whole file into `*bytes`.

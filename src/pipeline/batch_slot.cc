@@ -59,6 +59,8 @@ std::shared_ptr<internal::BatchSlot> SlotPool::Acquire() {
     slot = new internal::BatchSlot(allocator_, image_bytes_, batch_size_);
     allocated_.fetch_add(1, std::memory_order_relaxed);
   }
+  slot->in_ring = true;
+  in_ring_.fetch_add(1, std::memory_order_relaxed);
   std::weak_ptr<SlotPool> weak = weak_from_this();
   return std::shared_ptr<internal::BatchSlot>(slot, [weak](internal::BatchSlot* s) {
     if (std::shared_ptr<SlotPool> pool = weak.lock()) {
@@ -69,10 +71,18 @@ std::shared_ptr<internal::BatchSlot> SlotPool::Acquire() {
   });
 }
 
+void SlotPool::MarkHandedOut(internal::BatchSlot* slot) {
+  if (slot->in_ring) {
+    slot->in_ring = false;
+    in_ring_.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
 void SlotPool::Return(internal::BatchSlot* slot) {
+  MarkHandedOut(slot);  // a slot opened but never handed out (cancelled epoch)
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (static_cast<int>(free_.size()) < keep_) {
+    if (int64_t(free_.size()) + in_ring_.load(std::memory_order_relaxed) < keep_) {
       free_.push_back(slot);
       return;
     }

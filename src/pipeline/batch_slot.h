@@ -3,7 +3,8 @@
 // A slot holds one batch: images written in place by the decoder workers, labels and indices.
 // Slots are allocated once through a `HostAllocator` (the hook for pinned memory) and
 // recycled: when the last `Batch` that references a slot dies, the slot goes back to the
-// pool's free list (up to `keep` slots are cached; any beyond are freed). A pool that is gone
+// pool's free list. The slots the ring owns (in flight + cached) stay within `keep`, the ring
+// depth: a returning slot beyond that is freed. Slots the user holds are the user's memory. A pool that is gone
 // (loader destroyed) simply frees returning slots, so batches may outlive their loader.
 //
 // Thread safety: `SlotPool` is safe from any thread (a mutex guards the free list; it is taken
@@ -47,6 +48,7 @@ struct BatchSlot {
   size_t image_bytes;
   std::vector<int64_t> labels;
   std::vector<int64_t> indices;
+  bool in_ring = false;  // between Acquire() and MarkHandedOut(): owned by the loader
 };
 
 }  // namespace internal
@@ -59,12 +61,15 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
 
   // A free slot, or a new one. The returned pointer's deleter gives the slot back.
   std::shared_ptr<internal::BatchSlot> Acquire();
-  // How many free slots to keep cached (the ring depth).
+  // The slot leaves the ring for the consumer: its memory is the user's until released.
+  void MarkHandedOut(internal::BatchSlot* slot);
+  // How many slots the ring may own (in flight + cached free ones): the ring depth.
   void set_keep(int n);
 
   size_t slot_bytes() const { return image_bytes_ + 2 * sizeof(int64_t) * size_t(batch_size_); }
   int64_t allocated() const { return allocated_.load(std::memory_order_relaxed); }
   int64_t cached() const;
+  int64_t in_ring() const { return in_ring_.load(std::memory_order_relaxed); }
 
  private:
   void Return(internal::BatchSlot* slot);
@@ -73,6 +78,7 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
   const size_t image_bytes_;
   const int64_t batch_size_;
   std::atomic<int64_t> allocated_{0};
+  std::atomic<int64_t> in_ring_{0};
   mutable std::mutex mu_;
   std::vector<internal::BatchSlot*> free_ ABSL_GUARDED_BY(mu_);
   int keep_ ABSL_GUARDED_BY(mu_) = 4;

@@ -27,6 +27,7 @@ struct EpochRun::InFlight {
   std::atomic<int64_t> remaining{0};
   std::shared_ptr<internal::BatchSlot> slot;
   int64_t count = 0;
+  int64_t open_ns = 0;
   std::mutex mu;  // guards the error (rare path)
   absl::Status error ABSL_GUARDED_BY(mu);
   int64_t error_pos ABSL_GUARDED_BY(mu) = -1;
@@ -77,8 +78,102 @@ EpochRun::~EpochRun() {
 }
 
 void EpochRun::StartThreads() {
+  consumer_track_ = shared_->trace->Track("consumer");
+  batch_track_ = shared_->trace->Track("batches (open -> handed out)");
   SetIoDepth(shared_->io_depth.load());
   SetWorkers(shared_->workers.load());
+  std::lock_guard<std::mutex> lock(threads_mu_);
+  tuner_thread_ = std::thread([this] { TunerLoop(); });
+}
+
+void EpochRun::TunerLoop() {
+  constexpr auto kInterval = std::chrono::milliseconds(200);
+  int64_t last = NowNs();
+  last_tick_ = Counters{shared_->images.load(), shared_->consumer.busy_ns.load(),
+                        shared_->consumer.wait_ns.load(), shared_->decode.items.load(),
+                        shared_->decode.busy_ns.load(), shared_->read.items.load(),
+                        shared_->read.busy_ns.load()};
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(tuner_mu_);
+      tuner_cv_.wait_for(lock, kInterval, [this] { return cancelled_.load(); });
+    }
+    if (cancelled_.load()) return;
+    const int64_t now = NowNs();
+    TunerTick(double(now - last) * 1e-9);
+    last = now;
+  }
+}
+
+void EpochRun::TunerTick(double interval_s) {
+  LoaderShared& sh = *shared_;
+  const Counters now{sh.images.load(), sh.consumer.busy_ns.load(), sh.consumer.wait_ns.load(),
+                     sh.decode.items.load(), sh.decode.busy_ns.load(), sh.read.items.load(),
+                     sh.read.busy_ns.load()};
+  TunerSample sample;
+  sample.interval_s = interval_s;
+  sample.images_consumed = now.images - last_tick_.images;
+  sample.consumer_busy_s = double(now.consumer_busy - last_tick_.consumer_busy) * 1e-9;
+  sample.consumer_wait_s = double(now.consumer_wait - last_tick_.consumer_wait) * 1e-9;
+  sample.decoded = now.decoded - last_tick_.decoded;
+  sample.decode_busy_s = double(now.decode_busy - last_tick_.decode_busy) * 1e-9;
+  sample.reads = now.reads - last_tick_.reads;
+  sample.read_busy_s = double(now.read_busy - last_tick_.read_busy) * 1e-9;
+  last_tick_ = now;
+  // The consumer's current wait (it may be blocked right now, not yet counted).
+  sample.consumer_wait_s = std::min(sample.consumer_wait_s, interval_s);
+
+  // Queue occupancy: complete batches waiting in the ring, and reads waiting for a decoder.
+  int64_t ready_batches = 0;
+  {
+    std::lock_guard<std::mutex> lock(open_mu_);
+    for (int64_t k = consumed_.load(); k < opened_; ++k) {
+      const InFlight& e = inflight_[k % kMaxPrefetch];
+      if (e.batch.load() == k && e.remaining.load() == 0) ++ready_batches;
+    }
+  }
+  const int prefetch = sh.prefetch.load();
+  const int items = std::max(1, read_items_created_.load());
+  sh.ring_fill_milli.fetch_add(1000 * ready_batches / std::max(1, prefetch));
+  sh.read_fill_milli.fetch_add(
+      1000 * std::min<int64_t>(items, std::max<int64_t>(0, queues_->ready.size())) / items);
+  sh.fill_samples.fetch_add(1);
+
+  TunerSettings applied{sh.workers.load(), sh.io_depth.load(), prefetch};
+  std::string reason;
+  double rate = double(sample.images_consumed) / std::max(1e-9, interval_s);
+  {
+    std::lock_guard<std::mutex> lock(sh.tuner_mu);
+    if (sh.tuner) {
+      // The budget bounds the ring and the reads in flight together.
+      const int64_t slot = int64_t(sh.pool->slot_bytes());
+      const int64_t reads = std::max<int64_t>(sh.read_buffer_bytes.load(), 0);
+      const int64_t per_read = std::max<int64_t>(256 << 10, reads / items);
+      const int max_prefetch = int(std::clamp<int64_t>(
+          (sh.budget - int64_t(sh.io_depth.load() + 2 * sh.workers.load()) * per_read) / slot, 1,
+          kMaxPrefetch));
+      sh.tuner->set_max_prefetch(std::min(max_prefetch, 16));
+      const size_t before = sh.tuner->decisions().size();
+      applied = sh.tuner->Update(sample);
+      if (sh.tuner->decisions().size() > before) reason = sh.tuner->decisions().back().reason;
+    }
+    if (sh.timeline.size() < LoaderShared::kMaxTimeline) {
+      const double t = double(NowNs() - sh.start_ns.load()) * 1e-9;
+      sh.timeline.push_back(TimelinePoint{t, rate, sample.consumer_wait_s / interval_s,
+                                          applied.workers, applied.io_depth, applied.prefetch,
+                                          sh.BytesInUse()});
+    }
+  }
+  const int64_t at = NowNs();
+  sh.trace->Counter("settings", at,
+                    {{"workers", applied.workers},
+                     {"io_depth", applied.io_depth},
+                     {"prefetch", applied.prefetch}});
+  sh.trace->Counter("images/s", at, {{"images/s", rate}});
+  if (!reason.empty()) sh.trace->Instant("tune", at, reason);
+  if (applied.io_depth != sh.io_depth.load()) SetIoDepth(applied.io_depth);
+  if (applied.workers != sh.workers.load()) SetWorkers(applied.workers);
+  if (applied.prefetch != sh.prefetch.load()) SetPrefetch(applied.prefetch);
 }
 
 void EpochRun::SetWorkers(int n) {
@@ -145,6 +240,7 @@ void EpochRun::EnsureOpen(int64_t b) {
     const int64_t k = opened_;
     InFlight& e = inflight_[k % kMaxPrefetch];
     e.slot = shared_->pool->Acquire();
+    e.open_ns = NowNs();
     e.count = std::min(batch_size_, total_seq_ - k * batch_size_);
     e.remaining.store(e.count, std::memory_order_relaxed);
     {
@@ -175,6 +271,7 @@ EpochRun::ReadItem* EpochRun::AcquireReadItem() {
 }
 
 void EpochRun::ReaderLoop(int id) {
+  TraceTrack* track = shared_->trace->Track(absl::StrCat("reader ", id));
   while (ParkWhileSurplus(id, shared_->io_depth)) {
     const int64_t seq = next_seq_.fetch_add(1, std::memory_order_relaxed);
     if (seq >= total_seq_) return;
@@ -191,13 +288,16 @@ void EpochRun::ReaderLoop(int id) {
     item->status = shared_->source->Read(item->sample, &item->bytes);
     shared_->read_buffer_bytes.fetch_add(int64_t(item->bytes.capacity()) - int64_t(before),
                                          std::memory_order_relaxed);
-    shared_->read.AddBusy(NowNs() - t1);
+    const int64_t t2 = NowNs();
+    shared_->read.AddBusy(t2 - t1);
     shared_->read.AddItem();
+    track->Span(TraceTrack::Kind::kRead, t1, t2, item->sample);
     queues_->ready.push(item);
   }
 }
 
 void EpochRun::DecoderLoop(int id) {
+  TraceTrack* track = shared_->trace->Track(absl::StrCat("decoder ", id));
   DecoderState state;
   while (ParkWhileSurplus(id, shared_->workers)) {
     ReadItem* item = nullptr;
@@ -206,10 +306,13 @@ void EpochRun::DecoderLoop(int id) {
     if (item == nullptr || cancelled_.load(std::memory_order_acquire)) return;
     const int64_t t1 = NowNs();
     shared_->decode.AddWait(t1 - t0);
+    const int64_t sample = item->sample;
     ProcessSample(item, &state);
     queues_->free.push(item);
-    shared_->decode.AddBusy(NowNs() - t1);
+    const int64_t t2 = NowNs();
+    shared_->decode.AddBusy(t2 - t1);
     shared_->decode.AddItem();
+    track->Span(TraceTrack::Kind::kDecode, t1, t2, sample);
   }
 }
 
@@ -337,9 +440,13 @@ absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interr
       }
     }
   }
-  shared_->consumer.AddWait(NowNs() - entered);
+  const int64_t got = NowNs();
+  shared_->consumer.AddWait(got - entered);
+  consumer_track_->Span(TraceTrack::Kind::kWait, entered, got, b);
+  batch_track_->Span(TraceTrack::Kind::kBatch, e.open_ns, got, b);
   Batch batch;
   batch.slot_ = std::move(e.slot);
+  shared_->pool->MarkHandedOut(batch.slot_.get());
   batch.size_ = e.count;
   absl::Status error;
   {
@@ -377,6 +484,10 @@ void EpochRun::Cancel() {
     queues_->free.push(nullptr);
   }
   Wake();
+  {
+    std::lock_guard<std::mutex> lock(tuner_mu_);
+    tuner_cv_.notify_all();
+  }
   std::lock_guard<std::mutex> lock(done_mu_);
   done_cv_.notify_all();
 }
@@ -393,6 +504,7 @@ void EpochRun::Shutdown() {
     std::lock_guard<std::mutex> lock(threads_mu_);
     for (auto& t : readers_) threads.push_back(std::move(t));
     for (auto& t : decoders_) threads.push_back(std::move(t));
+    if (tuner_thread_.joinable()) threads.push_back(std::move(tuner_thread_));
     readers_.clear();
     decoders_.clear();
   }

@@ -70,6 +70,8 @@ class EpochRun {
   struct DecoderState;
 
   void ReaderLoop(int id);
+  void TunerLoop();
+  void TunerTick(double interval_s);
   void DecoderLoop(int id);
   // Opens batches up to and including b (their slots and counts). b must be admitted.
   void EnsureOpen(int64_t b);
@@ -110,9 +112,20 @@ class EpochRun {
   std::unique_ptr<Queues> queues_;
   std::atomic<int> read_items_created_{0};
 
+  std::mutex tuner_mu_;  // the tuner thread sleeps here between ticks
+  std::condition_variable tuner_cv_;
+
   std::mutex threads_mu_;
   std::vector<std::thread> readers_ ABSL_GUARDED_BY(threads_mu_);
   std::vector<std::thread> decoders_ ABSL_GUARDED_BY(threads_mu_);
+  std::thread tuner_thread_ ABSL_GUARDED_BY(threads_mu_);
+  // Counter values at the previous tuning tick.
+  struct Counters {
+    int64_t images = 0, consumer_busy = 0, consumer_wait = 0, decoded = 0, decode_busy = 0,
+            reads = 0, read_busy = 0;
+  } last_tick_;
+  TraceTrack* consumer_track_ = nullptr;
+  TraceTrack* batch_track_ = nullptr;
   bool shut_down_ ABSL_GUARDED_BY(threads_mu_) = false;
 };
 

@@ -63,41 +63,75 @@ Stats LoaderShared::Snapshot() {
   s.stages.push_back(stage("read", read, s.io_depth));
   s.stages.push_back(stage("decode", decode, s.workers));
   s.stages.push_back(stage("consumer", consumer, 1));
+  if (const int64_t n = fill_samples.load(); n > 0) {
+    s.stages[0].occupancy = double(read_fill_milli.load()) / 1000.0 / double(n);
+    s.stages[1].occupancy = double(ring_fill_milli.load()) / 1000.0 / double(n);
+  }
   s.slots_allocated = pool->allocated();
-  s.bytes_in_use = (pool->cached() + prefetch.load()) * int64_t(pool->slot_bytes()) +
-                   read_buffer_bytes.load();
+  s.bytes_in_use = BytesInUse();
   s.memory_budget = options.memory_budget();
+  s.auto_workers = auto_workers;
+  s.auto_io_depth = auto_io_depth;
+  s.auto_prefetch = auto_prefetch;
+  {
+    std::lock_guard<std::mutex> lock(tuner_mu);
+    if (tuner) {
+      s.demand_images_per_s = tuner->demand_images_per_s();
+      s.decode_ms_per_image = tuner->decode_s_per_image() * 1e3;
+      s.read_ms = tuner->read_s() * 1e3;
+      for (const TunerDecision& d : tuner->decisions()) {
+        s.tuning.push_back(TuningEvent{d.time_s, d.settings.workers, d.settings.io_depth,
+                                       d.settings.prefetch, d.images_per_s, d.reason});
+      }
+    }
+    s.timeline = timeline;
+  }
+  if (s.decode_ms_per_image == 0 && decode.items.load() > 0) {
+    s.decode_ms_per_image = double(decode.busy_ns.load()) * 1e-6 / double(decode.items.load());
+  }
+  if (s.read_ms == 0 && read.items.load() > 0) {
+    s.read_ms = double(read.busy_ns.load()) * 1e-6 / double(read.items.load());
+  }
   s.error_count = error_count();
   {
     std::lock_guard<std::mutex> lock(errors_mu_);
     s.errors = errors_;
   }
-  // The verdict: the consumer is the bottleneck when it rarely waits; otherwise the stage
-  // whose threads are busiest per thread limits the rate, storage when decoders mostly wait
-  // for bytes.
+  // The verdict. The consumer limits when it rarely waits, or when it takes less than the
+  // decoders could give; storage when decoders sit idle waiting for bytes while the readers are
+  // busy (slow reads); decode otherwise.
   const StageStats& rd = s.stages[0];
   const StageStats& dc = s.stages[1];
   const double dec_util = dc.busy_s / std::max(1e-9, dc.busy_s + dc.wait_s);
   const double rd_util = rd.busy_s / std::max(1e-9, rd.busy_s + rd.wait_s);
+  const double capacity =
+      s.decode_ms_per_image > 0 ? 1e3 * s.workers / s.decode_ms_per_image : 0.0;
   if (s.batches == 0) {
     s.bottleneck = "unknown";
     s.bottleneck_reason = "no batch delivered yet";
-  } else if (s.consumer_wait_fraction < 0.05) {
+  } else if (s.consumer_wait_fraction < 0.05 ||
+             (s.demand_images_per_s > 0 && s.demand_images_per_s < 0.9 * capacity &&
+              dec_util < 0.8)) {
     s.bottleneck = "consumer";
     s.bottleneck_reason = absl::StrFormat(
-        "the consumer waited %.1f%% of the time; decoders were busy %.0f%%",
-        100 * s.consumer_wait_fraction, 100 * dec_util);
+        "the consumer waited %.1f%% of the time; it takes %.0f images/s, %d decoders can give "
+        "%.0f (busy %.0f%%)",
+        100 * s.consumer_wait_fraction, s.demand_images_per_s, s.workers, capacity,
+        100 * dec_util);
   } else if (dec_util < 0.6 && rd_util > 0.5) {
     s.bottleneck = "storage";
     s.bottleneck_reason = absl::StrFormat(
-        "the consumer waited %.1f%%; decoders idle %.0f%% of the time waiting for reads, readers "
-        "busy %.0f%%",
-        100 * s.consumer_wait_fraction, 100 * (1 - dec_util), 100 * rd_util);
+        "the consumer waited %.1f%%; decoders idle %.0f%% of the time waiting for reads of "
+        "%.1f ms each, %d reads in flight (readers busy %.0f%%)",
+        100 * s.consumer_wait_fraction, 100 * (1 - dec_util), s.read_ms, s.io_depth,
+        100 * rd_util);
   } else {
     s.bottleneck = "decode";
     s.bottleneck_reason = absl::StrFormat(
-        "the consumer waited %.1f%%; %d decoders busy %.0f%% of the time",
-        100 * s.consumer_wait_fraction, s.workers, 100 * dec_util);
+        "the consumer waited %.1f%%; %d decoders busy %.0f%%, %.2f ms per image (%.0f images/s "
+        "at most)",
+        100 * s.consumer_wait_fraction, s.workers, 100 * dec_util, s.decode_ms_per_image,
+        capacity);
   }
   return s;
 }
@@ -154,6 +188,8 @@ absl::Status Validate(const LoaderOptions& o) {
   if (o.io_depth() < 0 || o.io_depth() > 1024) return Invalid("io_depth", "must be auto or in [1, 1024]");
   if (o.memory_budget() < 0) return Invalid("memory_budget", "must be auto (0) or a byte count");
   if (o.max_image_pixels() < 1) return Invalid("max_image_pixels", "must be >= 1");
+  if (!(o.simulated_read_latency_ms() >= 0 && o.simulated_read_latency_ms() <= 60000))
+    return Invalid("simulated_read_latency_ms", "must be in [0, 60000]");
   return absl::OkStatus();
 }
 
@@ -166,7 +202,8 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(LoaderOptions options) {
 
   auto shared = std::make_shared<LoaderShared>();
   shared->dataset = *std::move(dataset);
-  shared->source = std::make_unique<FileSource>(&shared->dataset);
+  shared->source = std::make_unique<FileSource>(&shared->dataset, int64_t{1} << 30,
+                                                options.simulated_read_latency_ms());
   shared->sample_bytes = 3 * int64_t{options.size()} * options.size();
   const size_t image_bytes = size_t(shared->sample_bytes) * size_t(options.batch_size());
   shared->pool = std::make_shared<SlotPool>(DefaultHostAllocator(), image_bytes, options.batch_size());
@@ -178,8 +215,9 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(LoaderOptions options) {
   const int64_t budget =
       options.memory_budget() > 0 ? options.memory_budget() : AvailableMemoryBytes() / 4;
   const int64_t slot_bytes = int64_t(shared->pool->slot_bytes());
+  // Auto settings start where local, decode-bound data needs them; the autotuner moves them.
   const int workers = options.workers() > 0 ? options.workers() : cores;
-  const int io_depth = options.io_depth() > 0 ? options.io_depth() : std::max(2, cores);
+  const int io_depth = options.io_depth() > 0 ? options.io_depth() : 2;
   // Read buffers: ~1 MiB each is a generous bound for ImageNet-like files.
   const int64_t read_bytes = int64_t(io_depth + 2 * workers) << 20;
   const int64_t fit = (budget - read_bytes) / slot_bytes;
@@ -197,8 +235,25 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(LoaderOptions options) {
           "one batch of ", slot_bytes, " bytes does not fit memory_budget=", budget,
           " bytes; lower batch_size or size, or raise memory_budget"));
     }
-    prefetch = int(std::clamp<int64_t>(std::min<int64_t>(fit, 2 * workers + 2), 1, 8));
+    prefetch = int(std::clamp<int64_t>(fit, 1, 2));
   }
+  shared->auto_workers = options.workers() == kAuto;
+  shared->auto_io_depth = options.io_depth() == kAuto;
+  shared->auto_prefetch = options.prefetch() == kAuto;
+  shared->cores = cores;
+  shared->budget = budget;
+  if (shared->auto_workers || shared->auto_io_depth || shared->auto_prefetch) {
+    TunerLimits limits;
+    limits.max_workers = std::max(cores, workers);
+    limits.max_io_depth = 256;
+    limits.max_prefetch = int(std::clamp<int64_t>(fit, 1, 16));
+    limits.tune_workers = shared->auto_workers;
+    limits.tune_io_depth = shared->auto_io_depth;
+    limits.tune_prefetch = shared->auto_prefetch;
+    std::lock_guard<std::mutex> lock(shared->tuner_mu);
+    shared->tuner = std::make_unique<Autotuner>(limits, TunerSettings{workers, io_depth, prefetch});
+  }
+  shared->trace = std::make_unique<TraceRecorder>(NowNs());
   options.workers(workers).io_depth(io_depth).prefetch(prefetch).memory_budget(budget);
   shared->workers.store(workers);
   shared->io_depth.store(io_depth);
@@ -252,8 +307,23 @@ int64_t Loader::next_epoch() const noexcept {
 }
 
 Stats Loader::stats() const { return shared_->Snapshot(); }
+absl::Status Loader::SaveTrace(const std::string& path) const { return shared_->trace->Save(path); }
+
+namespace {
+// A setting the user fixes is no longer the tuner's.
+void FixSetting(LoaderShared& shared, Autotuner::Knob knob, int value) {
+  std::lock_guard<std::mutex> lock(shared.tuner_mu);
+  switch (knob) {
+    case Autotuner::Knob::kWorkers: shared.auto_workers = false; break;
+    case Autotuner::Knob::kIoDepth: shared.auto_io_depth = false; break;
+    case Autotuner::Knob::kPrefetch: shared.auto_prefetch = false; break;
+  }
+  if (shared.tuner) shared.tuner->Fix(knob, value);
+}
+}  // namespace
 
 void Loader::set_workers(int n) {
+  FixSetting(*shared_, Autotuner::Knob::kWorkers, std::max(1, n));
   std::lock_guard<std::mutex> lock(shared_->active_mu);
   if (shared_->active != nullptr) {
     shared_->active->SetWorkers(n);
@@ -262,6 +332,7 @@ void Loader::set_workers(int n) {
   }
 }
 void Loader::set_prefetch(int n) {
+  FixSetting(*shared_, Autotuner::Knob::kPrefetch, std::clamp(n, 1, EpochRun::kMaxPrefetch));
   std::lock_guard<std::mutex> lock(shared_->active_mu);
   if (shared_->active != nullptr) {
     shared_->active->SetPrefetch(n);
@@ -272,6 +343,7 @@ void Loader::set_prefetch(int n) {
   }
 }
 void Loader::set_io_depth(int n) {
+  FixSetting(*shared_, Autotuner::Knob::kIoDepth, std::max(1, n));
   std::lock_guard<std::mutex> lock(shared_->active_mu);
   if (shared_->active != nullptr) {
     shared_->active->SetIoDepth(n);

@@ -20,6 +20,8 @@
 #include "io/reader.h"
 #include "pipeline/batch_slot.h"
 #include "pipeline/sampler.h"
+#include "pipeline/trace.h"
+#include "tune/autotuner.h"
 
 namespace feedline {
 
@@ -54,6 +56,23 @@ class LoaderShared {
   std::atomic<int> workers{1};
   std::atomic<int> prefetch{2};
   std::atomic<int> io_depth{1};
+  int cores = 1;
+  int64_t budget = 0;  // == options.memory_budget(), resolved
+
+  // The autotuner (null when every setting is fixed) and the sampled timeline.
+  std::mutex tuner_mu;
+  std::unique_ptr<Autotuner> tuner ABSL_GUARDED_BY(tuner_mu);
+  std::vector<TimelinePoint> timeline ABSL_GUARDED_BY(tuner_mu);
+  bool auto_workers = false, auto_io_depth = false, auto_prefetch = false;
+  static constexpr size_t kMaxTimeline = 20000;
+  // Queue occupancy, summed over tuning ticks (fixed point, 1e-3 units).
+  std::atomic<int64_t> ring_fill_milli{0}, read_fill_milli{0}, fill_samples{0};
+
+  std::unique_ptr<TraceRecorder> trace;
+  int64_t BytesInUse() const {
+    return (pool->cached() + pool->in_ring()) * int64_t(pool->slot_bytes()) +
+           read_buffer_bytes.load(std::memory_order_relaxed);
+  }
 
   StageCounters read, decode, consumer;
   std::atomic<int64_t> images{0};

@@ -1,0 +1,98 @@
+// The autotuner: sets decoder workers, reads in flight and ring depth from what the pipeline
+// measured, so that the consumer does not wait and no CPU is burnt beyond what achieves that.
+//
+// It is a model, not a blind hill-climb (tf.data's AUTOTUNE models its pipeline the same way):
+// every interval it estimates
+//   demand   images/s the consumer would take if it never waited (images / consumer busy time),
+//   t_decode seconds of one decoder thread per image,
+//   t_read   seconds one read takes (latency included),
+// and sets
+//   workers  = ceil(min(demand, cores / t_decode) * t_decode * headroom), within [1, cores]:
+//              all cores when decode is the bottleneck, fewer when the consumer is;
+//   io_depth = ceil(rate * t_read * headroom) + 1 (Little's law): many reads in flight when
+//              storage is slow, without adding decode threads;
+//   prefetch + 1 when the consumer still waits although production keeps up on average (the
+//              waits are jitter), within the memory budget.
+// Workers go down one at a time, and every change is followed by a settling interval, so the
+// controller does not oscillate.
+//
+// The class is pure (no clock, no threads): `Update` takes one interval's measured deltas, so
+// tests drive it with simulated timings. Thread safety: not thread-safe; one owner.
+#ifndef FEEDLINE_SRC_TUNE_AUTOTUNER_H_
+#define FEEDLINE_SRC_TUNE_AUTOTUNER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace feedline {
+
+// What the stages did during one interval (deltas of the counters).
+struct TunerSample {
+  double interval_s = 0;
+  int64_t images_consumed = 0;
+  double consumer_busy_s = 0;  // time the consumer spent outside Next()
+  double consumer_wait_s = 0;  // time the consumer spent blocked in Next()
+  int64_t decoded = 0;
+  double decode_busy_s = 0;  // summed over decoder threads
+  int64_t reads = 0;
+  double read_busy_s = 0;  // summed over reader threads (the read latency included)
+};
+
+struct TunerSettings {
+  int workers = 1;
+  int io_depth = 1;
+  int prefetch = 2;
+  bool operator==(const TunerSettings&) const = default;
+};
+
+struct TunerLimits {
+  int max_workers = 1;    // cores
+  int max_io_depth = 256;
+  int max_prefetch = 8;   // what the memory budget allows
+  bool tune_workers = true;
+  bool tune_io_depth = true;
+  bool tune_prefetch = true;
+};
+
+struct TunerDecision {
+  double time_s = 0;  // since tuning started
+  TunerSettings settings;
+  double images_per_s = 0;  // measured over the interval that led to the decision
+  std::string reason;
+};
+
+class Autotuner {
+ public:
+  Autotuner(TunerLimits limits, TunerSettings initial);
+
+  // Feeds one interval; returns the settings to apply now (possibly unchanged).
+  TunerSettings Update(const TunerSample& sample);
+
+  // The user fixed a setting: the tuner stops changing it.
+  enum class Knob { kWorkers, kIoDepth, kPrefetch };
+  void Fix(Knob knob, int value);
+
+  const TunerSettings& settings() const { return settings_; }
+  const std::vector<TunerDecision>& decisions() const { return decisions_; }
+  void set_max_prefetch(int n) { limits_.max_prefetch = n; }
+  // Estimates (EMA), for stats and tests; 0 before enough data.
+  double demand_images_per_s() const { return demand_; }
+  double decode_s_per_image() const { return t_decode_; }
+  double read_s() const { return t_read_; }
+
+  static constexpr double kHeadroom = 1.25;
+  static constexpr size_t kMaxDecisions = 1000;
+
+ private:
+  TunerLimits limits_;
+  TunerSettings settings_;
+  std::vector<TunerDecision> decisions_;
+  double time_s_ = 0;
+  double demand_ = 0, t_decode_ = 0, t_read_ = 0;
+  int settle_ = 0;  // intervals to wait after a change
+};
+
+}  // namespace feedline
+
+#endif  // FEEDLINE_SRC_TUNE_AUTOTUNER_H_

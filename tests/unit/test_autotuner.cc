@@ -1,0 +1,149 @@
+// The autotuner's logic, driven deterministically by a simulated pipeline (no clock, no
+// sleeps): each interval, the model computes what the stages would have measured under the
+// current settings, and the tuner reacts.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "tune/autotuner.h"
+
+using feedline::Autotuner;
+using feedline::TunerLimits;
+using feedline::TunerSample;
+using feedline::TunerSettings;
+
+namespace {
+
+struct Machine {
+  int cores = 2;
+  double t_decode = 0.004;  // s per image per thread
+  double t_read = 0.0001;   // s per read (latency)
+  double demand = std::numeric_limits<double>::infinity();  // images/s the consumer takes
+};
+
+// Steady-state figures for one interval under `s` (a fluid model of the pipeline).
+TunerSample Simulate(const Machine& m, const TunerSettings& s, double interval = 0.2) {
+  const double decode_rate = std::min(s.workers, m.cores) / m.t_decode;
+  const double read_rate = s.io_depth / m.t_read;
+  const double produced = std::min(decode_rate, read_rate);
+  const double rate = std::min(produced, m.demand);
+  TunerSample x;
+  x.interval_s = interval;
+  x.images_consumed = int64_t(rate * interval);
+  x.consumer_busy_s = std::isinf(m.demand) ? 0.0 : rate * interval / m.demand;
+  x.consumer_wait_s = interval - x.consumer_busy_s;
+  if (!std::isinf(m.demand) && produced > m.demand) x.consumer_wait_s = 0;
+  x.decoded = x.images_consumed;
+  // Oversubscribed threads each take longer (time-sliced).
+  const double slowdown = std::max(1.0, double(s.workers) / m.cores);
+  x.decode_busy_s = x.decoded * m.t_decode * slowdown;
+  x.reads = x.images_consumed;
+  x.read_busy_s = x.reads * m.t_read;
+  return x;
+}
+
+TunerSettings Run(const Machine& m, TunerLimits limits, TunerSettings start, int intervals,
+                  int* changes_in_second_half = nullptr) {
+  Autotuner tuner(limits, start);
+  TunerSettings s = start;
+  int late_changes = 0;
+  for (int i = 0; i < intervals; ++i) {
+    TunerSettings next = tuner.Update(Simulate(m, s));
+    if (i >= intervals / 2 && !(next == s)) ++late_changes;
+    s = next;
+  }
+  if (changes_in_second_half) *changes_in_second_half = late_changes;
+  return s;
+}
+
+TunerLimits Limits(int cores) {
+  TunerLimits l;
+  l.max_workers = cores;
+  l.max_io_depth = 256;
+  l.max_prefetch = 8;
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE("decode-bound local files: every core decodes, few reads in flight", "[tune]") {
+  Machine m;
+  m.cores = 8;
+  int late = 0;
+  TunerSettings s = Run(m, Limits(8), TunerSettings{2, 2, 2}, 20, &late);
+  REQUIRE(s.workers == 8);
+  REQUIRE(s.io_depth <= 3);
+  REQUIRE(late == 0);  // settled within the first half (2 s at 0.2 s per interval)
+}
+
+TEST_CASE("slow storage: many reads in flight, no extra decode threads", "[tune]") {
+  Machine m;
+  m.cores = 4;
+  m.t_decode = 0.002;
+  m.t_read = 0.020;  // 20 ms per read, 10x a local SSD and more
+  int late = 0;
+  TunerSettings s = Run(m, Limits(4), TunerSettings{4, 2, 2}, 30, &late);
+  // 4 decoders give 2000 images/s; Little's law: 2000/s * 20 ms = 40 reads in flight.
+  REQUIRE(s.io_depth >= 40);
+  REQUIRE(s.io_depth <= 64);
+  REQUIRE(s.workers == 4);
+  REQUIRE(late == 0);
+  // The resulting rate is the decode limit.
+  TunerSample x = Simulate(m, s);
+  REQUIRE(double(x.images_consumed) / x.interval_s >= 0.95 * 2000);
+}
+
+TEST_CASE("slow consumer: fewer workers, no CPU burnt to fill the ring", "[tune]") {
+  Machine m;
+  m.cores = 8;
+  m.t_decode = 0.004;
+  m.demand = 300;  // the training step takes 300 images/s; one decoder gives 250
+  int late = 0;
+  TunerSettings s = Run(m, Limits(8), TunerSettings{8, 2, 2}, 40, &late);
+  // 300 * 4 ms = 1.2 decoders, with 25% headroom: 2.
+  REQUIRE(s.workers == 2);
+  REQUIRE(late == 0);
+  TunerSample x = Simulate(m, s);
+  REQUIRE(double(x.images_consumed) / x.interval_s >= 0.99 * 300);
+}
+
+TEST_CASE("fixed settings are left alone; decisions are recorded with reasons", "[tune]") {
+  Machine m;
+  m.cores = 8;
+  TunerLimits l = Limits(8);
+  l.tune_workers = false;
+  Autotuner tuner(l, TunerSettings{3, 2, 2});
+  TunerSettings s{3, 2, 2};
+  for (int i = 0; i < 10; ++i) s = tuner.Update(Simulate(m, s));
+  REQUIRE(s.workers == 3);
+  tuner.Fix(Autotuner::Knob::kIoDepth, 7);
+  for (int i = 0; i < 10; ++i) s = tuner.Update(Simulate(m, s));
+  REQUIRE(s.io_depth == 7);
+  // A tuner that changed something says what and why.
+  Autotuner t2(Limits(8), TunerSettings{1, 1, 2});
+  TunerSettings s2{1, 1, 2};
+  for (int i = 0; i < 5; ++i) s2 = t2.Update(Simulate(m, s2));
+  REQUIRE(!t2.decisions().empty());
+  REQUIRE(t2.decisions()[0].reason.find("workers 1->8") != std::string::npos);
+  REQUIRE(t2.decisions()[0].time_s > 0);
+}
+
+TEST_CASE("jitter: the ring deepens while production keeps up, within its limit", "[tune]") {
+  TunerLimits l = Limits(4);
+  l.max_prefetch = 5;
+  Autotuner tuner(l, TunerSettings{4, 2, 2});
+  TunerSample x;
+  x.interval_s = 0.2;
+  x.images_consumed = 100;
+  x.consumer_busy_s = 0.15;  // demand ~667/s
+  x.consumer_wait_s = 0.05;  // 25% waiting...
+  x.decoded = 100;
+  x.decode_busy_s = 100 * 0.002;  // ...although 4 decoders could give 2000/s
+  x.reads = 100;
+  x.read_busy_s = 0.01;
+  TunerSettings s;
+  for (int i = 0; i < 30; ++i) s = tuner.Update(x);
+  REQUIRE(s.prefetch == 5);  // deepened up to the budget's limit, not beyond
+}
