@@ -76,26 +76,29 @@ uint64_t MixSeed(uint64_t seed, uint64_t a, uint64_t b) {
   return m.Next();
 }
 
-// One octave of 2-D value noise: random values on a lattice with `cell` pixels between
-// points, interpolated with a smoothstep so that the result has no visible grid.
+// One octave of 2-D value noise over a w x h image with 1 or 3 channels: random values in
+// [-1, 1] on a lattice with `cell` pixels between points, interpolated with a smoothstep so
+// that the result shows no grid.
 class ValueNoiseOctave {
  public:
   ValueNoiseOctave(int w, int h, double cell, int channels, SplitMix64& rng)
-      : channels_(channels), x0_(w), wx_(w) {
-    grid_w_ = static_cast<int>(std::ceil(w / cell)) + 2;
+      : channels_(channels),
+        grid_w_(static_cast<int>(std::ceil(w / cell)) + 2),
+        cell_(cell),
+        x0_(w),
+        wx_(w),
+        row_(static_cast<size_t>(grid_w_) * channels) {
     const int grid_h = static_cast<int>(std::ceil(h / cell)) + 2;
     lattice_.resize(static_cast<size_t>(grid_w_) * grid_h * channels);
     for (float& v : lattice_) v = static_cast<float>(rng.Uniform(-1.0, 1.0));
     // A random sub-cell offset, so that the octaves' lattices do not line up with each other.
-    const double off_x = rng.Uniform(), off_y = rng.Uniform();
+    const double off_x = rng.Uniform();
+    off_y_ = rng.Uniform();
     for (int x = 0; x < w; ++x) {
       const double gx = x / cell + off_x;
       x0_[x] = static_cast<int>(gx);
       wx_[x] = Smooth(static_cast<float>(gx - x0_[x]));
     }
-    cell_ = cell;
-    off_y_ = off_y;
-    row_.resize(static_cast<size_t>(grid_w_) * channels);
   }
 
   // Adds amplitude[c] * noise to dst[x * channels + c] for every x of row y.
@@ -134,13 +137,13 @@ class ValueNoiseOctave {
   }
 
   int channels_;
-  int grid_w_ = 0;
-  double cell_ = 1;
+  int grid_w_;
+  double cell_;
   double off_y_ = 0;
+  std::vector<int> x0_;     // per pixel column: the lattice column on its left
+  std::vector<float> wx_;   // per pixel column: the smoothstep weight of the right one
+  std::vector<float> row_;  // scratch: the current row, interpolated in y
   std::vector<float> lattice_;
-  std::vector<int> x0_;
-  std::vector<float> wx_;
-  std::vector<float> row_;
 };
 
 // Upsamples a (lw x lh x C) grid whose point (i, j) sits at pixel (i, j) * kCoarseStep to a
@@ -197,10 +200,11 @@ struct Shape {
   }
 };
 
-// Per-pixel grain amplitude (luminance, in 8-bit levels, before the user's `grain` factor),
-// tuned so that a set made by MakeImageFolder averages ~100 KB per file, as ImageNet does.
+// Amplitudes, in 8-bit brightness levels, of the per-pixel grain (before the caller's `grain`
+// factor) and of each octave of fine detail. Together they set how many DCT coefficients
+// survive quantisation, hence file size and decode cost; tuned so that a set made by
+// MakeImageFolder averages ~100 KB per file, as ImageNet's training set does.
 constexpr float kGrainLevels = 12.0f;
-// Amplitude of the coarsest octave of fine detail (brightness levels); also tuned for size.
 constexpr float kDetailLevels = 55.0f;
 
 Shape RandomShape(int w, int h, SplitMix64& rng) {
@@ -357,7 +361,7 @@ absl::Status WriteFile(const fs::path& path, const std::string& bytes) {
   return absl::OkStatus();
 }
 
-// The whole file, or nullopt-like empty + false when it cannot be read.
+// Reads a whole (small) file; false when it cannot be read.
 bool ReadSmallFile(const fs::path& path, std::string* out) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return false;
@@ -598,14 +602,19 @@ absl::Status MakeImageFolder(const std::string& dir, int num_classes, int per_cl
   fs::create_directories(parent, ec);
   if (ec) return FsError(ec, "cannot create", parent);
   // A sibling of the target, so that the final rename stays within one file system. The pid
-  // and a clock-derived nonce keep concurrent makers apart.
+  // keeps processes apart and a counter keeps threads apart; a clock-derived part avoids
+  // reusing the name of a copy that a killed process left behind. create_directory reports an
+  // existing directory as `false`, which must not be taken for our own.
+  static std::atomic<uint64_t> attempt{0};
   const uint64_t nonce = MixSeed(
-      static_cast<uint64_t>(::getpid()),
+      attempt.fetch_add(1, std::memory_order_relaxed),
       static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()), seed);
   const fs::path tmp = parent / absl::StrCat(".", final_dir.filename().string(), ".tmp-",
-                                             ::getpid(), "-", nonce % 1000000007);
-  fs::create_directory(tmp, ec);
-  if (ec) return FsError(ec, "cannot create", tmp);
+                                             ::getpid(), "-", absl::Hex(nonce));
+  if (!fs::create_directory(tmp, ec)) {
+    if (!ec) ec = std::make_error_code(std::errc::file_exists);
+    return FsError(ec, "cannot create", tmp);
+  }
   // Removes the temporary directory on every early return.
   struct TmpGuard {
     fs::path path;

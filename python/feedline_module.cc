@@ -15,6 +15,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "feedline/feedline.h"
 
@@ -349,6 +350,52 @@ PYBIND11_MODULE(_feedline, m) {
                                return out;
                              })
       .def("set_epoch", &feedline::Loader::set_epoch)
+      .def("state",
+           [](const feedline::Loader& l) {
+             const feedline::Loader::State s = l.state();
+             py::dict d;
+             d["epoch"] = s.epoch;
+             d["batches_done"] = s.batches_done;
+             d["seed"] = s.seed;
+             d["rank"] = s.rank;
+             d["world_size"] = s.world_size;
+             d["batch_size"] = s.batch_size;
+             d["shuffle"] = s.shuffle;
+             d["drop_last"] = s.drop_last;
+             d["dataset_size"] = s.dataset_size;
+             d["dataset_fingerprint"] = absl::StrCat(absl::Hex(s.dataset_fingerprint));
+             d["version"] = 1;
+             return d;
+           })
+      .def("load_state",
+           [](feedline::Loader& l, const py::dict& d, bool resplit) {
+             const char* keys[] = {"epoch", "batches_done", "seed", "rank", "world_size",
+                                   "batch_size", "shuffle", "drop_last", "dataset_size",
+                                   "dataset_fingerprint"};
+             for (const char* k : keys) {
+               if (!d.contains(k)) {
+                 throw py::value_error(absl::StrCat("state_dict: missing key '", k, "'"));
+               }
+             }
+             feedline::Loader::State s;
+             try {
+               s.epoch = d["epoch"].cast<int64_t>();
+               s.batches_done = d["batches_done"].cast<int64_t>();
+               s.seed = d["seed"].cast<uint64_t>();
+               s.rank = d["rank"].cast<int>();
+               s.world_size = d["world_size"].cast<int>();
+               s.batch_size = d["batch_size"].cast<int64_t>();
+               s.shuffle = d["shuffle"].cast<bool>();
+               s.drop_last = d["drop_last"].cast<bool>();
+               s.dataset_size = d["dataset_size"].cast<int64_t>();
+               const std::string fp = d["dataset_fingerprint"].cast<std::string>();
+               if (!absl::SimpleHexAtoi(fp, &s.dataset_fingerprint)) throw py::cast_error();
+             } catch (const py::cast_error&) {
+               throw py::type_error("state_dict: a value has the wrong type");
+             }
+             absl::Status st = l.LoadState(s, resplit);
+             if (!st.ok()) ThrowStatus(st, false);
+           })
       .def("save_trace",
            [](const feedline::Loader& l, const std::string& path) {
              absl::Status s;

@@ -22,11 +22,13 @@ struct Sample {
 };
 
 struct Dataset {
-  enum class Kind { kImageFolder, kListFile };
+  enum class Kind { kImageFolder, kListFile, kShards };
   Kind kind = Kind::kImageFolder;
   std::string source;
   std::vector<std::string> classes;  // ImageFolder: sorted class folder names; list file: empty
   std::vector<Sample> samples;
+  // A hash of the samples (paths and labels): tells whether a saved state fits this data set.
+  uint64_t Fingerprint() const;
 };
 
 // The file name extensions that torchvision's ImageFolder accepts (compared case-insensitively).

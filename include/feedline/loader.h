@@ -82,6 +82,28 @@ class Loader {
   void set_epoch(int64_t epoch);
   int64_t next_epoch() const noexcept;  // the epoch that StartEpoch() will start
   Stats stats() const;
+
+  // Where the loader is, for checkpoints: the epoch in progress and the batches of it already
+  // handed out (or the next epoch and 0), with what a restored run must agree on.
+  struct State {
+    int64_t epoch = 0;
+    int64_t batches_done = 0;
+    uint64_t seed = 0;
+    int rank = 0;
+    int world_size = 1;
+    int64_t batch_size = 0;
+    bool shuffle = true;
+    bool drop_last = false;
+    int64_t dataset_size = 0;
+    uint64_t dataset_fingerprint = 0;
+  };
+  State state() const;
+  // The next StartEpoch() resumes exactly there: the same batches, indices and pixels as the
+  // uninterrupted run, whatever the worker count or prefetch depth. Errors (kInvalidArgument)
+  // for a state of another data set, seed, batch size, shuffle or drop_last setting, or of
+  // another world size unless `resplit` (then the position is carried over in samples seen
+  // across all ranks, rounded down to this layout's batches).
+  absl::Status LoadState(const State& state, bool resplit = false);
   // Writes what the pipeline did as Chrome trace-event JSON (Perfetto, chrome://tracing): one
   // track per reader and decoder thread, the consumer's waits, batch lifetimes, the tuner's
   // settings and decisions.

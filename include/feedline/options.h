@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace feedline {
 
@@ -52,6 +53,9 @@ class LoaderOptions {
   // An ImageFolder directory (one sub-folder per class, torchvision's order), or a list file of
   // "path label" lines (paths relative to the list file's folder). Required.
   FEEDLINE_ARG(std::string, source, "");
+  // WebDataset tar shards, given as paths (a brace pattern such as
+  // "d/train-{000000..000099}.tar" may also be given as `source`). Takes precedence.
+  FEEDLINE_ARG(std::vector<std::string>, shards, {});
 
   // --- Sampling -----------------------------------------------------------------------------
   FEEDLINE_ARG(int64_t, batch_size, 256);  // samples per batch, >= 1

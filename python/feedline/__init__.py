@@ -183,7 +183,8 @@ class ImageLoader:
         return len(self._loader)
 
     def __iter__(self):
-        return _EpochIterator(self._loader.start_epoch(), self._return_index)
+        # The iterator holds the loader: `for x, y in ImageLoader(...)` must see every batch.
+        return _EpochIterator(self._loader.start_epoch(), self._return_index, self)
 
     @property
     def classes(self):
@@ -217,6 +218,21 @@ class ImageLoader:
             raise ValueError(f"epoch: must be >= 0, got {epoch}")
         self._loader.set_epoch(epoch)
 
+    def state_dict(self):
+        """Where the loader is (epoch, batches already yielded) and what a restored run must
+        agree on, as plain Python types: save it next to the model and optimizer state."""
+        return dict(self._loader.state())
+
+    def load_state_dict(self, state, resplit=False):
+        """The next iteration resumes exactly where `state` was taken: the same batches (indices
+        and pixels) as the uninterrupted run, whatever the worker count or prefetch depth.
+        A state of another data set, seed or batch layout raises ValueError; one of another
+        world size too, unless resplit=True (the position is then carried over in samples)."""
+        if not isinstance(state, dict):
+            raise TypeError(f"state: expected the dict from state_dict(), got {type(state).__name__}")
+        _check_type("resplit", resplit, bool, "a bool")
+        self._loader.load_state(state, resplit)
+
     def stats(self):
         """Per-stage figures, images/s, current settings, bottleneck verdict and errors."""
         return self._loader.stats()
@@ -245,9 +261,10 @@ class ImageLoader:
 class _EpochIterator:
     """One epoch. Dropping it (or breaking out of the loop) stops the workers promptly."""
 
-    def __init__(self, epoch, return_index):
+    def __init__(self, epoch, return_index, owner):
         import torch  # the consumer's torch; feedline itself does not link it
         self._from_dlpack = torch.from_dlpack
+        self._owner = owner
         self._epoch = epoch
         self._return_index = return_index
 

@@ -163,6 +163,20 @@ const std::vector<std::string>& ImageExtensions() {
   return kExtensions;
 }
 
+uint64_t Dataset::Fingerprint() const {
+  // FNV-1a over "path\0label\0" of every sample.
+  uint64_t h = 1469598103934665603ULL;
+  auto mix = [&h](const void* p, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ULL;
+  };
+  for (const Sample& s : samples) {
+    mix(s.path.data(), s.path.size() + 1);
+    mix(&s.label, sizeof(s.label));
+  }
+  return h;
+}
+
 absl::StatusOr<Dataset> ScanDataset(const std::string& source) {
   if (source.empty()) return absl::InvalidArgumentError("source: must not be empty");
   struct stat st;

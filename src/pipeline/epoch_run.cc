@@ -74,7 +74,15 @@ EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t 
 EpochRun::~EpochRun() {
   Shutdown();
   std::lock_guard<std::mutex> lock(shared_->active_mu);
-  if (shared_->active == this) shared_->active = nullptr;
+  if (shared_->active == this) {
+    shared_->active = nullptr;
+    const int64_t done = consumed_.load();
+    if (done < num_batches_) {
+      shared_->has_partial = true;
+      shared_->partial_epoch = epoch_;
+      shared_->partial_batches = done;
+    }
+  }
 }
 
 void EpochRun::StartThreads() {

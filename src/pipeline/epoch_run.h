@@ -62,6 +62,7 @@ class EpochRun {
   int64_t epoch() const { return epoch_; }
   int64_t num_batches() const { return num_batches_; }
   int64_t consumed() const { return consumed_.load(std::memory_order_acquire); }
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
 
  private:
   struct ReadItem;

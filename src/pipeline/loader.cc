@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "pipeline/epoch_run.h"
+#include "io/tar_source.h"
 #include "pipeline/loader_shared.h"
 
 namespace feedline {
@@ -197,13 +198,27 @@ absl::Status Validate(const LoaderOptions& o) {
 
 absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(LoaderOptions options) {
   if (absl::Status s = Validate(options); !s.ok()) return s;
-  absl::StatusOr<Dataset> dataset = ScanDataset(options.source());
-  if (!dataset.ok()) return dataset.status();
-
   auto shared = std::make_shared<LoaderShared>();
-  shared->dataset = *std::move(dataset);
-  shared->source = std::make_unique<FileSource>(&shared->dataset, int64_t{1} << 30,
-                                                options.simulated_read_latency_ms());
+  if (!options.shards().empty() || LooksLikeShards(options.source())) {
+    std::vector<std::string> shards = options.shards();
+    if (shards.empty()) {
+      absl::StatusOr<std::vector<std::string>> expanded = ExpandBraces(options.source());
+      if (!expanded.ok()) return expanded.status();
+      shards = *std::move(expanded);
+    }
+    shared->dataset.source = options.source().empty() ? shards.front() : options.source();
+    absl::StatusOr<std::unique_ptr<TarSource>> tar =
+        TarSource::Open(shards, &shared->dataset, options.simulated_read_latency_ms());
+    if (!tar.ok()) return tar.status();
+    shared->source = *std::move(tar);
+  } else {
+    absl::StatusOr<Dataset> dataset = ScanDataset(options.source());
+    if (!dataset.ok()) return dataset.status();
+    shared->dataset = *std::move(dataset);
+    shared->source = std::make_unique<FileSource>(&shared->dataset, int64_t{1} << 30,
+                                                  options.simulated_read_latency_ms());
+  }
+  shared->dataset_fingerprint = shared->dataset.Fingerprint();
   shared->sample_bytes = 3 * int64_t{options.size()} * options.size();
   const size_t image_bytes = size_t(shared->sample_bytes) * size_t(options.batch_size());
   shared->pool = std::make_shared<SlotPool>(DefaultHostAllocator(), image_bytes, options.batch_size());
@@ -279,13 +294,16 @@ Loader::~Loader() {
 }
 
 std::unique_ptr<Epoch> Loader::StartEpoch() {
-  int64_t epoch;
+  int64_t epoch, start;
   {
     std::lock_guard<std::mutex> lock(shared_->active_mu);
     if (shared_->active != nullptr) shared_->active->Cancel();
     epoch = shared_->next_epoch++;
+    start = shared_->next_start_batch;
+    shared_->next_start_batch = 0;
+    shared_->has_partial = false;
   }
-  return std::unique_ptr<Epoch>(new Epoch(std::make_unique<EpochRun>(shared_, epoch, 0)));
+  return std::unique_ptr<Epoch>(new Epoch(std::make_unique<EpochRun>(shared_, epoch, start)));
 }
 
 int64_t Loader::num_batches() const noexcept { return BatchesPerRank(shared_->sampler); }
@@ -300,6 +318,72 @@ const LoaderOptions& Loader::options() const noexcept { return shared_->options;
 void Loader::set_epoch(int64_t epoch) {
   std::lock_guard<std::mutex> lock(shared_->active_mu);
   shared_->next_epoch = epoch;
+  shared_->next_start_batch = 0;
+  shared_->has_partial = false;
+}
+
+Loader::State Loader::state() const {
+  State s;
+  const LoaderOptions& o = shared_->options;
+  s.seed = o.seed();
+  s.rank = o.rank();
+  s.world_size = o.world_size();
+  s.batch_size = o.batch_size();
+  s.shuffle = o.shuffle();
+  s.drop_last = o.drop_last();
+  s.dataset_size = int64_t(shared_->dataset.samples.size());
+  s.dataset_fingerprint = shared_->dataset_fingerprint;
+  std::lock_guard<std::mutex> lock(shared_->active_mu);
+  EpochRun* run = shared_->active;
+  if (run != nullptr && run->consumed() < run->num_batches()) {
+    s.epoch = run->epoch();
+    s.batches_done = run->consumed();
+  } else if (shared_->has_partial) {  // an epoch stopped early (the loop broke out)
+    s.epoch = shared_->partial_epoch;
+    s.batches_done = shared_->partial_batches;
+  } else {
+    s.epoch = shared_->next_epoch;
+    s.batches_done = shared_->next_start_batch;
+  }
+  return s;
+}
+
+absl::Status Loader::LoadState(const State& st, bool resplit) {
+  const State mine = state();
+  auto mismatch = [](absl::string_view what, auto saved, auto here) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "state_dict: made for ", what, "=", saved, " but this loader has ", what, "=", here));
+  };
+  if (st.dataset_size != mine.dataset_size || st.dataset_fingerprint != mine.dataset_fingerprint) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "state_dict: made for another data set (", st.dataset_size, " samples, fingerprint ",
+        absl::Hex(st.dataset_fingerprint), "; this one: ", mine.dataset_size, " samples, ",
+        absl::Hex(mine.dataset_fingerprint), ")"));
+  }
+  if (st.seed != mine.seed) return mismatch("seed", st.seed, mine.seed);
+  if (st.shuffle != mine.shuffle) return mismatch("shuffle", st.shuffle, mine.shuffle);
+  if (st.drop_last != mine.drop_last) return mismatch("drop_last", st.drop_last, mine.drop_last);
+  if (st.epoch < 0 || st.batches_done < 0) {
+    return absl::InvalidArgumentError("state_dict: negative epoch or position");
+  }
+  int64_t start = st.batches_done;
+  if (st.world_size != mine.world_size || st.batch_size != mine.batch_size) {
+    if (!resplit) {
+      return st.world_size != mine.world_size
+                 ? absl::InvalidArgumentError(absl::StrCat(
+                       "state_dict: made for world_size=", st.world_size, " but this loader has "
+                       "world_size=", mine.world_size, "; pass resplit=True to carry the position "
+                       "over to the new layout"))
+                 : mismatch("batch_size", st.batch_size, mine.batch_size);
+    }
+    const int64_t seen = st.batches_done * st.batch_size * st.world_size;
+    start = seen / (mine.batch_size * mine.world_size);
+  }
+  std::lock_guard<std::mutex> lock(shared_->active_mu);
+  shared_->next_epoch = st.epoch;
+  shared_->next_start_batch = std::min(start, BatchesPerRank(shared_->sampler));
+  shared_->has_partial = false;
+  return absl::OkStatus();
 }
 int64_t Loader::next_epoch() const noexcept {
   std::lock_guard<std::mutex> lock(shared_->active_mu);

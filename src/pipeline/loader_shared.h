@@ -51,6 +51,7 @@ class LoaderShared {
   SamplerConfig sampler;
   std::shared_ptr<SlotPool> pool;
   int64_t sample_bytes = 0;  // 3 * size * size
+  uint64_t dataset_fingerprint = 0;
 
   // Tuning targets, applied to the running epoch and to the next ones.
   std::atomic<int> workers{1};
@@ -88,6 +89,11 @@ class LoaderShared {
   std::mutex active_mu;
   EpochRun* active ABSL_GUARDED_BY(active_mu) = nullptr;
   int64_t next_epoch ABSL_GUARDED_BY(active_mu) = 0;
+  int64_t next_start_batch ABSL_GUARDED_BY(active_mu) = 0;  // set by LoadState, used once
+  // The position of the last epoch that stopped before its end (for state()).
+  bool has_partial ABSL_GUARDED_BY(active_mu) = false;
+  int64_t partial_epoch ABSL_GUARDED_BY(active_mu) = 0;
+  int64_t partial_batches ABSL_GUARDED_BY(active_mu) = 0;
 
   Stats Snapshot();
 

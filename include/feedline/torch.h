@@ -1,0 +1,120 @@
+// feedline — LibTorch adapter: batches as tensors, the way `torch::data` hands them out.
+//
+//   #include <feedline/torch.h>
+//   auto loader = feedline::torch::make_data_loader(
+//       "data/train", feedline::LoaderOptions().batch_size(256).workers(4));
+//   for (auto& batch : *loader) {   // one epoch; every loop over *loader starts the next one
+//     Train(batch.data,             // uint8 [B, 3, H, W] (NCHW; [B, H, W, 3] for NHWC), CPU
+//           batch.target);          // int64 [B]; batch.index: int64 [B] data set sample indices
+//   }
+//
+// Zero-copy: the three tensors of a batch are views of its slot in the prefetch ring. The slot
+// returns to the ring when the last of them is destroyed, whichever thread that happens on, and
+// the loader may be destroyed first. Holding tensors never stalls the loader (it allocates a
+// replacement slot), but held slots are the user's memory: keep them no longer than a training
+// step needs, or `clone()` what must live longer. The tensors are writable: their memory belongs
+// to the holder until released (`data` may be normalized in place, for example).
+//
+// Errors throw `feedline::Error` (see error.h): creation errors (`code()` kNotFound,
+// kInvalidArgument, ...), and a sample that failed under `OnError::kRaise` at the batch it
+// belongs to, naming the file and the cause. After such a throw the epoch goes on: incrementing
+// the iterator again yields the next batch (a range-for loop is left by the exception).
+//
+// The tensors are CPU tensors (the LibTorch this adapter is built against may be CPU-only);
+// move them with `.to(device, /*non_blocking=*/true)`.
+//
+// This header includes only <ATen/core/Tensor.h>, the tensor type: `at::Tensor` *is*
+// `torch::Tensor`. Include <torch/torch.h> (or <torch/types.h>) for the operations. Note that
+// inside `namespace feedline`, `torch::` names this namespace: write `::torch::` there.
+//
+// Thread safety: as `feedline::Loader`: one thread iterates a `DataLoader` at a time; `stats()`
+// may be called from any thread. Batches and their tensors may be used and destroyed anywhere.
+#ifndef FEEDLINE_TORCH_H_
+#define FEEDLINE_TORCH_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <memory>
+#include <string>
+
+#include "feedline/batch.h"
+#include "feedline/error.h"
+#include "feedline/loader.h"
+#include "feedline/options.h"
+#include "feedline/stats.h"
+
+namespace feedline::torch {
+
+// One batch as tensors; the field names follow `torch::data::Example` (`data`, `target`).
+struct Batch {
+  at::Tensor data;    // uint8 [B, 3, H, W] (Layout::kNCHW) or [B, H, W, 3] (Layout::kNHWC)
+  at::Tensor target;  // int64 [B]: class labels
+  at::Tensor index;   // int64 [B]: each image's sample index in the data set (loader.dataset())
+  int64_t epoch = 0;     // the epoch the batch belongs to
+  int64_t position = 0;  // the batch's position in its epoch, 0-based
+};
+
+// Zero-copy tensor views of `batch` (which must come from a loader: non-empty). The views keep
+// the batch's slot alive; `batch` itself may be dropped.
+Batch to_torch(const ::feedline::Batch& batch);
+
+// A `feedline::Loader` with a `torch::data`-like face: a range-for gives `Batch`es.
+class DataLoader {
+ public:
+  // An input iterator over one epoch. It shares the epoch with its copies; the epoch ends (the
+  // iterator becomes equal to `end()`) after the last batch, or when a newer epoch of the same
+  // loader starts (starting an epoch cancels the previous one) or the loader is destroyed.
+  class Iterator {
+   public:
+    using iterator_category = std::input_iterator_tag;
+    using value_type = Batch;
+    using difference_type = std::ptrdiff_t;
+    using pointer = Batch*;
+    using reference = Batch&;
+
+    Iterator() = default;  // the end iterator
+    Batch& operator*() { return current_; }
+    Batch* operator->() { return &current_; }
+    // The next batch; throws `feedline::Error` if it failed (the iterator stays usable).
+    Iterator& operator++();
+    friend bool operator==(const Iterator& a, const Iterator& b) { return a.done_ == b.done_; }
+    friend bool operator!=(const Iterator& a, const Iterator& b) { return !(a == b); }
+
+   private:
+    friend class DataLoader;
+    explicit Iterator(std::shared_ptr<Epoch> epoch);
+    std::shared_ptr<Epoch> epoch_;
+    Batch current_;
+    bool done_ = true;
+  };
+
+  // `loader` must not be null.
+  explicit DataLoader(std::unique_ptr<Loader> loader);
+
+  // Starts the next epoch (the one `set_epoch` chose, else the one after the last) and fetches
+  // its first batch: throws `feedline::Error` if that batch failed.
+  Iterator begin();
+  Iterator end() { return Iterator(); }
+
+  size_t size() const noexcept;  // batches per epoch (for this rank): len(loader)
+  void set_epoch(int64_t epoch);
+  int64_t next_epoch() const noexcept;
+  Stats stats() const;
+  const LoaderOptions& options() const noexcept;  // "auto" fields resolved
+  Loader& loader() noexcept { return *loader_; }
+  const Loader& loader() const noexcept { return *loader_; }
+
+ private:
+  std::unique_ptr<Loader> loader_;
+};
+
+// Scans `source` (ImageFolder directory or list file; it replaces `options.source()`) and
+// makes a loader. Throws `feedline::Error` (kNotFound, kInvalidArgument, kResourceExhausted).
+std::unique_ptr<DataLoader> make_data_loader(std::string source, LoaderOptions options = {});
+
+}  // namespace feedline::torch
+
+#endif  // FEEDLINE_TORCH_H_

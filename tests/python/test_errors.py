@@ -1,0 +1,179 @@
+"""Bad arguments and bad files."""
+
+import os
+
+import pytest
+
+import feedline
+import util
+
+
+# --- bad arguments --------------------------------------------------------------------------
+
+BAD_ARGS = [
+    # (keyword arguments, exception type, text the message must contain)
+    (dict(batch_size=0), ValueError, "batch_size"),
+    (dict(batch_size=-3), ValueError, "batch_size"),
+    (dict(batch_size="x"), TypeError, "batch_size"),
+    (dict(batch_size=2.5), TypeError, "batch_size"),
+    (dict(transform="foo"), ValueError, "transform"),
+    (dict(layout="xyz"), ValueError, "layout"),
+    (dict(workers=-1), ValueError, "workers"),
+    (dict(workers=0), ValueError, "workers"),
+    (dict(workers="many"), TypeError, "workers"),
+    (dict(prefetch=0), ValueError, "prefetch"),
+    (dict(io_depth=-2), ValueError, "io_depth"),
+    (dict(memory_budget="lots"), ValueError, "memory_budget"),
+    (dict(memory_budget=-5), ValueError, "memory_budget"),
+    (dict(memory_budget=1.5), TypeError, "memory_budget"),
+    (dict(scale=(0.9, 0.1)), ValueError, "scale"),
+    (dict(scale=(0.0, 1.0)), ValueError, "scale"),
+    (dict(scale=0.5), TypeError, "scale"),
+    (dict(ratio=(4 / 3, 3 / 4)), ValueError, "ratio"),
+    (dict(ratio=(-1.0, 1.0)), ValueError, "ratio"),
+    (dict(rank=2, world_size=2), ValueError, "rank"),
+    (dict(rank=-1, world_size=2), ValueError, "rank"),
+    (dict(rank=0, world_size=0), ValueError, "world_size"),
+    (dict(dtype="int7"), ValueError, "dtype"),
+    (dict(size=0), ValueError, "size"),
+    (dict(size="224"), TypeError, "size"),
+    (dict(resize_size=-1, transform="eval"), ValueError, "resize_size"),
+    (dict(on_error="ignore"), ValueError, "on_error"),
+    (dict(shuffle="yes"), TypeError, "shuffle"),
+    (dict(seed=-1), ValueError, "seed"),
+    (dict(seed=1.0), TypeError, "seed"),
+    (dict(device="tpu"), ValueError, "device"),
+    (dict(cache="everything"), ValueError, "cache"),
+    (dict(return_index=1), TypeError, "return_index"),
+]
+
+
+@pytest.mark.parametrize("kwargs,exc,name", BAD_ARGS,
+                         ids=[next(iter(k)) + "=" + repr(v[0][next(iter(k))])
+                              for k, v in ((a[0], a) for a in BAD_ARGS)])
+def test_bad_argument_names_itself(small_folder, kwargs, exc, name):
+    with pytest.raises(exc) as e:
+        feedline.ImageLoader(small_folder, **kwargs)
+    assert name in str(e.value), f"{exc.__name__} does not name {name!r}: {e.value}"
+
+
+def test_missing_source(tmp_path):
+    missing = str(tmp_path / "no" / "such" / "dir")
+    with pytest.raises(FileNotFoundError) as e:
+        feedline.ImageLoader(missing)
+    assert missing in str(e.value)
+
+
+def test_source_wrong_type():
+    with pytest.raises(TypeError, match="source"):
+        feedline.ImageLoader(42)
+
+
+def test_valid_byte_sizes_accepted(small_folder):
+    for budget in ("64MiB", "100 MB", 256 * 2**20, "auto", "1.5GiB"):
+        feedline.ImageLoader(small_folder, batch_size=2, memory_budget=budget)
+
+
+# --- bad files ------------------------------------------------------------------------------
+
+def _drain(it, limit_s=30):
+    """Consumes an iterator that may raise DataError: ([batches], [errors])."""
+    batches, errors = [], []
+    with util.deadline(limit_s, "draining an epoch with bad files"):
+        while True:
+            try:
+                batches.append(next(it))
+            except StopIteration:
+                break
+            except feedline.DataError as e:
+                errors.append(e)
+                if len(errors) > 50:
+                    raise AssertionError("DataError repeats: the epoch does not move on")
+    return batches, errors
+
+
+def test_raise_names_each_bad_file(bad_folder):
+    root, bad = bad_folder
+    loader = feedline.ImageLoader(root, batch_size=1, shuffle=False, size=32,
+                                  on_error="raise", return_index=True)
+    n = len(loader.samples)
+    batches, errors = _drain(iter(loader))
+    assert len(errors) == len(bad)
+    named = set()
+    for e in errors:
+        assert isinstance(e, feedline.DataError)
+        hits = [p for p in bad if p in str(e)]
+        assert len(hits) == 1, f"DataError does not name one bad file: {e}"
+        named.add(hits[0])
+    assert named == set(bad)
+    # the epoch went on after each error: every good sample came out
+    delivered = sorted(int(b[2][0]) for b in batches)
+    bad_idx = {i for i, (p, _) in enumerate(loader.samples) if p in bad}
+    assert delivered == sorted(set(range(n)) - bad_idx)
+
+
+def test_raise_with_larger_batches_moves_on(bad_folder):
+    root, bad = bad_folder
+    loader = feedline.ImageLoader(root, batch_size=4, size=32, on_error="raise")
+    batches, errors = _drain(iter(loader))
+    assert 1 <= len(errors) <= len(bad)
+    for e in errors:
+        assert any(p in str(e) for p in bad), str(e)
+    assert len(batches) + len(errors) <= len(loader)
+    # and the next epoch works as well
+    batches2, errors2 = _drain(iter(loader))
+    assert len(errors2) >= 1
+
+
+def test_data_error_is_an_exception_class():
+    assert issubclass(feedline.DataError, Exception)
+
+
+def test_skip_keeps_batches_full(bad_folder):
+    root, bad = bad_folder
+    loader = feedline.ImageLoader(root, batch_size=5, size=32, on_error="skip",
+                                  return_index=True)
+    n = len(loader.samples)
+    bad_idx = {i for i, (p, _) in enumerate(loader.samples) if p in bad}
+    assert len(bad_idx) == 3
+    for epoch in range(2):
+        sizes = []
+        with util.deadline(30, "an epoch with on_error='skip'"):
+            for images, labels, idx in loader:
+                sizes.append(int(images.shape[0]))
+                for img, label, i in zip(images, labels.tolist(), idx.tolist()):
+                    assert i not in bad_idx, "a failed sample was delivered"
+                    assert label == loader.samples[i][1]
+                    assert img.float().std() > 1.0  # a real picture, not a blank
+        assert sizes == [5, 5, 5, 1]  # n = 16: full batches, as without errors
+        s = loader.stats()
+        assert s["error_count"] == len(bad) * (epoch + 1)
+        assert len(s["errors"]) == s["error_count"]
+        assert {e["path"] for e in s["errors"]} == set(bad)
+        for e in s["errors"]:
+            assert e["cause"]
+            assert loader.samples[e["sample"]][0] == e["path"]
+            assert e["epoch"] in (0, 1)
+    assert s["images"] == 2 * n
+
+
+def test_image_over_pixel_limit(small_folder):
+    loader = feedline.ImageLoader(small_folder, batch_size=4, size=32, max_image_pixels=50 * 50,
+                                  shuffle=False)
+    with util.deadline(30, "the pixel limit"):
+        with pytest.raises(feedline.DataError) as e:
+            next(iter(loader))
+    assert os.path.join(small_folder, "x") in str(e.value)
+
+
+def test_file_deleted_after_scan(tmp_path, small_folder):
+    import shutil
+    root = tmp_path / "ds"
+    shutil.copytree(small_folder, root)
+    loader = feedline.ImageLoader(str(root), batch_size=2, shuffle=False, size=32)
+    victim = loader.samples[0][0]
+    os.remove(victim)
+    with util.deadline(30, "a file deleted after the scan"):
+        with pytest.raises(feedline.DataError) as e:
+            next(iter(loader))
+    assert victim in str(e.value)
