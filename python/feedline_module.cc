@@ -134,6 +134,9 @@ py::object g_data_error;
     throw py::error_already_set();
   }
   switch (s.code()) {
+    case absl::StatusCode::kDataLoss:  // a damaged file (a shard's index, ...): data, not args
+      PyErr_SetString(g_data_error.ptr(), msg.c_str());
+      throw py::error_already_set();
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kResourceExhausted:
     case absl::StatusCode::kOutOfRange:
@@ -292,7 +295,8 @@ PYBIND11_MODULE(_feedline, m) {
       });
 
   py::class_<feedline::Loader>(m, "Loader")
-      .def(py::init([](const std::string& source, int64_t batch_size, bool shuffle, uint64_t seed,
+      .def(py::init([](const std::string& source, const std::vector<std::string>& shards,
+                       int64_t batch_size, bool shuffle, uint64_t seed,
                        bool drop_last, const std::string& transform, int size, int resize_size,
                        std::pair<double, double> scale, std::pair<double, double> ratio, bool flip,
                        const std::string& layout, int workers, int prefetch, int io_depth,
@@ -300,6 +304,7 @@ PYBIND11_MODULE(_feedline, m) {
                        int world_size, int64_t max_image_pixels,
                        double simulated_read_latency_ms) {
              feedline::LoaderOptions o(source);
+             o.shards(shards);
              o.batch_size(batch_size).shuffle(shuffle).seed(seed).drop_last(drop_last);
              o.transform(ParseEnum<feedline::Transform>(
                  transform, "transform",
@@ -322,7 +327,7 @@ PYBIND11_MODULE(_feedline, m) {
              if (!loader.ok()) ThrowStatus(loader.status(), false);
              return std::move(*loader);
            }),
-           py::arg("source"), py::arg("batch_size"), py::arg("shuffle"), py::arg("seed"),
+           py::arg("source"), py::arg("shards"), py::arg("batch_size"), py::arg("shuffle"), py::arg("seed"),
            py::arg("drop_last"), py::arg("transform"), py::arg("size"), py::arg("resize_size"),
            py::arg("scale"), py::arg("ratio"), py::arg("flip"), py::arg("layout"),
            py::arg("workers"), py::arg("prefetch"), py::arg("io_depth"), py::arg("memory_budget"),

@@ -94,8 +94,10 @@ def _world():
 class ImageLoader:
     """Loads an image data set as batches of torch tensors, replacing torch's DataLoader.
 
-    source: an ImageFolder directory (one sub-folder per class, torchvision's order) or a list
-        file of "path label" lines (paths relative to the list file's folder).
+    source: an ImageFolder directory (one sub-folder per class, torchvision's order), a list
+        file of "path label" lines (paths relative to the list file's folder), or WebDataset
+        tar shards: a brace pattern "d/train-{000000..000099}.tar" or a list of paths
+        (samples = key.jpg/.jpeg/.png + key.cls with the label).
     transform: "train" = RandomResizedCrop(size, scale, ratio) + horizontal flip;
         "eval" = Resize(resize_size) + CenterCrop(size), with torchvision's semantics.
     layout: "NCHW" (default) or "NHWC". Images are uint8.
@@ -118,12 +120,24 @@ class ImageLoader:
                  workers="auto", prefetch="auto", io_depth="auto", memory_budget="auto",
                  on_error="raise", rank=None, world_size=None, cache=None, cache_budget=None,
                  return_index=False, max_image_pixels=178956970, simulated_read_latency_ms=0.0):
-        source = os.fspath(_check_type("source", source, (str, bytes, os.PathLike),
-                                       "a path"))
-        if isinstance(source, bytes):
-            source = os.fsdecode(source)
-        if not os.path.exists(source):
-            raise FileNotFoundError(f"source: {source}: no such file or directory")
+        shards = []
+        if isinstance(source, (list, tuple)):
+            if not source:
+                raise ValueError("source: an empty list of shards")
+            shards = [os.fsdecode(os.fspath(_check_type("source", p, (str, bytes, os.PathLike),
+                                                        "a list of shard paths")))
+                      for p in source]
+            source = ""
+            for p in shards:
+                if not os.path.exists(p):
+                    raise FileNotFoundError(f"source: {p}: no such file")
+        else:
+            source = os.fspath(_check_type("source", source, (str, bytes, os.PathLike),
+                                           "a path, a shard pattern or a list of shard paths"))
+            if isinstance(source, bytes):
+                source = os.fsdecode(source)
+            if "{" not in source and not os.path.exists(source):
+                raise FileNotFoundError(f"source: {source}: no such file or directory")
         _check_type("batch_size", batch_size, int, "an int")
         _check_type("shuffle", shuffle, bool, "a bool")
         _check_type("seed", seed, int, "an int")
@@ -161,7 +175,7 @@ class ImageLoader:
 
         self._return_index = return_index
         self._loader = _feedline.Loader(
-            source=source, batch_size=batch_size, shuffle=shuffle, seed=seed,
+            source=source, shards=shards, batch_size=batch_size, shuffle=shuffle, seed=seed,
             drop_last=drop_last, transform=transform, size=size, resize_size=resize_size,
             scale=scale, ratio=ratio, flip=flip, layout=layout,
             workers=_parse_count("workers", workers),
@@ -174,7 +188,7 @@ class ImageLoader:
                 "simulated_read_latency_ms", simulated_read_latency_ms, (int, float), "a number")))
         self._samples = None
         self.batch_size = batch_size
-        self.source = source
+        self.source = source or shards
         self.rank = rank
         self.world_size = world_size
 
