@@ -302,7 +302,8 @@ PYBIND11_MODULE(_feedline, m) {
                        const std::string& layout, int workers, int prefetch, int io_depth,
                        int64_t memory_budget, const std::string& on_error, int rank,
                        int world_size, int64_t max_image_pixels,
-                       double simulated_read_latency_ms) {
+                       double simulated_read_latency_ms, int64_t max_errors,
+                       double read_timeout_ms) {
              feedline::LoaderOptions o(source);
              o.shards(shards);
              o.batch_size(batch_size).shuffle(shuffle).seed(seed).drop_last(drop_last);
@@ -319,6 +320,7 @@ PYBIND11_MODULE(_feedline, m) {
                  {{"raise", feedline::OnError::kRaise}, {"skip", feedline::OnError::kSkip}}));
              o.rank(rank).world_size(world_size).max_image_pixels(max_image_pixels);
              o.simulated_read_latency_ms(simulated_read_latency_ms);
+             o.max_errors(max_errors).read_timeout_ms(read_timeout_ms);
              absl::StatusOr<std::unique_ptr<feedline::Loader>> loader;
              {
                py::gil_scoped_release release;
@@ -332,7 +334,8 @@ PYBIND11_MODULE(_feedline, m) {
            py::arg("scale"), py::arg("ratio"), py::arg("flip"), py::arg("layout"),
            py::arg("workers"), py::arg("prefetch"), py::arg("io_depth"), py::arg("memory_budget"),
            py::arg("on_error"), py::arg("rank"), py::arg("world_size"),
-           py::arg("max_image_pixels"), py::arg("simulated_read_latency_ms") = 0.0)
+           py::arg("max_image_pixels"), py::arg("simulated_read_latency_ms") = 0.0,
+           py::arg("max_errors") = 0, py::arg("read_timeout_ms") = 60000.0)
       .def("start_epoch",
            [](feedline::Loader& l) {
              std::unique_ptr<feedline::Epoch> e;

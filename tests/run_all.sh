@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Builds feedline and runs every test: the Catch2 unit tests and the pytest suite (ctest), then
-# the unit tests again under ThreadSanitizer. Installs what is missing first (Debian 12).
-# Usage: bash tests/run_all.sh        (from anywhere; build trees go to build/ and build-tsan/)
+# Builds feedline and runs every test: the Catch2 unit tests and the pytest suite (ctest), the
+# unit tests again under ThreadSanitizer and under AddressSanitizer + UndefinedBehaviorSanitizer,
+# then each libFuzzer target for a bounded time (tests/fuzz/run_fuzzers.sh, clang).
+# Installs what is missing first (Debian 12).
+# Usage: bash tests/run_all.sh        (from anywhere; build trees go to build/, build-tsan/,
+#                                      build-asan/ and build-fuzz/)
+#        FEEDLINE_FUZZ_SECONDS=N      seconds per fuzz target (default 60; 0 skips fuzzing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=$(nproc)
@@ -20,3 +24,21 @@ cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFEEDLINE_S
 cmake --build build-tsan -j"$JOBS" --target feedline_tests
 echo "== tests (ThreadSanitizer)"
 ctest --test-dir build-tsan --output-on-failure
+
+echo "== build (AddressSanitizer + UndefinedBehaviorSanitizer)"
+# -fno-sanitize-recover: a UBSan finding aborts the test (UBSAN_OPTIONS=halt_on_error=1, set by
+# tests/CMakeLists.txt, does the same under ctest; this also covers running the binary by hand).
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DFEEDLINE_SANITIZE="address;undefined" \
+  -DCMAKE_C_FLAGS="-fno-sanitize-recover=undefined" \
+  -DCMAKE_CXX_FLAGS="-fno-sanitize-recover=undefined" \
+  -DFEEDLINE_BUILD_PYTHON=OFF -DFEEDLINE_BUILD_BENCHMARKS=OFF >/dev/null
+cmake --build build-asan -j"$JOBS" --target feedline_tests \
+  feedline_fuzz_decode feedline_fuzz_tar feedline_fuzz_list_file
+echo "== tests (AddressSanitizer + UndefinedBehaviorSanitizer)"
+ctest --test-dir build-asan --output-on-failure
+
+if [[ ${FEEDLINE_FUZZ_SECONDS:-60} != 0 ]]; then
+  echo "== fuzzing (libFuzzer, ${FEEDLINE_FUZZ_SECONDS:-60}s per target)"
+  JOBS=$JOBS bash tests/fuzz/run_fuzzers.sh "${FEEDLINE_FUZZ_SECONDS:-60}"
+fi

@@ -35,6 +35,9 @@ namespace feedline {
 
 class EpochRun;
 class LoaderShared;
+namespace internal {
+class LoaderTesting;  // src/pipeline/loader_testing.h: a loader over an injected source
+}  // namespace internal
 
 // One pass over the data set. Destroying it stops its workers promptly (mid-epoch too).
 class Epoch {
@@ -136,7 +139,11 @@ class Loader {
   Iterator end() { return Iterator(); }
 
  private:
+  friend class internal::LoaderTesting;
   explicit Loader(std::shared_ptr<LoaderShared> shared);
+  // Resolves the options against the opened source (shared->dataset, shared->source).
+  static absl::StatusOr<std::unique_ptr<Loader>> Finish(LoaderOptions options,
+                                                        std::shared_ptr<LoaderShared> shared);
   std::shared_ptr<LoaderShared> shared_;
 };
 

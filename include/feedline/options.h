@@ -87,6 +87,12 @@ class LoaderOptions {
 
   // --- Robustness ---------------------------------------------------------------------------
   FEEDLINE_ARG(OnError, on_error, OnError::kRaise);
+  // Under kSkip, more failed samples than this turn into an error at the next batch (a flood of
+  // failures means a broken data set or mount, not a few bad files). 0 = no limit.
+  FEEDLINE_ARG(int64_t, max_errors, 0);
+  // A read that takes longer fails with kDeadlineExceeded (then follows on_error); the stuck
+  // reader thread is abandoned and replaced, so hung storage cannot hang the loader. 0 = none.
+  FEEDLINE_ARG(double, read_timeout_ms, 60000.0);
   // Images with more pixels are refused before any pixel memory is allocated (PIL's limit).
   FEEDLINE_ARG(int64_t, max_image_pixels, 178956970);
 

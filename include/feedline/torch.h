@@ -50,9 +50,9 @@ namespace feedline::torch {
 
 // One batch as tensors; the field names follow `torch::data::Example` (`data`, `target`).
 struct Batch {
-  at::Tensor data;    // uint8 [B, 3, H, W] (Layout::kNCHW) or [B, H, W, 3] (Layout::kNHWC)
-  at::Tensor target;  // int64 [B]: class labels
-  at::Tensor index;   // int64 [B]: each image's sample index in the data set (loader.dataset())
+  at::Tensor data;       // uint8 [B, 3, H, W] (Layout::kNCHW) or [B, H, W, 3] (Layout::kNHWC)
+  at::Tensor target;     // int64 [B]: class labels
+  at::Tensor index;      // int64 [B]: each image's sample index in the data set (loader.dataset())
   int64_t epoch = 0;     // the epoch the batch belongs to
   int64_t position = 0;  // the batch's position in its epoch, 0-based
 };

@@ -78,6 +78,17 @@ def _pair(name, value):
     return float(value[0]), float(value[1])
 
 
+def _timeout(value):
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"read_timeout: expected seconds (a number) or None, "
+                        f"got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"read_timeout: must be > 0 seconds or None, got {value}")
+    return float(value)
+
+
 def _world():
     """(rank, world_size): torch.distributed if initialized, else RANK/WORLD_SIZE, else 0/1."""
     try:
@@ -107,6 +118,8 @@ class ImageLoader:
         "skip" (the sample is replaced by another of the same epoch; errors in stats()).
     rank, world_size: shard for distributed training (default: torch.distributed if
         initialized, else the RANK / WORLD_SIZE environment variables, else 0 / 1).
+    max_errors: under on_error="skip", more failed samples than this raise DataError.
+    read_timeout: seconds after which a read fails (hung storage cannot hang training).
     return_index: also yield the data set indices of the batch's samples.
     simulated_read_latency_ms: adds latency to every read (benchmarks: remote storage).
 
@@ -119,7 +132,8 @@ class ImageLoader:
                  mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), device="cpu",
                  workers="auto", prefetch="auto", io_depth="auto", memory_budget="auto",
                  on_error="raise", rank=None, world_size=None, cache=None, cache_budget=None,
-                 return_index=False, max_image_pixels=178956970, simulated_read_latency_ms=0.0):
+                 return_index=False, max_image_pixels=178956970, max_errors=None,
+                 read_timeout=60.0, simulated_read_latency_ms=0.0):
         shards = []
         if isinstance(source, (list, tuple)):
             if not source:
@@ -184,6 +198,8 @@ class ImageLoader:
             memory_budget=_parse_bytes("memory_budget", memory_budget),
             on_error=on_error, rank=rank, world_size=world_size,
             max_image_pixels=max_image_pixels,
+            max_errors=_parse_count("max_errors", max_errors),
+            read_timeout_ms=1000.0 * _timeout(read_timeout),
             simulated_read_latency_ms=float(_check_type(
                 "simulated_read_latency_ms", simulated_read_latency_ms, (int, float), "a number")))
         self._samples = None

@@ -10,6 +10,16 @@
 namespace feedline {
 namespace {
 
+// The decoder workers are the parallelism: OpenCV's own thread pool (TBB in Debian's build)
+// would oversubscribe the cores and hide work from the stage counters.
+void DisableOpenCvThreads() {
+  static const bool done = [] {
+    cv::setNumThreads(0);
+    return true;
+  }();
+  (void)done;
+}
+
 // Python's round(): half to even. std::nearbyint uses the current rounding mode, which is
 // round-to-nearest-even unless someone changed it; state it explicitly to not depend on that.
 int PyRound(double v) {
@@ -114,6 +124,7 @@ EvalGeometry ComputeEvalGeometry(int width, int height, int resize_size, int siz
 
 void ResampleInto(const DecodedRegion& region, const Rect& src, int out_w, int out_h, bool flip,
                   Layout layout, uint8_t* dst, ResampleScratch* scratch) {
+  DisableOpenCvThreads();
   // The rectangle in decoded coordinates, rounded to whole decoded pixels.
   int x0 = static_cast<int>(std::lround(src.x * region.scale_x - region.origin_x));
   int y0 = static_cast<int>(std::lround(src.y * region.scale_y - region.origin_y));
@@ -133,6 +144,7 @@ void ResampleInto(const DecodedRegion& region, const Rect& src, int out_w, int o
 
 void ResizeThenCropInto(const DecodedRegion& region, const EvalGeometry& g, int out_w, int out_h,
                         Layout layout, uint8_t* dst, ResampleScratch* scratch) {
+  DisableOpenCvThreads();
   scratch->a.resize(size_t(g.resized_w) * g.resized_h * 3);
   cv::Mat resized(g.resized_h, g.resized_w, CV_8UC3, scratch->a.data());
   Resample(RegionMat(region), resized, &scratch->b);

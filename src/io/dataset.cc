@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "io/list_file.h"
 
 namespace feedline {
 namespace {
@@ -123,15 +124,31 @@ absl::StatusOr<Dataset> ScanImageFolder(const std::string& source) {
 absl::StatusOr<Dataset> ScanListFile(const std::string& source) {
   std::ifstream in(source);
   if (!in) return absl::NotFoundError(absl::StrCat(source, ": cannot open list file"));
+  // istream::read turns a read error (libstdc++'s filebuf throws from underflow) into badbit,
+  // as getline did when the lines were parsed straight from the stream.
+  std::string text;
+  char chunk[1 << 16];
+  while (in.read(chunk, sizeof(chunk)) || in.gcount() > 0) text.append(chunk, size_t(in.gcount()));
+  if (in.bad()) return absl::DataLossError(absl::StrCat(source, ": read error"));
+  return ParseListFile(text, source);
+}
+
+}  // namespace
+
+absl::StatusOr<Dataset> ParseListFile(absl::string_view text, const std::string& source_name) {
   std::string base;
-  size_t slash = source.rfind('/');
-  if (slash != std::string::npos) base = source.substr(0, slash);
+  size_t slash = source_name.rfind('/');
+  if (slash != std::string::npos) base = source_name.substr(0, slash);
   Dataset ds;
   ds.kind = Dataset::Kind::kListFile;
-  ds.source = source;
-  std::string line;
+  ds.source = source_name;
   int64_t line_no = 0;
-  while (std::getline(in, line)) {
+  // Lines as std::getline splits them: at '\n'; a last line without one still counts.
+  for (size_t pos = 0; pos < text.size();) {
+    size_t end = text.find('\n', pos);
+    if (end == absl::string_view::npos) end = text.size();
+    const absl::string_view line = text.substr(pos, end - pos);
+    pos = end + 1;
     ++line_no;
     absl::string_view view = absl::StripAsciiWhitespace(line);
     if (view.empty() || view.front() == '#') continue;
@@ -140,21 +157,20 @@ absl::StatusOr<Dataset> ScanListFile(const std::string& source) {
     if (sep == absl::string_view::npos || !absl::SimpleAtoi(view.substr(sep + 1), &label) ||
         label < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          source, ":", line_no, ": expected \"path label\" with a non-negative integer label, got \"",
+          source_name, ":", line_no,
+          ": expected \"path label\" with a non-negative integer label, got \"",
           view.substr(0, 200), "\""));
     }
     std::string path(absl::StripTrailingAsciiWhitespace(view.substr(0, sep)));
     if (path.front() != '/' && !base.empty()) path = JoinPath(base, path);
     ds.samples.push_back(Sample{std::move(path), label});
   }
-  if (in.bad()) return absl::DataLossError(absl::StrCat(source, ": read error"));
   if (ds.samples.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": the list file holds no samples"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name, ": the list file holds no samples"));
   }
   return ds;
 }
-
-}  // namespace
 
 const std::vector<std::string>& ImageExtensions() {
   // torchvision.datasets.folder.IMG_EXTENSIONS, in its order.

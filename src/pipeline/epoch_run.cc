@@ -2,12 +2,16 @@
 
 #include <oneapi/tbb/concurrent_queue.h>
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <limits>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "decode/image_decoder.h"
 #include "image/random.h"
 #include "image/transform.h"
@@ -17,6 +21,7 @@ namespace feedline {
 struct EpochRun::ReadItem {
   int64_t seq = 0;
   int64_t sample = 0;
+  int attempt = 0;  // replacements tried for this position (on_error = skip)
   absl::Status status;
   std::vector<uint8_t> bytes;
 };
@@ -39,14 +44,37 @@ struct EpochRun::InFlight {
 struct EpochRun::Queues {
   tbb::concurrent_bounded_queue<ReadItem*> ready;
   tbb::concurrent_bounded_queue<ReadItem*> free;
+  tbb::concurrent_bounded_queue<ReadItem*> retry;  // decoders -> the retry reader
   std::mutex mu;
   std::vector<std::unique_ptr<ReadItem>> all ABSL_GUARDED_BY(mu);
 };
 
+// One reader thread's state, shared with the watchdog (the tuner thread). A read that outlives
+// the timeout is abandoned: the watchdog fails its sample and starts a replacement thread; the
+// stuck thread, when (if) its read returns, sees the abandonment and exits, touching nothing
+// but this record and the loader's shared state, both of which it keeps alive.
+struct EpochRun::ReaderState {
+  enum : int { kIdle = 0, kReading = 1, kAbandoned = 2 };
+  std::atomic<int> phase{kIdle};
+  std::atomic<int64_t> started_ns{0};
+  ReadItem* item = nullptr;      // the item being read (published by the phase store)
+  std::vector<uint8_t> buffer;   // reads land here, then move into the item
+};
+
+namespace {
+// Bumped in the child after fork(): threads started before it do not exist there.
+std::atomic<uint64_t> g_fork_generation{0};
+void OnForkChild() { g_fork_generation.fetch_add(1, std::memory_order_relaxed); }
+uint64_t ForkGeneration() {
+  static const bool registered = [] { return pthread_atfork(nullptr, nullptr, &OnForkChild) == 0; }();
+  (void)registered;
+  return g_fork_generation.load(std::memory_order_relaxed);
+}
+}  // namespace
+
 struct EpochRun::DecoderState {
   ImageDecoder decoder;
   ResampleScratch scratch;
-  std::vector<uint8_t> replacement_bytes;
 };
 
 EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t start_batch)
@@ -60,7 +88,8 @@ EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t 
       consumed_(std::min(start_batch, num_batches_)),
       opened_(std::min(start_batch, num_batches_)),
       inflight_(new InFlight[kMaxPrefetch]),
-      queues_(std::make_unique<Queues>()) {
+      queues_(std::make_unique<Queues>()),
+      fork_generation_(ForkGeneration()) {
   int64_t expected = 0;
   shared_->start_ns.compare_exchange_strong(expected, NowNs());
   {
@@ -85,6 +114,8 @@ EpochRun::~EpochRun() {
   }
 }
 
+bool EpochRun::forked() const { return fork_generation_ != ForkGeneration(); }
+
 void EpochRun::StartThreads() {
   consumer_track_ = shared_->trace->Track("consumer");
   batch_track_ = shared_->trace->Track("batches (open -> handed out)");
@@ -108,6 +139,10 @@ void EpochRun::TunerLoop() {
     }
     if (cancelled_.load()) return;
     const int64_t now = NowNs();
+    if (const double timeout_ms = shared_->options.read_timeout_ms(); timeout_ms > 0) {
+      AbandonStuckReads(now - int64_t(timeout_ms * 1e6),
+                        absl::StrFormat("read_timeout_ms=%g", timeout_ms).c_str());
+    }
     TunerTick(double(now - last) * 1e-9);
     last = now;
   }
@@ -204,10 +239,7 @@ void EpochRun::SetIoDepth(int n) {
   {
     std::lock_guard<std::mutex> lock(threads_mu_);
     if (shut_down_ || cancelled_.load()) return;
-    while (static_cast<int>(readers_.size()) < n) {
-      int id = static_cast<int>(readers_.size());
-      readers_.emplace_back([this, id] { ReaderLoop(id); });
-    }
+    while (static_cast<int>(readers_.size()) < n) StartReader(static_cast<int>(readers_.size()));
   }
   Wake();
 }
@@ -278,8 +310,54 @@ EpochRun::ReadItem* EpochRun::AcquireReadItem() {
   return item;
 }
 
-void EpochRun::ReaderLoop(int id) {
+void EpochRun::StartReader(int id) {
+  auto state = std::make_shared<ReaderState>();
+  Reader r{std::thread([this, id, state, keep = shared_] { ReaderLoop(id, state); }), state};
+  if (id < static_cast<int>(readers_.size())) {
+    readers_[size_t(id)] = std::move(r);
+  } else {
+    readers_.push_back(std::move(r));
+  }
+}
+
+void EpochRun::AbandonStuckReads(int64_t older_than_ns, const char* why) {
+  std::lock_guard<std::mutex> lock(threads_mu_);
+  for (size_t id = 0; id <= readers_.size(); ++id) {
+    const bool retry = id == readers_.size();  // the last one checked is the retry reader
+    Reader& reader = retry ? retry_reader_ : readers_[id];
+    if (reader.state == nullptr) continue;
+    ReaderState& st = *reader.state;
+    if (st.phase.load(std::memory_order_acquire) != ReaderState::kReading ||
+        st.started_ns.load(std::memory_order_relaxed) > older_than_ns) {
+      continue;
+    }
+    int expected = ReaderState::kReading;
+    if (!st.phase.compare_exchange_strong(expected, ReaderState::kAbandoned,
+                                          std::memory_order_acq_rel)) {
+      continue;  // it just finished
+    }
+    abandoned_reads_.fetch_add(1);
+    ReadItem* item = st.item;
+    const double waited_ms = double(NowNs() - st.started_ns.load()) * 1e-6;
+    item->bytes.clear();
+    item->status = absl::DeadlineExceededError(absl::StrCat(
+        shared_->source->Describe(item->sample), ": read did not complete in ",
+        absl::StrFormat("%.0f", waited_ms), " ms (", why, ")"));
+    queues_->ready.push(item);
+    reader.thread.detach();  // it keeps what it touches alive; see ReaderState
+    if (!shut_down_ && !cancelled_.load()) {
+      if (retry) {
+        StartRetryReader();
+      } else {
+        StartReader(int(id));
+      }
+    }
+  }
+}
+
+void EpochRun::ReaderLoop(int id, std::shared_ptr<ReaderState> state) {
   TraceTrack* track = shared_->trace->Track(absl::StrCat("reader ", id));
+  SampleSource* source = shared_->source.get();
   while (ParkWhileSurplus(id, shared_->io_depth)) {
     const int64_t seq = next_seq_.fetch_add(1, std::memory_order_relaxed);
     if (seq >= total_seq_) return;
@@ -288,19 +366,11 @@ void EpochRun::ReaderLoop(int id) {
     EnsureOpen(seq / batch_size_);
     ReadItem* item = AcquireReadItem();
     if (item == nullptr || cancelled_.load(std::memory_order_acquire)) return;
-    const int64_t t1 = NowNs();
-    shared_->read.AddWait(t1 - t0);
+    shared_->read.AddWait(NowNs() - t0);
     item->seq = seq;
     item->sample = order_[size_t(seq)];
-    const size_t before = item->bytes.capacity();
-    item->status = shared_->source->Read(item->sample, &item->bytes);
-    shared_->read_buffer_bytes.fetch_add(int64_t(item->bytes.capacity()) - int64_t(before),
-                                         std::memory_order_relaxed);
-    const int64_t t2 = NowNs();
-    shared_->read.AddBusy(t2 - t1);
-    shared_->read.AddItem();
-    track->Span(TraceTrack::Kind::kRead, t1, t2, item->sample);
-    queues_->ready.push(item);
+    item->attempt = 0;
+    if (!ReadInto(item, state.get(), source, track)) return;  // abandoned
   }
 }
 
@@ -315,8 +385,7 @@ void EpochRun::DecoderLoop(int id) {
     const int64_t t1 = NowNs();
     shared_->decode.AddWait(t1 - t0);
     const int64_t sample = item->sample;
-    ProcessSample(item, &state);
-    queues_->free.push(item);
+    if (!ProcessSample(item, &state)) queues_->free.push(item);  // else: retried
     const int64_t t2 = NowNs();
     shared_->decode.AddBusy(t2 - t1);
     shared_->decode.AddItem();
@@ -360,44 +429,42 @@ absl::Status WithPath(const absl::Status& s, const std::string& path) {
 }
 }  // namespace
 
-void EpochRun::ProcessSample(ReadItem* item, DecoderState* state) {
+bool EpochRun::ProcessSample(ReadItem* item, DecoderState* state) {
   const int64_t b = item->seq / batch_size_, pos = item->seq % batch_size_;
   InFlight& e = inflight_[b % kMaxPrefetch];
   internal::BatchSlot* slot = e.slot.get();
   uint8_t* dst = slot->images + size_t(pos) * size_t(shared_->sample_bytes);
-  const std::vector<Sample>& samples = shared_->dataset.samples;
 
   absl::Status st = item->status.ok() ? DecodeInto(item->bytes, item->sample, dst, state)
                                       : item->status;
-  int64_t used = item->sample;
   if (!st.ok()) {
-    st = WithPath(st, shared_->source->Describe(item->sample));
-    shared_->RecordError(SampleError{shared_->source->Describe(item->sample),
-                                     std::string(st.message()), item->sample, epoch_});
-    if (shared_->options.on_error() == OnError::kSkip) {
-      // Replace it by another sample of this epoch, chosen from (seed, epoch, position), so
-      // the batch stays full and the run stays reproducible.
-      SampleRng rng(shared_->options.seed(), uint64_t(epoch_), uint64_t(item->seq), kRngReplace);
-      constexpr int kAttempts = 16;
-      absl::Status last = st;
-      for (int attempt = 0; attempt < kAttempts && !last.ok(); ++attempt) {
-        const int64_t r = order_[size_t(rng.Below(uint64_t(total_seq_)))];
-        last = shared_->source->Read(r, &state->replacement_bytes);
-        if (last.ok()) last = DecodeInto(state->replacement_bytes, r, dst, state);
-        if (last.ok()) {
-          used = r;
-        } else if (r != item->sample) {
-          last = WithPath(last, shared_->source->Describe(r));
-          shared_->RecordError(SampleError{shared_->source->Describe(r),
-                                           std::string(last.message()), r, epoch_});
-        }
+    const std::string path = shared_->source->Describe(item->sample);
+    st = WithPath(st, path);
+    bool first_failure;  // a file that fails twice in an epoch (as a replacement too) counts once
+    {
+      std::lock_guard<std::mutex> lock(bad_mu_);
+      first_failure = bad_samples_.insert(item->sample).second;
+    }
+    if (first_failure) {
+      shared_->RecordError(SampleError{path, std::string(st.message()), item->sample, epoch_});
+    }
+    if (shared_->options.on_error() == OnError::kSkip && item->attempt < kReplaceAttempts) {
+      // Replace it by another sample of this epoch, chosen from (seed, epoch, position,
+      // attempt) so the run stays reproducible, avoiding samples already known bad. The read
+      // goes through the retry reader, under the read timeout like every read.
+      const int64_t r = PickReplacement(item->seq, item->sample, &item->attempt);
+      if (r >= 0) {
+        item->sample = r;
+        item->status = absl::OkStatus();
+        StartRetryReaderIfNeeded();
+        queues_->retry.push(item);
+        return true;
       }
-      if (last.ok()) st = absl::OkStatus();
     }
   }
   if (st.ok()) {
-    slot->labels[size_t(pos)] = samples[size_t(used)].label;
-    slot->indices[size_t(pos)] = used;
+    slot->labels[size_t(pos)] = shared_->dataset.samples[size_t(item->sample)].label;
+    slot->indices[size_t(pos)] = item->sample;
   } else {
     std::memset(dst, 0, size_t(shared_->sample_bytes));
     slot->labels[size_t(pos)] = -1;
@@ -409,6 +476,78 @@ void EpochRun::ProcessSample(ReadItem* item, DecoderState* state) {
     }
   }
   CompleteSample(e);
+  return false;
+}
+
+int64_t EpochRun::PickReplacement(int64_t seq, int64_t failed, int* attempt) {
+  std::lock_guard<std::mutex> lock(bad_mu_);
+  bad_samples_.insert(failed);
+  if (*attempt >= kReplaceAttempts) return -1;
+  ++*attempt;
+  // Draws that hit a sample already known bad are free: only reads count as attempts.
+  SampleRng rng(shared_->options.seed(), uint64_t(epoch_), uint64_t(seq),
+                kRngReplace + uint64_t(*attempt) * 0x10000);
+  for (int draw = 0; draw < 256; ++draw) {
+    const int64_t r = order_[size_t(rng.Below(uint64_t(total_seq_)))];
+    if (bad_samples_.count(r) == 0) return r;
+  }
+  return -1;
+}
+
+void EpochRun::StartRetryReaderIfNeeded() {
+  std::lock_guard<std::mutex> lock(threads_mu_);
+  if (retry_reader_.state != nullptr || shut_down_ || cancelled_.load()) return;
+  StartRetryReader();
+}
+
+void EpochRun::StartRetryReader() {
+  auto state = std::make_shared<ReaderState>();
+  retry_reader_ = Reader{std::thread([this, state, keep = shared_] { RetryLoop(state); }), state};
+}
+
+void EpochRun::RetryLoop(std::shared_ptr<ReaderState> state) {
+  TraceTrack* track = shared_->trace->Track("retry reader");
+  SampleSource* source = shared_->source.get();
+  while (true) {
+    ReadItem* item = nullptr;
+    queues_->retry.pop(item);
+    if (item == nullptr || cancelled_.load(std::memory_order_acquire)) return;
+    if (!ReadInto(item, state.get(), source, track)) return;  // abandoned
+  }
+}
+
+bool EpochRun::ReadInto(ReadItem* item, ReaderState* state, SampleSource* source,
+                        TraceTrack* track) {
+  const int64_t t1 = NowNs();
+  const size_t before = item->bytes.capacity();
+  state->buffer.swap(item->bytes);
+  state->item = item;
+  state->started_ns.store(t1, std::memory_order_relaxed);
+  state->phase.store(ReaderState::kReading, std::memory_order_release);
+  absl::Status status = source->Read(item->sample, &state->buffer);
+  int expected = ReaderState::kReading;
+  if (!state->phase.compare_exchange_strong(expected, ReaderState::kIdle,
+                                            std::memory_order_acq_rel)) {
+    return false;  // abandoned by the watchdog: the run may be gone; touch nothing of it
+  }
+  item->bytes.swap(state->buffer);
+  item->status = std::move(status);
+  shared_->read_buffer_bytes.fetch_add(int64_t(item->bytes.capacity()) - int64_t(before),
+                                       std::memory_order_relaxed);
+  const int64_t t2 = NowNs();
+  shared_->read.AddBusy(t2 - t1);
+  shared_->read.AddItem();
+  track->Span(TraceTrack::Kind::kRead, t1, t2, item->sample);
+  queues_->ready.push(item);
+  return true;
+}
+
+absl::Status EpochRun::TooManyErrors() {
+  const int64_t max = shared_->options.max_errors();
+  if (max <= 0 || shared_->error_count() <= max) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(
+      shared_->error_count(), " samples failed, more than max_errors=", max,
+      " (a broken data set or storage?); the first: ", shared_->FirstErrorText()));
 }
 
 void EpochRun::CompleteSample(InFlight& e) {
@@ -429,6 +568,10 @@ absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interr
     return absl::OutOfRangeError(absl::StrCat("end of epoch ", epoch_));
   }
   if (cancelled_.load()) return absl::CancelledError("the epoch was cancelled");
+  if (absl::Status flood = TooManyErrors(); !flood.ok()) {
+    last_return_ns_ = NowNs();
+    return flood;
+  }
   InFlight& e = inflight_[b % kMaxPrefetch];
   {
     std::unique_lock<std::mutex> lock(done_mu_);
@@ -436,6 +579,10 @@ absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interr
     while (!(e.batch.load(std::memory_order_acquire) == b &&
              e.remaining.load(std::memory_order_acquire) == 0)) {
       if (cancelled_.load()) return absl::CancelledError("the epoch was cancelled");
+      if (absl::Status flood = TooManyErrors(); !flood.ok()) {
+        last_return_ns_ = NowNs();
+        return flood;
+      }
       if (done_cv_.wait_for(lock, poll_ns) == std::cv_status::timeout && interrupted) {
         lock.unlock();
         absl::Status s = interrupted();
@@ -491,6 +638,7 @@ void EpochRun::Cancel() {
     queues_->ready.push(nullptr);
     queues_->free.push(nullptr);
   }
+  queues_->retry.push(nullptr);
   Wake();
   {
     std::lock_guard<std::mutex> lock(tuner_mu_);
@@ -508,11 +656,15 @@ void EpochRun::Shutdown() {
     shut_down_ = true;
   }
   Cancel();
+  AbandonStuckReads(std::numeric_limits<int64_t>::max(), "the epoch was stopped");
   {
     std::lock_guard<std::mutex> lock(threads_mu_);
-    for (auto& t : readers_) threads.push_back(std::move(t));
+    for (auto& r : readers_) {
+      if (r.thread.joinable()) threads.push_back(std::move(r.thread));
+    }
     for (auto& t : decoders_) threads.push_back(std::move(t));
     if (tuner_thread_.joinable()) threads.push_back(std::move(tuner_thread_));
+    if (retry_reader_.thread.joinable()) threads.push_back(std::move(retry_reader_.thread));
     readers_.clear();
     decoders_.clear();
   }

@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -63,14 +64,22 @@ class EpochRun {
   int64_t num_batches() const { return num_batches_; }
   int64_t consumed() const { return consumed_.load(std::memory_order_acquire); }
   bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
+  // True in a child of fork() made after this run started: its threads are the parent's, and
+  // its locks and condition variables may be held or waited on by them. Such a run must be
+  // leaked, never touched or destroyed (glibc's pthread_cond_destroy would wait forever).
+  bool forked() const;
 
  private:
   struct ReadItem;
+  struct ReaderState;
   struct InFlight;
   struct Queues;
   struct DecoderState;
 
-  void ReaderLoop(int id);
+  void ReaderLoop(int id, std::shared_ptr<ReaderState> state);
+  void StartReader(int id);  // threads_mu_ held
+  // Fails reads older than the timeout and replaces their threads (tuner thread).
+  void AbandonStuckReads(int64_t older_than_ns, const char* why);
   void TunerLoop();
   void TunerTick(double interval_s);
   void DecoderLoop(int id);
@@ -85,7 +94,18 @@ class EpochRun {
   void Shutdown();
   void CompleteSample(InFlight& e);
   ReadItem* AcquireReadItem();
-  void ProcessSample(ReadItem* item, DecoderState* state);
+  // Decodes one sample into its slot; true when the item was sent for a replacement read
+  // (on_error = skip) instead of completing its sample.
+  bool ProcessSample(ReadItem* item, DecoderState* state);
+  int64_t PickReplacement(int64_t seq, int64_t failed, int* attempt);
+  void StartRetryReaderIfNeeded();
+  void StartRetryReader();  // threads_mu_ held
+  void RetryLoop(std::shared_ptr<ReaderState> state);
+  // Reads item->sample into the item under the watchdog's protocol and queues it for
+  // decoding; false when the read was abandoned (the caller must return at once).
+  bool ReadInto(ReadItem* item, ReaderState* state, SampleSource* source, TraceTrack* track);
+  static constexpr int kReplaceAttempts = 16;
+  absl::Status TooManyErrors();  // max_errors exceeded: the error to give the consumer
   absl::Status DecodeInto(const std::vector<uint8_t>& bytes, int64_t sample, uint8_t* dst,
                           DecoderState* state);
 
@@ -117,7 +137,16 @@ class EpochRun {
   std::condition_variable tuner_cv_;
 
   std::mutex threads_mu_;
-  std::vector<std::thread> readers_ ABSL_GUARDED_BY(threads_mu_);
+  struct Reader {
+    std::thread thread;
+    std::shared_ptr<ReaderState> state;
+  };
+  std::vector<Reader> readers_ ABSL_GUARDED_BY(threads_mu_);
+  Reader retry_reader_ ABSL_GUARDED_BY(threads_mu_);  // started on the first replacement
+  std::mutex bad_mu_;
+  std::set<int64_t> bad_samples_ ABSL_GUARDED_BY(bad_mu_);  // failed in this epoch
+  std::atomic<int64_t> abandoned_reads_{0};
+  const uint64_t fork_generation_;  // the process generation that started the threads
   std::vector<std::thread> decoders_ ABSL_GUARDED_BY(threads_mu_);
   std::thread tuner_thread_ ABSL_GUARDED_BY(threads_mu_);
   // Counter values at the previous tuning tick.

@@ -15,6 +15,7 @@
 #include "pipeline/epoch_run.h"
 #include "io/tar_source.h"
 #include "pipeline/loader_shared.h"
+#include "pipeline/loader_testing.h"
 
 namespace feedline {
 
@@ -37,6 +38,12 @@ void LoaderShared::RecordError(SampleError e) {
   error_count_.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(errors_mu_);
   if (errors_.size() < kMaxErrorsKept) errors_.push_back(std::move(e));
+}
+
+std::string LoaderShared::FirstErrorText() {
+  std::lock_guard<std::mutex> lock(errors_mu_);
+  if (errors_.empty()) return "";
+  return errors_.front().cause;  // the cause names the file
 }
 
 Stats LoaderShared::Snapshot() {
@@ -140,8 +147,11 @@ Stats LoaderShared::Snapshot() {
 // ---------------------------------------------------------------------------------------------
 // Epoch
 
+
 Epoch::Epoch(std::unique_ptr<EpochRun> run) : run_(std::move(run)) {}
-Epoch::~Epoch() = default;
+Epoch::~Epoch() {
+  if (run_ && run_->forked()) (void)run_.release();  // deliberately leaked: see forked()
+}
 absl::StatusOr<Batch> Epoch::Next() { return run_->Next(); }
 absl::StatusOr<Batch> Epoch::Next(const std::function<absl::Status()>& interrupted,
                                   absl::Duration poll) {
@@ -189,6 +199,8 @@ absl::Status Validate(const LoaderOptions& o) {
   if (o.io_depth() < 0 || o.io_depth() > 1024) return Invalid("io_depth", "must be auto or in [1, 1024]");
   if (o.memory_budget() < 0) return Invalid("memory_budget", "must be auto (0) or a byte count");
   if (o.max_image_pixels() < 1) return Invalid("max_image_pixels", "must be >= 1");
+  if (o.max_errors() < 0) return Invalid("max_errors", "must be >= 0 (0: no limit)");
+  if (!(o.read_timeout_ms() >= 0)) return Invalid("read_timeout_ms", "must be >= 0 (0: none)");
   if (!(o.simulated_read_latency_ms() >= 0 && o.simulated_read_latency_ms() <= 60000))
     return Invalid("simulated_read_latency_ms", "must be in [0, 60000]");
   return absl::OkStatus();
@@ -218,6 +230,23 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(LoaderOptions options) {
     shared->source = std::make_unique<FileSource>(&shared->dataset, int64_t{1} << 30,
                                                   options.simulated_read_latency_ms());
   }
+  return Finish(std::move(options), std::move(shared));
+}
+
+namespace internal {
+absl::StatusOr<std::unique_ptr<Loader>> LoaderTesting::CreateWithSource(
+    LoaderOptions options, Dataset dataset,
+    const std::function<std::unique_ptr<SampleSource>(const Dataset*)>& make_source) {
+  if (absl::Status s = Validate(options); !s.ok()) return s;
+  auto shared = std::make_shared<LoaderShared>();
+  shared->dataset = std::move(dataset);
+  shared->source = make_source(&shared->dataset);
+  return Loader::Finish(std::move(options), std::move(shared));
+}
+}  // namespace internal
+
+absl::StatusOr<std::unique_ptr<Loader>> Loader::Finish(LoaderOptions options,
+                                                       std::shared_ptr<LoaderShared> shared) {
   shared->dataset_fingerprint = shared->dataset.Fingerprint();
   shared->sample_bytes = 3 * int64_t{options.size()} * options.size();
   const size_t image_bytes = size_t(shared->sample_bytes) * size_t(options.batch_size());
@@ -289,6 +318,9 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(LoaderOptions options) {
 Loader::Loader(std::shared_ptr<LoaderShared> shared) : shared_(std::move(shared)) {}
 
 Loader::~Loader() {
+  // In a child of fork(), the active run (and the mutex) may belong to the parent's threads.
+  EpochRun* run = shared_->active;
+  if (run != nullptr && run->forked()) return;
   std::lock_guard<std::mutex> lock(shared_->active_mu);
   if (shared_->active != nullptr) shared_->active->Cancel();
 }

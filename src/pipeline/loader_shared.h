@@ -84,6 +84,7 @@ class LoaderShared {
   static constexpr size_t kMaxErrorsKept = 256;
   void RecordError(SampleError e);
   int64_t error_count() const { return error_count_.load(std::memory_order_relaxed); }
+  std::string FirstErrorText();
 
   // The epoch running now (for stats and live tuning); set/cleared by EpochRun.
   std::mutex active_mu;

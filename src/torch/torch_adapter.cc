@@ -1,13 +1,12 @@
 // The LibTorch adapter (see include/feedline/torch.h). The only translation unit of the library
 // that includes the full torch headers.
-#include "feedline/torch.h"
-
 #include <torch/types.h>
 
 #include <array>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "feedline/torch.h"
 
 namespace feedline::torch {
 namespace {
@@ -20,7 +19,7 @@ at::Tensor View(const std::shared_ptr<const ::feedline::Batch>& holder, const vo
   // from_blob wants a mutable pointer; the slot's memory is the holder's until released (see
   // batch.h), so writing through the tensor is allowed.
   return ::torch::from_blob(
-      const_cast<void*>(bytes), sizes, [holder](void*) mutable { holder.reset(); },
+      const_cast<void*>(bytes), sizes, [keep = holder](void*) mutable { keep.reset(); },
       ::torch::TensorOptions().dtype(type).device(::torch::kCPU));
 }
 

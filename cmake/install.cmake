@@ -1,0 +1,66 @@
+# Installation and the CMake package: after `cmake --install build --prefix P`,
+#
+#   find_package(feedline 0.1 REQUIRED)                     # feedline::feedline
+#   find_package(feedline 0.1 REQUIRED COMPONENTS torch)    # and feedline::torch (LibTorch)
+#
+# with CMAKE_PREFIX_PATH=P. Everything installed here is in the install component "feedline"
+# (`cmake --install build --component feedline` installs only the library and its package).
+#
+# feedline is a static library, so its private dependencies (oneTBB, libjpeg-turbo, libspng,
+# OpenCV core/imgproc, Abseil) appear in the exported link interface as $<LINK_ONLY:...>; the
+# package config finds them for the consumer, with the find modules of cmake/ installed next to
+# it for the ones that ship no CMake package. The adapter has its own export set
+# (feedlineTorchTargets), loaded only when the "torch" component is asked for, so that consumers
+# who do not use LibTorch never need it.
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set(FEEDLINE_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/feedline")
+
+install(TARGETS feedline EXPORT feedlineTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT feedline
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT feedline
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT feedline)
+install(EXPORT feedlineTargets
+  NAMESPACE feedline::
+  DESTINATION ${FEEDLINE_INSTALL_CMAKEDIR}
+  COMPONENT feedline)
+
+# The public headers; torch.h only with the adapter that implements it.
+set(_feedline_header_excludes)
+if(NOT TARGET feedline_torch)
+  set(_feedline_header_excludes PATTERN torch.h EXCLUDE)
+endif()
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/feedline
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+  COMPONENT feedline
+  FILES_MATCHING PATTERN "*.h" ${_feedline_header_excludes})
+
+if(TARGET feedline_torch)
+  install(TARGETS feedline_torch EXPORT feedlineTorchTargets
+    ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT feedline
+    LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT feedline
+    RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT feedline)
+  install(EXPORT feedlineTorchTargets
+    NAMESPACE feedline::
+    DESTINATION ${FEEDLINE_INSTALL_CMAKEDIR}
+    COMPONENT feedline)
+endif()
+
+configure_package_config_file(
+  ${PROJECT_SOURCE_DIR}/cmake/feedlineConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/feedlineConfig.cmake
+  INSTALL_DESTINATION ${FEEDLINE_INSTALL_CMAKEDIR}
+  NO_SET_AND_CHECK_MACRO)
+write_basic_package_version_file(
+  ${PROJECT_BINARY_DIR}/feedlineConfigVersion.cmake
+  VERSION ${PROJECT_VERSION}
+  COMPATIBILITY SameMajorVersion)
+install(FILES
+    ${PROJECT_BINARY_DIR}/feedlineConfig.cmake
+    ${PROJECT_BINARY_DIR}/feedlineConfigVersion.cmake
+    # For the dependencies that ship no CMake package (see feedlineConfig.cmake.in).
+    ${PROJECT_SOURCE_DIR}/cmake/FindSPNG.cmake
+    ${PROJECT_SOURCE_DIR}/cmake/FindOpenCVImgproc.cmake
+  DESTINATION ${FEEDLINE_INSTALL_CMAKEDIR}
+  COMPONENT feedline)

@@ -1,0 +1,64 @@
+// libFuzzer target: the WebDataset tar indexer. IndexTarBytes on the input; when it succeeds,
+// every member must lie inside the input on a 512-byte block boundary. The same bytes as a file
+// must give the same index through IndexTar (its pread path), and TarSource::Open on that file
+// must group them into samples whose reads return exactly the members' bytes.
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "feedline/dataset.h"
+#include "fuzz_util.h"
+#include "io/tar_source.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static feedline::fuzz::MemFile* file = new feedline::fuzz::MemFile();
+  absl::StatusOr<std::vector<feedline::TarMember>> members =
+      feedline::IndexTarBytes(data, size, "fuzz.tar");
+  const std::string& path = file->Write(data, size);
+  absl::StatusOr<std::vector<feedline::TarMember>> from_file = feedline::IndexTar(path);
+  FUZZ_CHECK(members.ok() == from_file.ok(),
+             absl::StrCat(members.status().ToString(), " vs ", from_file.status().ToString()));
+  if (!members.ok()) {
+    FUZZ_CHECK(absl::IsDataLoss(members.status()), members.status().ToString());
+    return 0;
+  }
+  FUZZ_CHECK(members->size() == from_file->size(), "member count differs from the file's");
+  volatile uint8_t sink = 0;
+  for (size_t i = 0; i < members->size(); ++i) {
+    const feedline::TarMember& m = (*members)[i];
+    const feedline::TarMember& f = (*from_file)[i];
+    FUZZ_CHECK(m.name == f.name && m.offset == f.offset && m.size == f.size, m.name);
+    FUZZ_CHECK(m.offset >= 512 && m.offset % 512 == 0 && m.size >= 0, m.name);
+    FUZZ_CHECK(uint64_t(m.offset) + uint64_t(m.size) <= size, m.name);
+    if (m.size > 0) sink = data[m.offset] ^ data[m.offset + m.size - 1];
+  }
+  (void)sink;
+
+  feedline::Dataset dataset;
+  dataset.source = path;
+  absl::StatusOr<std::unique_ptr<feedline::TarSource>> source =
+      feedline::TarSource::Open({path}, &dataset);
+  if (!source.ok()) return 0;  // samples without labels, bad labels, no samples: reported errors
+  FUZZ_CHECK((*source)->size() == int64_t(dataset.samples.size()), "sample count");
+  std::vector<uint8_t> bytes;
+  for (int64_t i = 0; i < (*source)->size(); ++i) {
+    FUZZ_CHECK((*source)->Read(i, &bytes).ok(), (*source)->Describe(i));
+    FUZZ_CHECK(dataset.samples[size_t(i)].label >= 0, (*source)->Describe(i));
+    // The sample's path is "shard:member"; its bytes are that member's.
+    const std::string& sample_path = dataset.samples[size_t(i)].path;
+    const std::string member = sample_path.substr(path.size() + 1);
+    bool found = false;
+    for (const feedline::TarMember& m : *members) {
+      if (m.name == member && size_t(m.size) == bytes.size() && (bytes.empty() ||
+          std::memcmp(data + m.offset, bytes.data(), bytes.size()) == 0)) {
+        found = true;
+        break;
+      }
+    }
+    FUZZ_CHECK(found, sample_path);
+  }
+  return 0;
+}

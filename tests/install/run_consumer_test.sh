@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# ctest install.consumer: installs feedline from a build tree into a temporary prefix, builds
+# tests/install/consumer against it with find_package(feedline), runs it on a small ImageFolder
+# made here and checks the image counts it prints.
+#
+# Usage: run_consumer_test.sh BUILD_DIR WITH_TORCH(ON|OFF) [CONFIG]
+#   Environment (optional): CMAKE, CMAKE_GENERATOR, CXX, PYTHON (one with PIL), TMPDIR.
+# The build tree must be built (the installed targets at least).
+set -euo pipefail
+
+build_dir=$(cd "$1" && pwd)
+with_torch=${2:-OFF}
+config=${3:-Release}
+here=$(cd "$(dirname "$0")" && pwd)
+cmake=${CMAKE:-cmake}
+python=${PYTHON:-}
+if [ -z "$python" ]; then
+  # Debian's interpreter has PIL (python3-pil); the first python3 on PATH may be another one.
+  if [ -x /usr/bin/python3 ]; then python=/usr/bin/python3; else python=python3; fi
+fi
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/feedline-install-XXXXXX")
+trap 'rm -rf "$work"' EXIT
+prefix=$work/prefix
+
+echo "== install into $prefix"
+"$cmake" --install "$build_dir" --config "$config" --prefix "$prefix" --component feedline >/dev/null
+
+echo "== configure and build the consumer (WITH_TORCH=$with_torch)"
+launcher=()
+if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
+# The consumer must find the installed package, not the build tree or the system.
+"$cmake" -S "$here/consumer" -B "$work/build" -DCMAKE_BUILD_TYPE="$config" \
+  -DCMAKE_PREFIX_PATH="$prefix" -DWITH_TORCH="$with_torch" \
+  -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF "${launcher[@]}" >"$work/configure.log" 2>&1 || {
+  cat "$work/configure.log"
+  exit 1
+}
+found=$(sed -n 's/^feedline_DIR:PATH=//p' "$work/build/CMakeCache.txt")
+case "$found" in
+  "$prefix"/*) ;;
+  *) echo "FAIL: the consumer found feedline in '$found', not under $prefix"; exit 1 ;;
+esac
+"$cmake" --build "$work/build" -j1
+
+echo "== make a small ImageFolder"
+data=$work/data
+"$python" - "$data" <<'PY'
+import os, sys
+from PIL import Image
+root = sys.argv[1]
+for c, n in (("cat", 4), ("dog", 3)):   # 7 images
+    os.makedirs(os.path.join(root, c))
+    for i in range(n):
+        w, h = 40 + 9 * i, 36 + 5 * i
+        img = Image.new("RGB", (w, h))
+        img.putdata([((x * 7 + i * 40) % 256, (y * 5) % 256, (x * y) % 256)
+                     for y in range(h) for x in range(w)])
+        img.save(os.path.join(root, c, "%d.jpg" % i), quality=90)
+PY
+
+expect="images 7 batches 2"
+check() {
+  local out
+  out=$("$@")
+  echo "$1: $out"
+  case "$out" in
+    "$expect"*) ;;
+    *) echo "FAIL: $1 printed '$out', expected '$expect...'"; exit 1 ;;
+  esac
+}
+check "$work/build/count_images" "$data"
+if [ "$with_torch" = ON ]; then
+  check "$work/build/count_images_torch" "$data"
+fi
+echo "PASS"
