@@ -213,6 +213,9 @@ py::dict StatsToDict(const feedline::Stats& s) {
                              py::arg("bytes_in_use") = t.bytes_in_use));
   }
   d["timeline"] = timeline;
+  d["cache"] = py::dict(py::arg("kind") = s.cache, py::arg("hits") = s.cache_hits,
+                        py::arg("misses") = s.cache_misses, py::arg("bytes") = s.cache_bytes,
+                        py::arg("budget") = s.cache_budget);
   d["error_count"] = s.error_count;
   py::list errors;
   for (const feedline::SampleError& e : s.errors) {
@@ -303,7 +306,8 @@ PYBIND11_MODULE(_feedline, m) {
                        int64_t memory_budget, const std::string& on_error, int rank,
                        int world_size, int64_t max_image_pixels,
                        double simulated_read_latency_ms, int64_t max_errors,
-                       double read_timeout_ms) {
+                       double read_timeout_ms, const std::string& cache,
+                       int64_t cache_budget) {
              feedline::LoaderOptions o(source);
              o.shards(shards);
              o.batch_size(batch_size).shuffle(shuffle).seed(seed).drop_last(drop_last);
@@ -321,6 +325,11 @@ PYBIND11_MODULE(_feedline, m) {
              o.rank(rank).world_size(world_size).max_image_pixels(max_image_pixels);
              o.simulated_read_latency_ms(simulated_read_latency_ms);
              o.max_errors(max_errors).read_timeout_ms(read_timeout_ms);
+             o.cache(ParseEnum<feedline::Cache>(cache, "cache",
+                                                {{"none", feedline::Cache::kNone},
+                                                 {"bytes", feedline::Cache::kBytes},
+                                                 {"decoded", feedline::Cache::kDecoded}}));
+             o.cache_budget(cache_budget);
              absl::StatusOr<std::unique_ptr<feedline::Loader>> loader;
              {
                py::gil_scoped_release release;
@@ -335,7 +344,8 @@ PYBIND11_MODULE(_feedline, m) {
            py::arg("workers"), py::arg("prefetch"), py::arg("io_depth"), py::arg("memory_budget"),
            py::arg("on_error"), py::arg("rank"), py::arg("world_size"),
            py::arg("max_image_pixels"), py::arg("simulated_read_latency_ms") = 0.0,
-           py::arg("max_errors") = 0, py::arg("read_timeout_ms") = 60000.0)
+           py::arg("max_errors") = 0, py::arg("read_timeout_ms") = 60000.0,
+           py::arg("cache") = "none", py::arg("cache_budget") = 0)
       .def("start_epoch",
            [](feedline::Loader& l) {
              std::unique_ptr<feedline::Epoch> e;

@@ -26,6 +26,16 @@ enum class Transform {
 
 enum class Layout { kNCHW, kNHWC };
 
+enum class Cache {
+  kNone,
+  kBytes,    // file contents in RAM (slow storage: later epochs read from memory)
+  kDecoded,  // decoded images, shorter side bounded by kDecodedCacheScale * size (later epochs
+             // skip decode; crops then come from that bounded image)
+};
+
+// The decoded cache keeps images with their shorter side at most this many times `size`.
+inline constexpr int kDecodedCacheScale = 2;
+
 enum class OnError {
   kRaise,  // the consumer gets the error (with the file and the cause) at the batch it belongs to
   kSkip,   // the sample is replaced by another one of the same epoch; the error is counted
@@ -84,6 +94,12 @@ class LoaderOptions {
   // Bytes the loader may own (ring slots, reads in flight); 0 = auto, a quarter of the
   // available memory. Batches the user holds are the user's memory, not counted.
   FEEDLINE_ARG(int64_t, memory_budget, 0);
+
+  // --- Caching ------------------------------------------------------------------------------
+  FEEDLINE_ARG(Cache, cache, Cache::kNone);
+  // Bytes the cache may hold; 0 = auto: what the memory budget leaves after the ring and the
+  // reads in flight. Counted in the memory budget.
+  FEEDLINE_ARG(int64_t, cache_budget, 0);
 
   // --- Robustness ---------------------------------------------------------------------------
   FEEDLINE_ARG(OnError, on_error, OnError::kRaise);

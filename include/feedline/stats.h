@@ -75,6 +75,11 @@ struct Stats {
   double read_ms = 0;               // one read, latency included
   std::vector<TuningEvent> tuning;  // the tuner's decisions, in order
   std::vector<TimelinePoint> timeline;
+  std::string cache;           // "none", "bytes", "decoded"
+  int64_t cache_hits = 0;
+  int64_t cache_misses = 0;
+  int64_t cache_bytes = 0;
+  int64_t cache_budget = 0;
   int64_t error_count = 0;
   std::vector<SampleError> errors;  // the first few hundred, in the order they happened
 };

@@ -118,6 +118,9 @@ class ImageLoader:
         "skip" (the sample is replaced by another of the same epoch; errors in stats()).
     rank, world_size: shard for distributed training (default: torch.distributed if
         initialized, else the RANK / WORLD_SIZE environment variables, else 0 / 1).
+    cache: None, "bytes" (file contents in RAM, for slow storage) or "decoded" (decoded images
+        with the shorter side at most 2 * size, so later epochs skip decode); cache_budget
+        bounds it ("auto": what memory_budget leaves). Hits and misses are in stats().
     max_errors: under on_error="skip", more failed samples than this raise DataError.
     read_timeout: seconds after which a read fails (hung storage cannot hang training).
     return_index: also yield the data set indices of the batch's samples.
@@ -175,8 +178,8 @@ class ImageLoader:
                 raise ValueError(f"device: expected 'cpu' or 'cuda[:N]', got {device!r}")
             raise ValueError(f"device: {device!r} requested, but this build of feedline has no "
                              "CUDA path (no CUDA device/driver available); use device='cpu'")
-        if cache is not None:
-            raise ValueError(f"cache: caching is not available in this build, got {cache!r}")
+        if cache is not None and cache not in ("bytes", "decoded"):
+            raise ValueError(f"cache: expected None, 'bytes' or 'decoded', got {cache!r}")
         if rank is None or world_size is None:
             r, w = _world()
             rank = r if rank is None else rank
@@ -200,6 +203,8 @@ class ImageLoader:
             max_image_pixels=max_image_pixels,
             max_errors=_parse_count("max_errors", max_errors),
             read_timeout_ms=1000.0 * _timeout(read_timeout),
+            cache=cache or "none",
+            cache_budget=0 if cache_budget is None else _parse_bytes("cache_budget", cache_budget),
             simulated_read_latency_ms=float(_check_type(
                 "simulated_read_latency_ms", simulated_read_latency_ms, (int, float), "a number")))
         self._samples = None

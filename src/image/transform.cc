@@ -142,6 +142,14 @@ void ResampleInto(const DecodedRegion& region, const Rect& src, int out_w, int o
   if (!direct) Store(resized, flip, layout, dst, &scratch->b);
 }
 
+void ResizeWhole(const DecodedRegion& region, int w, int h, std::vector<uint8_t>* out) {
+  DisableOpenCvThreads();
+  out->resize(size_t(w) * size_t(h) * 3);
+  cv::Mat dst(h, w, CV_8UC3, out->data());
+  std::vector<uint8_t> tmp;
+  Resample(RegionMat(region), dst, &tmp);
+}
+
 void ResizeThenCropInto(const DecodedRegion& region, const EvalGeometry& g, int out_w, int out_h,
                         Layout layout, uint8_t* dst, ResampleScratch* scratch) {
   DisableOpenCvThreads();

@@ -46,6 +46,9 @@ struct ResampleScratch {
 void ResampleInto(const DecodedRegion& region, const Rect& src, int out_w, int out_h, bool flip,
                   Layout layout, uint8_t* dst, ResampleScratch* scratch);
 
+// Resamples the whole decoded region to w x h (area averaging) into `out` (RGB HWC).
+void ResizeWhole(const DecodedRegion& region, int w, int h, std::vector<uint8_t>* out);
+
 // Resizes the whole decoded image to resized_w x resized_h, then writes the out_w x out_h
 // window at (crop_left, crop_top) to `dst` (Resize + CenterCrop with torchvision's rounding).
 // Crop windows that reach past the resized image are zero-padded, as torchvision pads.

@@ -5,6 +5,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <cstring>
 #include <utility>
@@ -22,6 +23,7 @@ struct EpochRun::ReadItem {
   int64_t seq = 0;
   int64_t sample = 0;
   int attempt = 0;  // replacements tried for this position (on_error = skip)
+  std::shared_ptr<const SampleCache::Entry> decoded;  // cache = decoded: a hit, read skipped
   absl::Status status;
   std::vector<uint8_t> bytes;
 };
@@ -193,7 +195,8 @@ void EpochRun::TunerTick(double interval_s) {
       const int64_t reads = std::max<int64_t>(sh.read_buffer_bytes.load(), 0);
       const int64_t per_read = std::max<int64_t>(256 << 10, reads / items);
       const int max_prefetch = int(std::clamp<int64_t>(
-          (sh.budget - int64_t(sh.io_depth.load() + 2 * sh.workers.load()) * per_read) / slot, 1,
+          (sh.budget - (sh.cache ? sh.cache->budget() : 0) -
+           int64_t(sh.io_depth.load() + 2 * sh.workers.load()) * per_read) / slot, 1,
           kMaxPrefetch));
       sh.tuner->set_max_prefetch(std::min(max_prefetch, 16));
       const size_t before = sh.tuner->decisions().size();
@@ -393,11 +396,72 @@ void EpochRun::DecoderLoop(int id) {
   }
 }
 
-absl::Status EpochRun::DecodeInto(const std::vector<uint8_t>& bytes, int64_t sample,
-                                  uint8_t* dst, DecoderState* state) {
+absl::StatusOr<std::shared_ptr<const SampleCache::Entry>> EpochRun::DecodeForCache(
+    const ReadItem& item, DecoderState* state) {
   const LoaderOptions& o = shared_->options;
-  absl::StatusOr<ImageHeader> header = state->decoder.ReadHeader(bytes.data(), bytes.size());
+  absl::StatusOr<ImageHeader> header =
+      state->decoder.ReadHeader(item.bytes.data(), item.bytes.size());
   if (!header.ok()) return header.status();
+  const int W = header->width, H = header->height;
+  const int shorter = std::min(W, H);
+  const int target = std::min(shorter, kDecodedCacheScale * o.size());
+  const int want_w = int(std::ceil(double(target) * W / shorter));
+  const int want_h = int(std::ceil(double(target) * H / shorter));
+  absl::StatusOr<DecodedRegion> region =
+      state->decoder.Decode(item.bytes.data(), item.bytes.size(), Rect{0, 0, double(W), double(H)},
+                            want_w, want_h, o.max_image_pixels());
+  if (!region.ok()) return region.status();
+  auto entry = std::make_shared<SampleCache::Entry>();
+  entry->orig_width = W;
+  entry->orig_height = H;
+  if (region->width > want_w || region->height > want_h) {
+    ResizeWhole(*region, want_w, want_h, &entry->data);
+    entry->width = want_w;
+    entry->height = want_h;
+  } else {
+    entry->width = region->width;
+    entry->height = region->height;
+    entry->data.resize(size_t(region->width) * region->height * 3);
+    for (int y = 0; y < region->height; ++y) {
+      std::memcpy(entry->data.data() + size_t(y) * region->width * 3,
+                  region->pixels + size_t(y) * region->stride, size_t(region->width) * 3);
+    }
+  }
+  if (!shared_->cache->full()) shared_->cache->Put(item.sample, entry);
+  return std::shared_ptr<const SampleCache::Entry>(std::move(entry));
+}
+
+absl::Status EpochRun::DecodeInto(const ReadItem& item, uint8_t* dst, DecoderState* state) {
+  const LoaderOptions& o = shared_->options;
+  const std::vector<uint8_t>& bytes = item.bytes;
+  const int64_t sample = item.sample;
+  std::shared_ptr<const SampleCache::Entry> cached = item.decoded;
+  if (o.cache() == Cache::kDecoded && cached == nullptr) {
+    absl::StatusOr<std::shared_ptr<const SampleCache::Entry>> made = DecodeForCache(item, state);
+    if (!made.ok()) return made.status();
+    cached = *std::move(made);
+  }
+  ImageHeader header_value;
+  DecodedRegion cached_region;
+  if (cached != nullptr) {
+    header_value = ImageHeader{ImageFormat::kJpeg, cached->orig_width, cached->orig_height};
+    cached_region.pixels = cached->data.data();
+    cached_region.width = cached->width;
+    cached_region.height = cached->height;
+    cached_region.stride = size_t(cached->width) * 3;
+    cached_region.scale_x = double(cached->width) / cached->orig_width;
+    cached_region.scale_y = double(cached->height) / cached->orig_height;
+  } else {
+    absl::StatusOr<ImageHeader> h = state->decoder.ReadHeader(bytes.data(), bytes.size());
+    if (!h.ok()) return h.status();
+    header_value = *h;
+  }
+  const ImageHeader* header = &header_value;
+  auto decode = [&](const Rect& rect, int min_w, int min_h) -> absl::StatusOr<DecodedRegion> {
+    if (cached != nullptr) return cached_region;
+    return state->decoder.Decode(bytes.data(), bytes.size(), rect, min_w, min_h,
+                                 o.max_image_pixels());
+  };
   const int size = o.size();
   const uint64_t seed = o.seed(), epoch = uint64_t(epoch_), index = uint64_t(sample);
   if (o.transform() == Transform::kTrain) {
@@ -406,15 +470,13 @@ absl::Status EpochRun::DecodeInto(const std::vector<uint8_t>& bytes, int64_t sam
         RandomResizedCropBox(header->width, header->height, o.scale(), o.ratio(), crop_rng);
     const bool flip = o.flip() && SampleRng(seed, epoch, index, kRngFlip).Uniform() < 0.5;
     const Rect rect{double(box.left), double(box.top), double(box.width), double(box.height)};
-    absl::StatusOr<DecodedRegion> region = state->decoder.Decode(
-        bytes.data(), bytes.size(), rect, size, size, o.max_image_pixels());
+    absl::StatusOr<DecodedRegion> region = decode(rect, size, size);
     if (!region.ok()) return region.status();
     ResampleInto(*region, rect, size, size, flip, o.layout(), dst, &state->scratch);
   } else {
     const EvalGeometry g = ComputeEvalGeometry(header->width, header->height, o.resize_size(), size);
     const Rect whole{0, 0, double(header->width), double(header->height)};
-    absl::StatusOr<DecodedRegion> region = state->decoder.Decode(
-        bytes.data(), bytes.size(), whole, g.resized_w, g.resized_h, o.max_image_pixels());
+    absl::StatusOr<DecodedRegion> region = decode(whole, g.resized_w, g.resized_h);
     if (!region.ok()) return region.status();
     ResizeThenCropInto(*region, g, size, size, o.layout(), dst, &state->scratch);
   }
@@ -435,8 +497,7 @@ bool EpochRun::ProcessSample(ReadItem* item, DecoderState* state) {
   internal::BatchSlot* slot = e.slot.get();
   uint8_t* dst = slot->images + size_t(pos) * size_t(shared_->sample_bytes);
 
-  absl::Status st = item->status.ok() ? DecodeInto(item->bytes, item->sample, dst, state)
-                                      : item->status;
+  absl::Status st = item->status.ok() ? DecodeInto(*item, dst, state) : item->status;
   if (!st.ok()) {
     const std::string path = shared_->source->Describe(item->sample);
     st = WithPath(st, path);
@@ -519,7 +580,26 @@ void EpochRun::RetryLoop(std::shared_ptr<ReaderState> state) {
 bool EpochRun::ReadInto(ReadItem* item, ReaderState* state, SampleSource* source,
                         TraceTrack* track) {
   const int64_t t1 = NowNs();
-  const size_t before = item->bytes.capacity();
+  item->decoded.reset();
+  if (SampleCache* cache = shared_->cache.get()) {
+    std::shared_ptr<const SampleCache::Entry> hit = cache->Get(item->sample);
+    if (hit != nullptr) {
+      cache->CountHit();
+      if (shared_->options.cache() == Cache::kDecoded) {
+        item->decoded = std::move(hit);
+        item->bytes.clear();
+      } else {
+        item->bytes.assign(hit->data.begin(), hit->data.end());
+      }
+      item->status = absl::OkStatus();
+      queues_->ready.push(item);
+      return true;
+    }
+    cache->CountMiss();
+  }
+  // Buffers move between the item and the reader's state; their total capacity is what the run
+  // holds in reads, so the change is (item's new capacity) - (state's old capacity).
+  const size_t before = state->buffer.capacity();
   state->buffer.swap(item->bytes);
   state->item = item;
   state->started_ns.store(t1, std::memory_order_relaxed);
@@ -532,8 +612,14 @@ bool EpochRun::ReadInto(ReadItem* item, ReaderState* state, SampleSource* source
   }
   item->bytes.swap(state->buffer);
   item->status = std::move(status);
-  shared_->read_buffer_bytes.fetch_add(int64_t(item->bytes.capacity()) - int64_t(before),
-                                       std::memory_order_relaxed);
+  if (item->status.ok() && shared_->options.cache() == Cache::kBytes && !shared_->cache->full()) {
+    auto entry = std::make_shared<SampleCache::Entry>();
+    entry->data = item->bytes;
+    shared_->cache->Put(item->sample, std::move(entry));
+  }
+  const int64_t delta = int64_t(item->bytes.capacity()) - int64_t(before);
+  shared_->read_buffer_bytes.fetch_add(delta, std::memory_order_relaxed);
+  run_read_bytes_.fetch_add(delta, std::memory_order_relaxed);
   const int64_t t2 = NowNs();
   shared_->read.AddBusy(t2 - t1);
   shared_->read.AddItem();
@@ -671,10 +757,8 @@ void EpochRun::Shutdown() {
   for (auto& t : threads) t.join();
   // Read buffers are freed with the run; keep the accounting honest.
   std::lock_guard<std::mutex> lock(queues_->mu);
-  for (auto& item : queues_->all) {
-    shared_->read_buffer_bytes.fetch_sub(int64_t(item->bytes.capacity()), std::memory_order_relaxed);
-    item->bytes = std::vector<uint8_t>();
-  }
+  for (auto& item : queues_->all) item->bytes = std::vector<uint8_t>();
+  shared_->read_buffer_bytes.fetch_sub(run_read_bytes_.exchange(0), std::memory_order_relaxed);
   // Slots of batches that were opened but never handed out go back to the pool.
   for (int i = 0; i < kMaxPrefetch; ++i) inflight_[i].slot.reset();
 }

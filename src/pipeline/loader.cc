@@ -100,6 +100,15 @@ Stats LoaderShared::Snapshot() {
   if (s.read_ms == 0 && read.items.load() > 0) {
     s.read_ms = double(read.busy_ns.load()) * 1e-6 / double(read.items.load());
   }
+  s.cache = options.cache() == Cache::kBytes     ? "bytes"
+            : options.cache() == Cache::kDecoded ? "decoded"
+                                                 : "none";
+  if (cache) {
+    s.cache_hits = cache->hits();
+    s.cache_misses = cache->misses();
+    s.cache_bytes = cache->bytes();
+    s.cache_budget = cache->budget();
+  }
   s.error_count = error_count();
   {
     std::lock_guard<std::mutex> lock(errors_mu_);
@@ -199,6 +208,7 @@ absl::Status Validate(const LoaderOptions& o) {
   if (o.io_depth() < 0 || o.io_depth() > 1024) return Invalid("io_depth", "must be auto or in [1, 1024]");
   if (o.memory_budget() < 0) return Invalid("memory_budget", "must be auto (0) or a byte count");
   if (o.max_image_pixels() < 1) return Invalid("max_image_pixels", "must be >= 1");
+  if (o.cache_budget() < 0) return Invalid("cache_budget", "must be auto (0) or a byte count");
   if (o.max_errors() < 0) return Invalid("max_errors", "must be >= 0 (0: no limit)");
   if (!(o.read_timeout_ms() >= 0)) return Invalid("read_timeout_ms", "must be >= 0 (0: none)");
   if (!(o.simulated_read_latency_ms() >= 0 && o.simulated_read_latency_ms() <= 60000))
@@ -296,6 +306,30 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Finish(LoaderOptions options,
     limits.tune_prefetch = shared->auto_prefetch;
     std::lock_guard<std::mutex> lock(shared->tuner_mu);
     shared->tuner = std::make_unique<Autotuner>(limits, TunerSettings{workers, io_depth, prefetch});
+  }
+  if (options.cache() != Cache::kNone) {
+    // The cache gets what the budget leaves after the ring (at its largest) and the reads.
+    const int64_t left = budget - read_bytes - int64_t(std::min<int64_t>(fit, 16)) * slot_bytes;
+    int64_t cache_budget = options.cache_budget();
+    if (cache_budget > 0 && cache_budget > budget - read_bytes - int64_t(prefetch) * slot_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cache_budget=", cache_budget, " bytes does not fit memory_budget=", budget,
+          " bytes next to the prefetch ring; lower cache_budget or raise memory_budget"));
+    }
+    if (cache_budget == 0) cache_budget = std::max<int64_t>(left, 0);
+    if (cache_budget <= 0) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "no room for a cache in memory_budget=", budget, " bytes; raise memory_budget"));
+    }
+    options.cache_budget(cache_budget);
+    shared->cache =
+        std::make_unique<SampleCache>(int64_t(shared->dataset.samples.size()), cache_budget);
+    // The ring may not grow into the cache's share.
+    std::lock_guard<std::mutex> lock(shared->tuner_mu);
+    if (shared->tuner) {
+      shared->tuner->set_max_prefetch(int(std::clamp<int64_t>(
+          (budget - read_bytes - cache_budget) / slot_bytes, 1, 16)));
+    }
   }
   shared->trace = std::make_unique<TraceRecorder>(NowNs());
   options.workers(workers).io_depth(io_depth).prefetch(prefetch).memory_budget(budget);

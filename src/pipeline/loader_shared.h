@@ -19,6 +19,7 @@
 #include "feedline/stats.h"
 #include "io/reader.h"
 #include "pipeline/batch_slot.h"
+#include "pipeline/sample_cache.h"
 #include "pipeline/sampler.h"
 #include "pipeline/trace.h"
 #include "tune/autotuner.h"
@@ -70,9 +71,10 @@ class LoaderShared {
   std::atomic<int64_t> ring_fill_milli{0}, read_fill_milli{0}, fill_samples{0};
 
   std::unique_ptr<TraceRecorder> trace;
+  std::unique_ptr<SampleCache> cache;  // null when options.cache() == kNone
   int64_t BytesInUse() const {
     return (pool->cached() + pool->in_ring()) * int64_t(pool->slot_bytes()) +
-           read_buffer_bytes.load(std::memory_order_relaxed);
+           read_buffer_bytes.load(std::memory_order_relaxed) + (cache ? cache->bytes() : 0);
   }
 
   StageCounters read, decode, consumer;
