@@ -10,6 +10,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <array>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -73,21 +75,34 @@ void CapsuleDestructor(PyObject* capsule) {
 // One array of a batch (images, labels or indices), exported through DLPack.
 class ArrayView {
  public:
-  ArrayView(std::shared_ptr<const void> keep_alive, void* data, DLDataType dtype,
-            std::vector<int64_t> shape)
-      : keep_alive_(std::move(keep_alive)), data_(data), dtype_(dtype), shape_(std::move(shape)) {}
+  ArrayView(std::shared_ptr<const feedline::Batch> batch, void* data, DLDataType dtype,
+            std::vector<int64_t> shape, int device)
+      : batch_(std::move(batch)),
+        data_(data),
+        dtype_(dtype),
+        shape_(std::move(shape)),
+        device_(device) {}
 
+  // `stream` follows the DLPack protocol: None, or the consumer's stream as an int (1: CUDA's
+  // legacy default stream, 2: per-thread default, else a cudaStream_t; -1: no synchronisation).
   py::object DLPack(py::object stream) const {
-    if (!stream.is_none() && !(py::isinstance<py::int_>(stream) && stream.cast<int64_t>() == -1)) {
-      // CPU arrays need no synchronisation; DLPack says stream must be None (or -1) here.
+    int64_t stream_value = 0;
+    if (!stream.is_none()) {
       if (!py::isinstance<py::int_>(stream)) throw py::type_error("stream: must be None or an int");
+      stream_value = stream.cast<int64_t>();
+    }
+    if (device_ >= 0 && stream_value != -1) {
+      // The consumer's stream waits for the copy and conversion (an event, no host wait), and
+      // the batch's device buffer is reused only after the work queued there at release.
+      py::gil_scoped_release release;
+      batch_->set_consumer_stream(reinterpret_cast<void*>(stream_value));
     }
     auto* owner = new DLPackOwner();
-    owner->keep_alive = keep_alive_;
+    owner->keep_alive = batch_;
     for (size_t i = 0; i < shape_.size(); ++i) owner->shape[i] = shape_[i];
     DLTensor& t = owner->managed.dl_tensor;
     t.data = data_;
-    t.device = DLDevice{kDLCPU, 0};
+    t.device = device_ >= 0 ? DLDevice{kDLCUDA, device_} : DLDevice{kDLCPU, 0};
     t.ndim = static_cast<int32_t>(shape_.size());
     t.dtype = dtype_;
     t.shape = owner->shape;
@@ -102,15 +117,28 @@ class ArrayView {
     }
     return py::reinterpret_steal<py::object>(capsule);
   }
-  py::tuple DLPackDevice() const { return py::make_tuple(int(kDLCPU), 0); }
+  py::tuple DLPackDevice() const {
+    return device_ >= 0 ? py::make_tuple(int(kDLCUDA), device_) : py::make_tuple(int(kDLCPU), 0);
+  }
   std::vector<int64_t> shape() const { return shape_; }
 
  private:
-  std::shared_ptr<const void> keep_alive_;
+  std::shared_ptr<const feedline::Batch> batch_;
   void* data_;
   DLDataType dtype_;
   std::vector<int64_t> shape_;
+  int device_;
 };
+
+DLDataType ImageDType(feedline::DType t) {
+  switch (t) {
+    case feedline::DType::kFloat32: return DLDataType{kDLFloat, 32, 1};
+    case feedline::DType::kFloat16: return DLDataType{kDLFloat, 16, 1};
+    case feedline::DType::kBFloat16: return DLDataType{kDLBfloat, 16, 1};
+    case feedline::DType::kUint8: break;
+  }
+  return DLDataType{kDLUInt, 8, 1};
+}
 
 // Destroying an epoch joins its threads: never with the GIL held.
 struct ReleaseGilDeleter {
@@ -144,6 +172,8 @@ py::object g_data_error;
     case absl::StatusCode::kNotFound:
       PyErr_SetString(PyExc_FileNotFoundError, msg.c_str());
       throw py::error_already_set();
+    case absl::StatusCode::kFailedPrecondition:  // the machine cannot do it (no GPU/driver)
+      throw std::runtime_error(msg);
     case absl::StatusCode::kPermissionDenied:
       PyErr_SetString(PyExc_PermissionError, msg.c_str());
       throw py::error_already_set();
@@ -246,7 +276,8 @@ PYBIND11_MODULE(_feedline, m) {
     py::dict d;
     d["version"] = b.version;
     d["cuda_compiled"] = b.cuda_compiled;
-    d["cuda_devices"] = py::list();
+    d["cuda_devices"] = b.cuda_devices;
+    d["cuda_unavailable_reason"] = b.cuda_unavailable_reason;
     d["png"] = b.png;
     d["jpeg"] = b.jpeg;
     d["resize"] = b.resize;
@@ -288,12 +319,15 @@ PYBIND11_MODULE(_feedline, m) {
         }
         const feedline::Batch& b = *batch;
         const auto shape = b.image_shape();
-        auto keep = b.keep_alive();
+        auto keep = std::make_shared<const feedline::Batch>(b);
         const int64_t n = b.size();
-        ArrayView images(keep, const_cast<uint8_t*>(b.images()), DLDataType{kDLUInt, 8, 1},
-                         {shape[0], shape[1], shape[2], shape[3]});
-        ArrayView labels(keep, const_cast<int64_t*>(b.labels()), DLDataType{kDLInt, 64, 1}, {n});
-        ArrayView indices(keep, const_cast<int64_t*>(b.indices()), DLDataType{kDLInt, 64, 1}, {n});
+        const int device = b.device();
+        ArrayView images(keep, const_cast<uint8_t*>(b.images()), ImageDType(b.dtype()),
+                         {shape[0], shape[1], shape[2], shape[3]}, device);
+        ArrayView labels(keep, const_cast<int64_t*>(b.labels()), DLDataType{kDLInt, 64, 1}, {n},
+                         device);
+        ArrayView indices(keep, const_cast<int64_t*>(b.indices()), DLDataType{kDLInt, 64, 1},
+                          {n}, -1);
         return py::make_tuple(std::move(images), std::move(labels), std::move(indices), b.index());
       });
 
@@ -307,7 +341,9 @@ PYBIND11_MODULE(_feedline, m) {
                        int world_size, int64_t max_image_pixels,
                        double simulated_read_latency_ms, int64_t max_errors,
                        double read_timeout_ms, const std::string& cache,
-                       int64_t cache_budget) {
+                       int64_t cache_budget, const std::string& dtype,
+                       std::array<double, 3> mean, std::array<double, 3> std,
+                       const std::string& device) {
              feedline::LoaderOptions o(source);
              o.shards(shards);
              o.batch_size(batch_size).shuffle(shuffle).seed(seed).drop_last(drop_last);
@@ -330,6 +366,12 @@ PYBIND11_MODULE(_feedline, m) {
                                                  {"bytes", feedline::Cache::kBytes},
                                                  {"decoded", feedline::Cache::kDecoded}}));
              o.cache_budget(cache_budget);
+             o.dtype(ParseEnum<feedline::DType>(dtype, "dtype",
+                                                {{"uint8", feedline::DType::kUint8},
+                                                 {"float32", feedline::DType::kFloat32},
+                                                 {"float16", feedline::DType::kFloat16},
+                                                 {"bfloat16", feedline::DType::kBFloat16}}));
+             o.mean(mean).stddev(std).device(device);
              absl::StatusOr<std::unique_ptr<feedline::Loader>> loader;
              {
                py::gil_scoped_release release;
@@ -345,7 +387,10 @@ PYBIND11_MODULE(_feedline, m) {
            py::arg("on_error"), py::arg("rank"), py::arg("world_size"),
            py::arg("max_image_pixels"), py::arg("simulated_read_latency_ms") = 0.0,
            py::arg("max_errors") = 0, py::arg("read_timeout_ms") = 60000.0,
-           py::arg("cache") = "none", py::arg("cache_budget") = 0)
+           py::arg("cache") = "none", py::arg("cache_budget") = 0, py::arg("dtype") = "uint8",
+           py::arg("mean") = std::array<double, 3>{0.485, 0.456, 0.406},
+           py::arg("std") = std::array<double, 3>{0.229, 0.224, 0.225},
+           py::arg("device") = "cpu")
       .def("start_epoch",
            [](feedline::Loader& l) {
              std::unique_ptr<feedline::Epoch> e;

@@ -151,6 +151,8 @@ class Loader {
 struct BuildInfo {
   std::string version;
   bool cuda_compiled = false;
+  std::vector<std::string> cuda_devices;  // "cuda:0 NVIDIA H200 (...)"
+  std::string cuda_unavailable_reason;    // why the list is empty
   bool png = false;
   std::string jpeg;    // libjpeg-turbo version
   std::string resize;  // resampling library

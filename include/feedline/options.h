@@ -26,6 +26,10 @@ enum class Transform {
 
 enum class Layout { kNCHW, kNHWC };
 
+// Element type of the images. Float types are normalised: (x / 255 - mean) / std per channel.
+enum class DType { kUint8, kFloat32, kFloat16, kBFloat16 };
+inline constexpr int ElementSize(DType t) { return t == DType::kUint8 ? 1 : t == DType::kFloat32 ? 4 : 2; }
+
 enum class Cache {
   kNone,
   kBytes,    // file contents in RAM (slow storage: later epochs read from memory)
@@ -86,6 +90,14 @@ class LoaderOptions {
 
   // --- Output -------------------------------------------------------------------------------
   FEEDLINE_ARG(Layout, layout, Layout::kNCHW);
+  FEEDLINE_ARG(DType, dtype, DType::kUint8);
+  using Triple = std::array<double, 3>;
+  FEEDLINE_ARG(Triple, mean, (Triple{0.485, 0.456, 0.406}));    // float dtypes: in 0..1 units
+  FEEDLINE_ARG(Triple, stddev, (Triple{0.229, 0.224, 0.225}));  // float dtypes: in 0..1 units
+  // "cpu", or "cuda" / "cuda:N": batches are copied to that GPU on a dedicated stream and
+  // converted there (uint8 crosses PCIe, 4x fewer bytes than float32). Needs a CUDA build and a
+  // GPU with a driver; otherwise Loader::Create fails with kFailedPrecondition, at once.
+  FEEDLINE_ARG(std::string, device, "cpu");
 
   // --- Resources (kAuto = chosen by the loader) ---------------------------------------------
   FEEDLINE_ARG(int, workers, kAuto);   // decoder threads

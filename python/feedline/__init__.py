@@ -89,6 +89,14 @@ def _timeout(value):
     return float(value)
 
 
+def _triple(name, value):
+    if not isinstance(value, (tuple, list)) or len(value) != 3:
+        raise TypeError(f"{name}: expected three numbers (R, G, B), got {value!r}")
+    for v in value:
+        _check_type(name, v, (int, float), "three numbers")
+    return tuple(float(v) for v in value)
+
+
 def _world():
     """(rank, world_size): torch.distributed if initialized, else RANK/WORLD_SIZE, else 0/1."""
     try:
@@ -111,7 +119,11 @@ class ImageLoader:
         (samples = key.jpg/.jpeg/.png + key.cls with the label).
     transform: "train" = RandomResizedCrop(size, scale, ratio) + horizontal flip;
         "eval" = Resize(resize_size) + CenterCrop(size), with torchvision's semantics.
-    layout: "NCHW" (default) or "NHWC". Images are uint8.
+    layout: "NCHW" (default) or "NHWC".
+    dtype: "uint8" (default), or "float32" / "float16" / "bfloat16": normalised with mean/std
+        (0..1 units), on the CPU by the decoders or on the GPU by a kernel.
+    device: "cpu", or "cuda" / "cuda:N": batches arrive on that GPU, copied on a dedicated
+        stream and converted there; torch.from_dlpack orders them after the current stream.
     workers, prefetch, io_depth: decoder threads, batches in flight, reads in flight ("auto" or
         an int). memory_budget: bytes the loader may own ("auto", an int or "2GiB").
     on_error: "raise" (feedline.DataError naming the file, at the batch of the sample) or
@@ -166,18 +178,22 @@ class ImageLoader:
         _check_type("resize_size", resize_size, int, "an int")
         _check_type("flip", flip, bool, "a bool")
         _check_type("layout", layout, str, "'NCHW' or 'NHWC'")
-        _check_type("dtype", dtype, str, "a dtype name")
+        if not isinstance(dtype, str) and not str(dtype).startswith("torch."):
+            raise TypeError(f"dtype: expected a dtype name such as 'float32', "
+                            f"got {type(dtype).__name__}")
         _check_type("on_error", on_error, str, "'raise' or 'skip'")
         _check_type("return_index", return_index, bool, "a bool")
         _check_type("max_image_pixels", max_image_pixels, int, "an int")
-        if dtype != "uint8":
-            raise ValueError(f"dtype: only 'uint8' is available in this build, got {dtype!r}")
+        dtype = str(dtype).replace("torch.", "")
+        if dtype not in ("uint8", "float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype: expected 'uint8', 'float32', 'float16' or 'bfloat16', "
+                             f"got {dtype!r}")
+        device = str(device) if not isinstance(device, str) and hasattr(device, "type") else device
         _check_type("device", device, str, "'cpu' or 'cuda[:N]'")
-        if device != "cpu":
-            if re.fullmatch(r"cuda(:\d+)?", device) is None:
-                raise ValueError(f"device: expected 'cpu' or 'cuda[:N]', got {device!r}")
-            raise ValueError(f"device: {device!r} requested, but this build of feedline has no "
-                             "CUDA path (no CUDA device/driver available); use device='cpu'")
+        if device != "cpu" and re.fullmatch(r"cuda(:\d+)?", device) is None:
+            raise ValueError(f"device: expected 'cpu' or 'cuda[:N]', got {device!r}")
+        mean = _triple("mean", mean)
+        std = _triple("std", std)
         if cache is not None and cache not in ("bytes", "decoded"):
             raise ValueError(f"cache: expected None, 'bytes' or 'decoded', got {cache!r}")
         if rank is None or world_size is None:
@@ -204,6 +220,7 @@ class ImageLoader:
             max_errors=_parse_count("max_errors", max_errors),
             read_timeout_ms=1000.0 * _timeout(read_timeout),
             cache=cache or "none",
+            dtype=dtype, mean=mean, std=std, device=device,
             cache_budget=0 if cache_budget is None else _parse_bytes("cache_budget", cache_budget),
             simulated_read_latency_ms=float(_check_type(
                 "simulated_read_latency_ms", simulated_read_latency_ms, (int, float), "a number")))

@@ -24,6 +24,13 @@ bool IsPng(const uint8_t* d, size_t n) {
   return n >= 8 && std::memcmp(d, kSig, 8) == 0;
 }
 
+bool HasEndOfImage(const uint8_t* d, size_t n) {
+  for (size_t i = n; i >= 2; --i) {  // almost always found in the last two bytes
+    if (d[i - 1] == 0xD9 && d[i - 2] == 0xFF) return true;
+  }
+  return false;
+}
+
 absl::Status UnknownFormat(size_t n) {
   if (n == 0) return absl::DataLossError("empty file");
   return absl::InvalidArgumentError(
@@ -107,6 +114,12 @@ absl::StatusOr<DecodedRegion> ImageDecoder::Decode(const uint8_t* data, size_t s
                                                    int64_t max_pixels, bool allow_dct_scaling) {
   if (IsPng(data, size)) return DecodePng(data, size, max_pixels);
   if (!IsJpeg(data, size)) return UnknownFormat(size);
+  // Decoding stops after the region's last row, so a truncated file could decode without error
+  // when the region misses the lost part: refuse it whatever the region (PIL does too). Entropy
+  // data cannot hold FF D9, so a file without it anywhere lost its end.
+  if (!HasEndOfImage(data, size)) {
+    return absl::DataLossError("corrupt JPEG: premature end of data (no end-of-image marker)");
+  }
 
   jpeg_decompress_struct& cinfo = jpeg_->cinfo;
   if (setjmp(jpeg_->err.jump)) {

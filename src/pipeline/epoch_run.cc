@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "decode/image_decoder.h"
 #include "image/random.h"
+#include "image/convert.h"
 #include "image/transform.h"
 
 namespace feedline {
@@ -77,6 +78,7 @@ uint64_t ForkGeneration() {
 struct EpochRun::DecoderState {
   ImageDecoder decoder;
   ResampleScratch scratch;
+  std::vector<uint8_t> u8;  // one uint8 sample, before conversion to a float dtype
 };
 
 EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t start_batch)
@@ -464,6 +466,12 @@ absl::Status EpochRun::DecodeInto(const ReadItem& item, uint8_t* dst, DecoderSta
   };
   const int size = o.size();
   const uint64_t seed = o.seed(), epoch = uint64_t(epoch_), index = uint64_t(sample);
+  // Float dtypes on the CPU: resample into uint8 scratch, then normalise into the slot.
+  uint8_t* out = dst;
+  if (shared_->host_dtype != DType::kUint8) {
+    state->u8.resize(size_t(3) * size * size);
+    out = state->u8.data();
+  }
   if (o.transform() == Transform::kTrain) {
     SampleRng crop_rng(seed, epoch, index, kRngCrop);
     const CropBox box =
@@ -472,13 +480,17 @@ absl::Status EpochRun::DecodeInto(const ReadItem& item, uint8_t* dst, DecoderSta
     const Rect rect{double(box.left), double(box.top), double(box.width), double(box.height)};
     absl::StatusOr<DecodedRegion> region = decode(rect, size, size);
     if (!region.ok()) return region.status();
-    ResampleInto(*region, rect, size, size, flip, o.layout(), dst, &state->scratch);
+    ResampleInto(*region, rect, size, size, flip, shared_->host_layout, out, &state->scratch);
   } else {
     const EvalGeometry g = ComputeEvalGeometry(header->width, header->height, o.resize_size(), size);
     const Rect whole{0, 0, double(header->width), double(header->height)};
     absl::StatusOr<DecodedRegion> region = decode(whole, g.resized_w, g.resized_h);
     if (!region.ok()) return region.status();
-    ResizeThenCropInto(*region, g, size, size, o.layout(), dst, &state->scratch);
+    ResizeThenCropInto(*region, g, size, size, shared_->host_layout, out, &state->scratch);
+  }
+  if (out != dst) {
+    ConvertSample(out, 3 * int64_t{size} * size, shared_->host_layout, shared_->host_dtype,
+                  shared_->norm, dst);
   }
   return absl::OkStatus();
 }
@@ -708,6 +720,14 @@ absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interr
   batch.index_ = b;
   batch.epoch_ = epoch_;
   batch.layout_ = o.layout();
+  batch.dtype_ = o.dtype();
+  if (shared_->copy_stage != nullptr) {
+    absl::StatusOr<std::shared_ptr<internal::DeviceBatch>> on_device =
+        shared_->copy_stage->Submit(std::move(batch.slot_), batch.size_);
+    if (!on_device.ok()) return on_device.status();
+    batch.device_batch_ = *std::move(on_device);
+    batch.device_ = shared_->device;
+  }
   batch.height_ = o.size();
   batch.width_ = o.size();
   return batch;

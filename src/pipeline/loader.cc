@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -26,10 +27,28 @@ std::array<int64_t, 4> Batch::image_shape() const noexcept {
   if (layout_ == Layout::kNCHW) return {size_, 3, height_, width_};
   return {size_, height_, width_, 3};
 }
-const uint8_t* Batch::images() const noexcept { return slot_ ? slot_->images : nullptr; }
-uint8_t* Batch::mutable_images() noexcept { return slot_ ? slot_->images : nullptr; }
-const int64_t* Batch::labels() const noexcept { return slot_ ? slot_->labels.data() : nullptr; }
-const int64_t* Batch::indices() const noexcept { return slot_ ? slot_->indices.data() : nullptr; }
+const uint8_t* Batch::images() const noexcept {
+  if (device_batch_) return static_cast<const uint8_t*>(device_batch_->images);
+  return slot_ ? slot_->images : nullptr;
+}
+uint8_t* Batch::mutable_images() noexcept {
+  if (device_batch_) return static_cast<uint8_t*>(device_batch_->images);
+  return slot_ ? slot_->images : nullptr;
+}
+const int64_t* Batch::labels() const noexcept {
+  if (device_batch_) return device_batch_->labels;
+  return slot_ ? slot_->labels.data() : nullptr;
+}
+const int64_t* Batch::indices() const noexcept {
+  if (device_batch_) return device_batch_->host->indices.data();
+  return slot_ ? slot_->indices.data() : nullptr;
+}
+void* Batch::ready_event() const noexcept {
+  return device_batch_ ? device_batch_->ready_event : nullptr;
+}
+void Batch::set_consumer_stream(void* cuda_stream) const noexcept {
+  if (device_batch_) (void)device_batch_->UseOnStream(cuda_stream);
+}
 
 // ---------------------------------------------------------------------------------------------
 // LoaderShared
@@ -211,6 +230,10 @@ absl::Status Validate(const LoaderOptions& o) {
   if (o.cache_budget() < 0) return Invalid("cache_budget", "must be auto (0) or a byte count");
   if (o.max_errors() < 0) return Invalid("max_errors", "must be >= 0 (0: no limit)");
   if (!(o.read_timeout_ms() >= 0)) return Invalid("read_timeout_ms", "must be >= 0 (0: none)");
+  for (int c = 0; c < 3; ++c) {
+    if (!(o.stddev()[size_t(c)] > 0)) return Invalid("std", "every channel's std must be > 0");
+    if (!std::isfinite(o.mean()[size_t(c)])) return Invalid("mean", "must be finite");
+  }
   if (!(o.simulated_read_latency_ms() >= 0 && o.simulated_read_latency_ms() <= 60000))
     return Invalid("simulated_read_latency_ms", "must be in [0, 60000]");
   return absl::OkStatus();
@@ -258,9 +281,30 @@ absl::StatusOr<std::unique_ptr<Loader>> LoaderTesting::CreateWithSource(
 absl::StatusOr<std::unique_ptr<Loader>> Loader::Finish(LoaderOptions options,
                                                        std::shared_ptr<LoaderShared> shared) {
   shared->dataset_fingerprint = shared->dataset.Fingerprint();
-  shared->sample_bytes = 3 * int64_t{options.size()} * options.size();
+  absl::StatusOr<int> device = cuda::ParseDevice(options.device());
+  if (!device.ok()) return device.status();
+  shared->device = *device;
+  HostAllocator* allocator = DefaultHostAllocator();
+  if (shared->device >= 0) {
+    // Fails at once, with the reason, on a machine without a GPU or driver.
+    if (absl::Status s = cuda::CheckDevice(shared->device); !s.ok()) return s;
+    absl::StatusOr<std::unique_ptr<cuda::CopyStage>> stage = cuda::CopyStage::Create(
+        shared->device, options.batch_size(), options.size(), options.dtype(), options.layout(),
+        options.mean(), options.stddev());
+    if (!stage.ok()) return stage.status();
+    shared->copy_stage = *std::move(stage);
+    allocator = cuda::PinnedHostAllocator(shared->device);
+    shared->host_dtype = DType::kUint8;
+    shared->host_layout = Layout::kNHWC;
+  } else {
+    shared->host_dtype = options.dtype();
+    shared->host_layout = options.layout();
+  }
+  shared->norm = Normalization::From(options.mean(), options.stddev());
+  shared->sample_bytes =
+      3 * int64_t{options.size()} * options.size() * ElementSize(shared->host_dtype);
   const size_t image_bytes = size_t(shared->sample_bytes) * size_t(options.batch_size());
-  shared->pool = std::make_shared<SlotPool>(DefaultHostAllocator(), image_bytes, options.batch_size());
+  shared->pool = std::make_shared<SlotPool>(allocator, image_bytes, options.batch_size());
 
   // Resolve "auto" once. Decoding is CPU-bound: one decoder per core. Reads of local files are
   // short; a few in flight hide their latency. The ring holds enough batches to absorb jitter,
@@ -524,6 +568,11 @@ BuildInfo GetBuildInfo() {
   info.cuda_compiled = true;
 #endif
   info.png = true;
+  for (const cuda::DeviceInfo& d : cuda::Devices(&info.cuda_unavailable_reason)) {
+    info.cuda_devices.push_back(absl::StrCat("cuda:", d.index, " ", d.name, " (",
+                                             d.memory_bytes >> 20, " MiB, sm_",
+                                             d.compute_capability, ")"));
+  }
   info.jpeg = absl::StrCat("libjpeg-turbo ", LIBJPEG_TURBO_VERSION_NUMBER / 1000000, ".",
                            LIBJPEG_TURBO_VERSION_NUMBER / 1000 % 1000, ".",
                            LIBJPEG_TURBO_VERSION_NUMBER % 1000);

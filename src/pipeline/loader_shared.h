@@ -18,6 +18,8 @@
 #include "feedline/options.h"
 #include "feedline/stats.h"
 #include "io/reader.h"
+#include "cuda/device.h"
+#include "image/convert.h"
 #include "pipeline/batch_slot.h"
 #include "pipeline/sample_cache.h"
 #include "pipeline/sampler.h"
@@ -51,7 +53,14 @@ class LoaderShared {
   std::unique_ptr<SampleSource> source;
   SamplerConfig sampler;
   std::shared_ptr<SlotPool> pool;
-  int64_t sample_bytes = 0;  // 3 * size * size
+  int64_t sample_bytes = 0;  // bytes of one sample in a slot: 3 * size * size * element size
+  // What the decoders write into the slots: the requested dtype and layout on the CPU; uint8
+  // NHWC when a GPU converts (4x fewer bytes over PCIe than float32).
+  DType host_dtype = DType::kUint8;
+  Layout host_layout = Layout::kNCHW;
+  Normalization norm{};
+  int device = -1;  // -1: CPU; N: cuda:N
+  std::unique_ptr<cuda::CopyStage> copy_stage;
   uint64_t dataset_fingerprint = 0;
 
   // Tuning targets, applied to the running epoch and to the next ones.

@@ -170,8 +170,13 @@ def test_build_info():
 def test_cuda_request_without_cuda_is_clear(small_folder):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    with pytest.raises(ValueError, match="device"):
+    import time
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="no CUDA device/driver|no CUDA path"):
         feedline.ImageLoader(small_folder, device="cuda")
+    assert time.monotonic() - start < 1.0  # fails at once, not after a hang
+    with pytest.raises(ValueError, match="device"):
+        feedline.ImageLoader(small_folder, device="gpu")
 
 
 # --- documented in DESIGN.md, not (yet) in the package ------------------------------------------

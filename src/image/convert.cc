@@ -1,0 +1,82 @@
+#include "image/convert.h"
+
+#include <cstring>
+
+namespace feedline {
+
+Normalization Normalization::From(const std::array<double, 3>& mean,
+                                  const std::array<double, 3>& std) {
+  Normalization n;
+  for (int c = 0; c < 3; ++c) {
+    n.scale[c] = float(1.0 / (255.0 * std[c]));
+    n.bias[c] = float(-mean[c] / std[c]);
+  }
+  return n;
+}
+
+uint16_t FloatToBFloat16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7FFFFFFF) > 0x7F800000) return uint16_t((bits >> 16) | 0x40);  // quiet NaN
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  return uint16_t(bits >> 16);
+}
+
+uint16_t FloatToHalf(float f) {
+  // _Float16 conversion is IEEE round-to-nearest-even (F16C when the target has it).
+  _Float16 h = static_cast<_Float16>(f);
+  uint16_t bits;
+  std::memcpy(&bits, &h, 2);
+  return bits;
+}
+
+namespace {
+
+// The channel of element i: planes for NCHW, interleaved for NHWC.
+template <typename Store>
+void Convert(const uint8_t* src, int64_t pixels, Layout layout, const Normalization& n,
+             Store store) {
+  if (layout == Layout::kNCHW) {
+    const int64_t plane = pixels / 3;
+    for (int c = 0; c < 3; ++c) {
+      const float s = n.scale[c], b = n.bias[c];
+      const uint8_t* p = src + c * plane;
+      const int64_t base = c * plane;
+      for (int64_t i = 0; i < plane; ++i) store(base + i, float(p[i]) * s + b);
+    }
+  } else {
+    for (int64_t i = 0; i < pixels; i += 3) {
+      store(i, float(src[i]) * n.scale[0] + n.bias[0]);
+      store(i + 1, float(src[i + 1]) * n.scale[1] + n.bias[1]);
+      store(i + 2, float(src[i + 2]) * n.scale[2] + n.bias[2]);
+    }
+  }
+}
+
+}  // namespace
+
+void ConvertSample(const uint8_t* src, int64_t pixels, Layout layout, DType dtype,
+                   const Normalization& n, void* dst) {
+  switch (dtype) {
+    case DType::kUint8:
+      std::memcpy(dst, src, size_t(pixels));
+      return;
+    case DType::kFloat32: {
+      float* out = static_cast<float*>(dst);
+      Convert(src, pixels, layout, n, [out](int64_t i, float v) { out[i] = v; });
+      return;
+    }
+    case DType::kFloat16: {
+      _Float16* out = static_cast<_Float16*>(dst);
+      Convert(src, pixels, layout, n, [out](int64_t i, float v) { out[i] = _Float16(v); });
+      return;
+    }
+    case DType::kBFloat16: {
+      uint16_t* out = static_cast<uint16_t*>(dst);
+      Convert(src, pixels, layout, n, [out](int64_t i, float v) { out[i] = FloatToBFloat16(v); });
+      return;
+    }
+  }
+}
+
+}  // namespace feedline

@@ -1,0 +1,31 @@
+// uint8 -> normalised float32 / float16 / bfloat16, per channel: (x / 255 - mean) / std.
+// The CPU twin of the CUDA conversion kernel (src/cuda/convert.cu); both compute
+// x * scale[c] + bias[c] in float and round to nearest even, so they agree to within rounding.
+#ifndef FEEDLINE_SRC_IMAGE_CONVERT_H_
+#define FEEDLINE_SRC_IMAGE_CONVERT_H_
+
+#include <array>
+#include <cstdint>
+
+#include "feedline/options.h"
+
+namespace feedline {
+
+struct Normalization {
+  float scale[3];  // 1 / (255 * std)
+  float bias[3];   // -mean / std
+  static Normalization From(const std::array<double, 3>& mean, const std::array<double, 3>& std);
+};
+
+// Converts one sample of `pixels` = 3 * h * w values laid out as `layout` into `dst` (dtype
+// elements, same layout).
+void ConvertSample(const uint8_t* src, int64_t pixels, Layout layout, DType dtype,
+                   const Normalization& n, void* dst);
+
+// float -> bfloat16 / float16 bits, round to nearest even (NaN stays NaN).
+uint16_t FloatToBFloat16(float f);
+uint16_t FloatToHalf(float f);
+
+}  // namespace feedline
+
+#endif  // FEEDLINE_SRC_IMAGE_CONVERT_H_
