@@ -90,6 +90,15 @@ Stats LoaderShared::Snapshot() {
   s.stages.push_back(stage("read", read, s.io_depth));
   s.stages.push_back(stage("decode", decode, s.workers));
   s.stages.push_back(stage("consumer", consumer, 1));
+  if (copy_stage) {
+    // GPU time of the copy engine and the conversion kernel, per batch (CUDA events).
+    StageStats c;
+    c.name = "copy";
+    c.busy_s = copy_stage->copy_ms() * 1e-3;
+    c.items = copy_stage->batches();
+    c.threads = 1;
+    s.stages.push_back(c);
+  }
   if (const int64_t n = fill_samples.load(); n > 0) {
     s.stages[0].occupancy = double(read_fill_milli.load()) / 1000.0 / double(n);
     s.stages[1].occupancy = double(ring_fill_milli.load()) / 1000.0 / double(n);

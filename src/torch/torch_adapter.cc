@@ -15,12 +15,24 @@ namespace {
 // one heap copy of the batch (shared by the batch's views): its deleter drops the reference, and
 // the slot goes back to the ring when the last view is gone.
 at::Tensor View(const std::shared_ptr<const ::feedline::Batch>& holder, const void* bytes,
-                at::IntArrayRef sizes, at::ScalarType type) {
+                at::IntArrayRef sizes, at::ScalarType type, int device) {
   // from_blob wants a mutable pointer; the slot's memory is the holder's until released (see
   // batch.h), so writing through the tensor is allowed.
+  auto options = ::torch::TensorOptions().dtype(type);
+  options = device >= 0 ? options.device(::torch::kCUDA, static_cast<int16_t>(device))
+                        : options.device(::torch::kCPU);
   return ::torch::from_blob(
-      const_cast<void*>(bytes), sizes, [keep = holder](void*) mutable { keep.reset(); },
-      ::torch::TensorOptions().dtype(type).device(::torch::kCPU));
+      const_cast<void*>(bytes), sizes, [keep = holder](void*) mutable { keep.reset(); }, options);
+}
+
+at::ScalarType ImageType(::feedline::DType t) {
+  switch (t) {
+    case ::feedline::DType::kFloat32: return at::kFloat;
+    case ::feedline::DType::kFloat16: return at::kHalf;
+    case ::feedline::DType::kBFloat16: return at::kBFloat16;
+    case ::feedline::DType::kUint8: break;
+  }
+  return at::kByte;
 }
 
 }  // namespace
@@ -34,9 +46,15 @@ Batch to_torch(const ::feedline::Batch& batch) {
   const std::array<int64_t, 4> shape = batch.image_shape();
   const int64_t n = batch.size();
   Batch out;
-  out.data = View(holder, batch.images(), shape, at::kByte);
-  out.target = View(holder, batch.labels(), {n}, at::kLong);
-  out.index = View(holder, batch.indices(), {n}, at::kLong);
+  const int device = batch.device();
+  if (device >= 0) {
+    // A CUDA-enabled LibTorch's default current stream is the legacy default stream: make it
+    // wait for the copy (Debian's LibTorch is CPU-only, so no c10::cuda stream API here).
+    batch.set_consumer_stream(nullptr);
+  }
+  out.data = View(holder, batch.images(), shape, ImageType(batch.dtype()), device);
+  out.target = View(holder, batch.labels(), {n}, at::kLong, device);
+  out.index = View(holder, batch.indices(), {n}, at::kLong, -1);
   out.epoch = batch.epoch();
   out.position = batch.index();
   return out;
