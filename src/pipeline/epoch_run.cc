@@ -498,7 +498,7 @@ absl::Status EpochRun::DecodeInto(const ReadItem& item, uint8_t* dst, DecoderSta
 namespace {
 absl::Status WithPath(const absl::Status& s, const std::string& path) {
   // Reader errors already start with the path; decoder errors do not.
-  if (absl::StartsWith(s.message(), path)) return s;
+  if (absl::StartsWith(s.message(), path)) return absl::Status(s.code(), s.message());
   return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
 }
 }  // namespace
@@ -509,7 +509,11 @@ bool EpochRun::ProcessSample(ReadItem* item, DecoderState* state) {
   internal::BatchSlot* slot = e.slot.get();
   uint8_t* dst = slot->images + size_t(pos) * size_t(shared_->sample_bytes);
 
-  absl::Status st = item->status.ok() ? DecodeInto(*item, dst, state) : item->status;
+  // A status that crosses threads is copied, never shared: its reference count lives in
+  // Debian's prebuilt (uninstrumented) Abseil, where ThreadSanitizer cannot see its ordering.
+  absl::Status st = item->status.ok()
+                        ? DecodeInto(*item, dst, state)
+                        : absl::Status(item->status.code(), item->status.message());
   if (!st.ok()) {
     const std::string path = shared_->source->Describe(item->sample);
     st = WithPath(st, path);
@@ -614,9 +618,10 @@ bool EpochRun::ReadInto(ReadItem* item, ReaderState* state, SampleSource* source
   const size_t before = state->buffer.capacity();
   state->buffer.swap(item->bytes);
   state->item = item;
+  const int64_t sample = item->sample;  // after the publish below, the item may be taken away
   state->started_ns.store(t1, std::memory_order_relaxed);
   state->phase.store(ReaderState::kReading, std::memory_order_release);
-  absl::Status status = source->Read(item->sample, &state->buffer);
+  absl::Status status = source->Read(sample, &state->buffer);
   int expected = ReaderState::kReading;
   if (!state->phase.compare_exchange_strong(expected, ReaderState::kIdle,
                                             std::memory_order_acq_rel)) {
