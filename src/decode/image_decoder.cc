@@ -136,21 +136,21 @@ absl::StatusOr<DecodedRegion> ImageDecoder::Decode(const uint8_t* data, size_t s
   const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
   cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
 
-  // The smallest power-of-two DCT scale that keeps the region at least min_w x min_h
-  // (1/2, 1/4 and 1/8 have SIMD IDCTs in libjpeg-turbo; the other eighths do not).
+  // The smallest DCT scale that keeps the region at least min_w x min_h.
   const double rx = std::clamp(roi.x, 0.0, double(W)), ry = std::clamp(roi.y, 0.0, double(H));
   const double rw = std::clamp(roi.w, 1.0, double(W) - rx), rh = std::clamp(roi.h, 1.0, double(H) - ry);
-  int denom = 1;
-  if (allow_dct_scaling) {
-    for (int d : {8, 4, 2}) {
-      if (rw / d >= min_w && rh / d >= min_h) {
-        denom = d;
+  unsigned num = 8;  // the scale is num / 8
+  if (allow_dct_scaling && dct_scaling_ != DctScaling::kNone) {
+    for (unsigned n = 1; n < 8; ++n) {
+      if (dct_scaling_ == DctScaling::kPowersOfTwo && (n & (n - 1)) != 0) continue;
+      if (rw * n / 8 >= min_w && rh * n / 8 >= min_h) {
+        num = n;
         break;
       }
     }
   }
-  cinfo.scale_num = 1;
-  cinfo.scale_denom = static_cast<unsigned>(denom);
+  cinfo.scale_num = num;
+  cinfo.scale_denom = 8;
   jpeg_start_decompress(&cinfo);
 
   const double sx = double(cinfo.output_width) / double(W);

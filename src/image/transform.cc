@@ -28,24 +28,34 @@ int PyRound(double v) {
   return static_cast<int>(r);
 }
 
-// Resamples `src` to exactly `dst`'s size. Shrinking uses area averaging, enlarging bilinear;
-// when the axes disagree, x then y in two passes (each with its own filter).
+// Resamples `src` to exactly `dst`'s size, one filter per axis direction:
+//  * shrinking by more than kAreaAbove: area averaging (antialiased, as PIL's filters are);
+//  * shrinking by less, or enlarging: bilinear, 5-7x faster than OpenCV's area averaging at
+//    fractional ratios. The decoder's DCT scaling (eighths) leaves the crop less than 8/7 larger
+//    than the output in the common case, where bilinear aliases no more than PIL's triangle
+//    filter blurs; measured against torchvision in tests/python/test_eval.py.
+// When the axes disagree (one shrinks a lot, the other not), x then y in two passes.
+constexpr double kAreaAbove = 1.5;
+
+int FilterFor(int from, int to) {
+  return double(from) > kAreaAbove * double(to) ? cv::INTER_AREA : cv::INTER_LINEAR;
+}
+
 void Resample(const cv::Mat& src, cv::Mat& dst, std::vector<uint8_t>* tmp_storage) {
   const int sw = src.cols, sh = src.rows, dw = dst.cols, dh = dst.rows;
-  const bool shrink_x = dw < sw, shrink_y = dh < sh;
-  const bool grow_x = dw > sw, grow_y = dh > sh;
-  if ((shrink_x && grow_y) || (grow_x && shrink_y)) {
-    tmp_storage->resize(size_t(dw) * sh * 3);
-    cv::Mat mid(sh, dw, CV_8UC3, tmp_storage->data());
-    cv::resize(src, mid, mid.size(), 0, 0, shrink_x ? cv::INTER_AREA : cv::INTER_LINEAR);
-    cv::resize(mid, dst, dst.size(), 0, 0, shrink_y ? cv::INTER_AREA : cv::INTER_LINEAR);
-    return;
-  }
-  if (!shrink_x && !shrink_y && !grow_x && !grow_y) {
+  if (sw == dw && sh == dh) {
     src.copyTo(dst);
     return;
   }
-  cv::resize(src, dst, dst.size(), 0, 0, (shrink_x || shrink_y) ? cv::INTER_AREA : cv::INTER_LINEAR);
+  const int fx = FilterFor(sw, dw), fy = FilterFor(sh, dh);
+  if (fx != fy) {
+    tmp_storage->resize(size_t(dw) * sh * 3);
+    cv::Mat mid(sh, dw, CV_8UC3, tmp_storage->data());
+    cv::resize(src, mid, mid.size(), 0, 0, fx);
+    cv::resize(mid, dst, dst.size(), 0, 0, fy);
+    return;
+  }
+  cv::resize(src, dst, dst.size(), 0, 0, fx);
 }
 
 // Writes an HWC image (possibly a non-contiguous window) to `dst` in `layout`, mirrored when

@@ -133,6 +133,7 @@ struct SoakData {
 
 std::unique_ptr<Loader> Make(LoaderOptions o) {
   auto loader = Loader::Create(std::move(o));
+  INFO(loader.status().ToString());
   REQUIRE(loader.ok());
   return std::move(*loader);
 }
@@ -275,7 +276,7 @@ void Scenario(const SoakData& d, int i, std::vector<Batch>* held) {
 
 TEST_CASE("soak: loaders made, partly consumed and dropped; memory flat, nothing left", "[soak]") {
   const SoakData data;
-  const int iterations = FEEDLINE_SOAK_SANITIZED ? 36 : 360;
+  const int iterations = FEEDLINE_SOAK_SANITIZED ? 108 : 1080;  // rounds of the 9 scenarios
   const int warmup = iterations / 4;
   const int threads_before = Threads();
   const int fds_before = OpenFds();
