@@ -343,7 +343,7 @@ PYBIND11_MODULE(_feedline, m) {
                        double read_timeout_ms, const std::string& cache,
                        int64_t cache_budget, const std::string& dtype,
                        std::array<double, 3> mean, std::array<double, 3> std,
-                       const std::string& device) {
+                       const std::string& device, bool synthetic) {
              feedline::LoaderOptions o(source);
              o.shards(shards);
              o.batch_size(batch_size).shuffle(shuffle).seed(seed).drop_last(drop_last);
@@ -371,7 +371,7 @@ PYBIND11_MODULE(_feedline, m) {
                                                  {"float32", feedline::DType::kFloat32},
                                                  {"float16", feedline::DType::kFloat16},
                                                  {"bfloat16", feedline::DType::kBFloat16}}));
-             o.mean(mean).stddev(std).device(device);
+             o.mean(mean).stddev(std).device(device).synthetic(synthetic);
              absl::StatusOr<std::unique_ptr<feedline::Loader>> loader;
              {
                py::gil_scoped_release release;
@@ -390,7 +390,7 @@ PYBIND11_MODULE(_feedline, m) {
            py::arg("cache") = "none", py::arg("cache_budget") = 0, py::arg("dtype") = "uint8",
            py::arg("mean") = std::array<double, 3>{0.485, 0.456, 0.406},
            py::arg("std") = std::array<double, 3>{0.229, 0.224, 0.225},
-           py::arg("device") = "cpu")
+           py::arg("device") = "cpu", py::arg("synthetic") = false)
       .def("start_epoch",
            [](feedline::Loader& l) {
              std::unique_ptr<feedline::Epoch> e;

@@ -128,6 +128,9 @@ class LoaderOptions {
   // Adds this many milliseconds to every read, simulating remote storage (network file systems,
   // object stores). 0 = off.
   FEEDLINE_ARG(double, simulated_read_latency_ms, 0.0);
+  // Pre-decoded samples: no read and no decode; each sample is filled with a constant derived
+  // from its index. Measures what the pipeline itself costs (queues, slots, collation).
+  FEEDLINE_ARG(bool, synthetic, false);
 
  public:
   LoaderOptions& scale(double lo, double hi) & { return scale(Range(lo, hi)); }

@@ -273,3 +273,23 @@ TEST_CASE("slot pool: every slot constructed is destroyed, across threads", "[pi
   }
   REQUIRE(alloc.live.load() == 0);
 }
+
+TEST_CASE("synthetic samples: the pipeline alone, every sample once", "[pipeline]") {
+  auto loader = MakeLoader(Small().synthetic(true).workers(3).batch_size(7));
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::multiset<int64_t> seen;
+    for (auto& b : *loader) {
+      REQUIRE(b.ok());
+      for (int64_t i = 0; i < b->size(); ++i) {
+        const int64_t index = b->indices()[i];
+        seen.insert(index);
+        const uint8_t* px = b->images() + i * 3 * 32 * 32;
+        REQUIRE(px[0] == uint8_t(index & 0xFF));
+        REQUIRE(px[3 * 32 * 32 - 1] == uint8_t(index & 0xFF));
+      }
+    }
+    REQUIRE(seen.size() == 75);
+    REQUIRE(std::set<int64_t>(seen.begin(), seen.end()).size() == 75);
+  }
+  REQUIRE(loader->stats().stages[0].items == 150);  // counted, though nothing was read
+}
