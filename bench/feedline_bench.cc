@@ -1,27 +1,27 @@
 // feedline-bench: how many images per second a feedline loader delivers on this machine, at what
-// CPU cost, and what limits it.
+// CPU cost, what limits it, and how it compares with torch's DataLoader and with the hardware.
 //
 //   feedline-bench                         # the bundled ImageNet-like set (made once), 3 epochs
 //   feedline-bench --data ~/imagenet/train --workers 8 --json result.json
+//   feedline-bench --io-latency-ms 20 --plot run.svg --trace run.trace.json
+//   feedline-bench --tune-grid --json grid.json --plot grid.svg      # issue 4's table
+//   feedline-bench --compare-torch --json cmp.json --plot cmp.svg    # issue 5's table
 //
-// The loop consumes batches as fast as the loader delivers them (no simulated training step),
-// so the figures are the loader's ceiling. The first epoch includes warm-up (page cache, the
-// autotuner's first moves), so the summary is taken over the epochs after it; every epoch is
-// reported too.
-#include <sys/resource.h>
+// A plain run consumes batches as fast as the loader delivers them (or with a simulated
+// training step, --consumer-ms), so the figures are the loader's ceiling. The first epoch
+// includes warm-up (page cache, the autotuner's first moves), so the summary is taken over the
+// epochs after it; every epoch is reported too.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <chrono>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <memory>
+#include <set>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -31,17 +31,23 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "feedline/batch.h"
+#include "bench_util.h"
+#include "compare.h"
 #include "feedline/loader.h"
 #include "feedline/options.h"
 #include "feedline/stats.h"
+#include "loader_run.h"
+#include "svg_plot.h"
 #include "synthetic_images.h"
+#include "tune_grid.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
+using feedline::bench::Clock;
 
 // The bundled data set: ImageNet-like images, 10 classes x 200. Its folder name carries a
 // version so that a change here never reuses a set made by an older bench.
@@ -49,6 +55,14 @@ constexpr char kBundledName[] = "imagenet-like-v1";
 constexpr int kBundledClasses = 10;
 constexpr int kBundledPerClass = 200;
 constexpr uint64_t kBundledSeed = 1;
+// The pipeline-overhead set (--source synthetic): tiny JPEGs, named over and over in a list.
+constexpr char kTinyName[] = "tiny-8x8-v1";
+constexpr int kTinyDistinct = 256;
+constexpr int64_t kTinySamples = 100000;
+
+constexpr int64_t kDefaultBatch = 256;
+constexpr int64_t kGridDefaultBatch = 64;
+constexpr double kGridDefaultLatencyMs = 20;
 
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
@@ -59,12 +73,16 @@ constexpr char kUsage[] =
 Measures the throughput of a feedline image loader: images/s, CPU seconds per image, peak
 memory, the resources it chose and the stage that limits it.
 
-options:
+data and loader:
   --data DIR            ImageFolder directory or list file (default: a bundled ImageNet-like
                         set of 2000 images in 10 classes, made once next to the executable
                         in data/imagenet-like-v1, or in ~/.cache/feedline when that folder
                         is not writable)
-  --batch-size N        samples per batch (default 256)
+  --source files|synthetic
+                        synthetic: measure the pipeline's own overhead in samples/s, on
+                        tiny 8x8 JPEGs delivered at 1x1 (made once in data/tiny-8x8-v1)
+                        (default files)
+  --batch-size N        samples per batch (default 256; 64 with --tune-grid)
   --epochs N            epochs to run; the summary leaves out the first (default 3)
   --workers N|auto      decoder threads (default auto)
   --prefetch N|auto     batches in flight (default auto)
@@ -74,14 +92,40 @@ options:
   --layout nchw|nhwc    batch layout (default nchw)
   --device cpu          where batches are delivered (default cpu)
   --seed N              shuffling and augmentation seed (default 0)
+
+simulation:
+  --io-latency-ms X     adds X ms to every read, simulating remote storage (default 0;
+                        with --tune-grid: regime (b)'s latency, default 20)
+  --consumer-ms Y       the consumer spends Y ms per batch, simulating a training step
+                        (default 0; with --tune-grid: regime (c)'s step, default twice the
+                        time regime (a)'s best setting takes per batch)
+
+modes:
+  --tune-grid           auto against every fixed setting of workers {1,2,4} x prefetch
+                        {2,8} x io depth {1,32} in three regimes: decode-bound, slow
+                        storage, slow consumer (about 39 x (--grid-seconds + 1) seconds)
+  --grid-seconds S      each setting's measurement window (default 6)
+  --compare-torch       feedline (from C++ and from Python) against torch's DataLoader and
+                        the all-cores full-decode limit, on the same files
+  --torch-workers LIST  the DataLoader worker counts to try, e.g. 1,2,4 (default: 1, 2,
+                        4, ... up to twice the cores)
+  --python PATH         the interpreter for the Python contenders (default: the one CMake
+                        found, else /usr/bin/python3)
+
+output:
   --json FILE           also write the results as JSON to FILE
-  --quiet               no progress display, no messages about making the data set
+  --plot FILE.svg       draw the results: images/s and the tuner's settings over time (a
+                        plain run), the grid's bars, or the comparison's bars
+  --trace FILE.json     the loader's Chrome trace (Perfetto, chrome://tracing); a plain run
+                        or --compare-torch (feedline from C++)
+  --quiet               no progress display, no messages about making data sets
   --help                this text
 )";
 
 struct BenchFlags {
   std::string data;  // empty: the bundled set
-  int64_t batch_size = 256;
+  bool synthetic = false;
+  int64_t batch_size = kDefaultBatch;
   int epochs = 3;
   int workers = feedline::kAuto;
   int prefetch = feedline::kAuto;
@@ -90,9 +134,19 @@ struct BenchFlags {
   feedline::Layout layout = feedline::Layout::kNCHW;
   std::string device = "cpu";
   uint64_t seed = 0;
+  double io_latency_ms = 0;
+  double consumer_ms = 0;
+  bool tune_grid = false;
+  double grid_seconds = 6;
+  bool compare_torch = false;
+  std::vector<int> torch_workers;  // empty: the default list
+  std::string python;
   std::string json;
+  std::string plot;
+  std::string trace;
   bool quiet = false;
   bool help = false;
+  std::set<std::string> given;  // the options on the command line
 };
 
 absl::Status BadValue(absl::string_view flag, absl::string_view value, absl::string_view expected) {
@@ -110,15 +164,28 @@ absl::StatusOr<int64_t> ParsePositive(absl::string_view flag, absl::string_view 
 absl::StatusOr<int> ParseCountOrAuto(absl::string_view flag, absl::string_view value) {
   if (value == "auto") return feedline::kAuto;
   int n = 0;
-  if (!absl::SimpleAtoi(value, &n) || n < 1)
+  if (!absl::SimpleAtoi(value, &n) || n < 1) {
     return BadValue(flag, value, "an integer >= 1 or auto");
+  }
   return n;
 }
 
-// The options that take a value (all but --quiet and --help).
+absl::StatusOr<double> ParseMilliseconds(absl::string_view flag, absl::string_view value,
+                                         double max) {
+  double v = 0;
+  if (!absl::SimpleAtod(value, &v) || !(v >= 0 && v <= max)) {
+    return BadValue(flag, value, absl::StrCat("a number of milliseconds in [0, ", max, "]"));
+  }
+  return v;
+}
+
+// The options that take a value (all but the switches).
 constexpr absl::string_view kValueFlags[] = {
-    "--data",      "--batch-size", "--epochs", "--workers", "--prefetch", "--io-depth",
-    "--transform", "--layout",     "--device", "--seed",    "--json"};
+    "--data",     "--batch-size",    "--epochs",        "--workers", "--prefetch",
+    "--io-depth", "--transform",     "--layout",        "--device",  "--seed",
+    "--json",     "--io-latency-ms", "--consumer-ms",   "--plot",    "--trace",
+    "--source",   "--grid-seconds",  "--torch-workers", "--python"};
+constexpr absl::string_view kSwitches[] = {"--quiet", "--tune-grid", "--compare-torch"};
 
 // Accepts "--flag value" and "--flag=value".
 absl::StatusOr<BenchFlags> ParseFlags(int argc, char** argv) {
@@ -129,8 +196,11 @@ absl::StatusOr<BenchFlags> ParseFlags(int argc, char** argv) {
       flags.help = true;
       return flags;
     }
-    if (arg == "--quiet") {
-      flags.quiet = true;
+    if (std::find(std::begin(kSwitches), std::end(kSwitches), arg) != std::end(kSwitches)) {
+      flags.given.insert(std::string(arg));
+      if (arg == "--quiet") flags.quiet = true;
+      if (arg == "--tune-grid") flags.tune_grid = true;
+      if (arg == "--compare-torch") flags.compare_torch = true;
       continue;
     }
     if (arg.substr(0, 2) != "--") {
@@ -150,10 +220,15 @@ absl::StatusOr<BenchFlags> ParseFlags(int argc, char** argv) {
     } else {
       return absl::InvalidArgumentError(absl::StrCat(name, ": missing value"));
     }
+    flags.given.insert(std::string(name));
 
     if (name == "--data") {
       if (value.empty()) return BadValue(name, value, "a directory or list file");
       flags.data = std::string(value);
+    } else if (name == "--source") {
+      if (value != "files" && value != "synthetic")
+        return BadValue(name, value, "files or synthetic");
+      flags.synthetic = value == "synthetic";
     } else if (name == "--batch-size") {
       absl::StatusOr<int64_t> n = ParsePositive(name, value);
       if (!n.ok()) return n.status();
@@ -197,9 +272,37 @@ absl::StatusOr<BenchFlags> ParseFlags(int argc, char** argv) {
       if (!absl::SimpleAtoi(value, &flags.seed)) {
         return BadValue(name, value, "an unsigned integer");
       }
-    } else if (name == "--json") {
+    } else if (name == "--io-latency-ms") {
+      absl::StatusOr<double> ms = ParseMilliseconds(name, value, 60000);
+      if (!ms.ok()) return ms.status();
+      flags.io_latency_ms = *ms;
+    } else if (name == "--consumer-ms") {
+      absl::StatusOr<double> ms = ParseMilliseconds(name, value, 600000);
+      if (!ms.ok()) return ms.status();
+      flags.consumer_ms = *ms;
+    } else if (name == "--grid-seconds") {
+      if (!absl::SimpleAtod(value, &flags.grid_seconds) ||
+          !(flags.grid_seconds > 0 && flags.grid_seconds <= 3600)) {
+        return BadValue(name, value, "a number of seconds in (0, 3600]");
+      }
+    } else if (name == "--torch-workers") {
+      flags.torch_workers.clear();
+      for (absl::string_view item : absl::StrSplit(value, ',')) {
+        int n = 0;
+        if (!absl::SimpleAtoi(item, &n) || n < 1 || n > 256) {
+          return BadValue(name, value, "a comma-separated list of counts in [1, 256]");
+        }
+        flags.torch_workers.push_back(n);
+      }
+    } else if (name == "--python") {
+      if (value.empty()) return BadValue(name, value, "an interpreter path");
+      flags.python = std::string(value);
+    } else if (name == "--json" || name == "--plot" || name == "--trace") {
       if (value.empty()) return BadValue(name, value, "a file name");
-      flags.json = std::string(value);
+      std::string& target = name == "--json"   ? flags.json
+                            : name == "--plot" ? flags.plot
+                                               : flags.trace;
+      target = std::string(value);
     } else {  // in kValueFlags but not handled above: a bug here, not in the command line
       return absl::InternalError(absl::StrCat("option ", name, " is not implemented"));
     }
@@ -207,45 +310,65 @@ absl::StatusOr<BenchFlags> ParseFlags(int argc, char** argv) {
   return flags;
 }
 
-// The directory of the running executable, so that the bundled set lives in the build tree
-// whatever the current directory is.
-fs::path ExecutableDir(const char* argv0) {
-  std::error_code ec;
-  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (ec) exe = fs::absolute(argv0, ec);
-  return exe.parent_path();
+// The options that make no sense together; the message names them.
+absl::Status CheckCombinations(const BenchFlags& f) {
+  auto refuse = [&](absl::string_view mode, std::initializer_list<const char*> options,
+                    absl::string_view why) -> absl::Status {
+    for (const char* o : options) {
+      if (f.given.count(o) > 0) {
+        return absl::InvalidArgumentError(absl::StrCat(o, " does not apply to ", mode, ": ", why));
+      }
+    }
+    return absl::OkStatus();
+  };
+  if (f.tune_grid && f.compare_torch) {
+    return absl::InvalidArgumentError("--tune-grid and --compare-torch are separate runs");
+  }
+  if (f.tune_grid) {
+    if (absl::Status s =
+            refuse("--tune-grid", {"--workers", "--prefetch", "--io-depth"}, "the grid sets them");
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = refuse("--tune-grid", {"--epochs"},
+                                "each setting runs for --grid-seconds after a warm-up");
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = refuse("--tune-grid", {"--trace", "--source"},
+                                "the grid runs 39 loaders on the data set's files");
+        !s.ok()) {
+      return s;
+    }
+  } else if (absl::Status s = refuse("a run without --tune-grid", {"--grid-seconds"},
+                                     "it sets the grid's window");
+             !s.ok()) {
+    return s;
+  }
+  if (f.compare_torch) {
+    if (absl::Status s = refuse("--compare-torch", {"--io-latency-ms", "--consumer-ms"},
+                                "the comparison measures the loaders' ceilings on local files");
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = refuse("--compare-torch", {"--transform", "--layout", "--source"},
+                                "the peer runs the standard training transform into NCHW "
+                                "tensors, and the pipeline overhead is measured anyway");
+        !s.ok()) {
+      return s;
+    }
+  } else if (absl::Status s =
+                 refuse("a run without --compare-torch", {"--torch-workers", "--python"},
+                        "only the comparison "
+                        "runs Python");
+             !s.ok()) {
+    return s;
+  }
+  if (f.synthetic && f.given.count("--data") > 0) {
+    return absl::InvalidArgumentError("--source synthetic uses its own tiny data set: no --data");
+  }
+  return absl::OkStatus();
 }
-
-// One status line on stderr, redrawn in place. Drawn only on a terminal: in a log file, a
-// carriage-return display is noise.
-class ProgressLine {
- public:
-  explicit ProgressLine(bool enabled) : enabled_(enabled) {}
-
-  // Redraws at most ~10 times per second unless `force`.
-  void Show(const std::string& text, bool force = false) {
-    if (!enabled_) return;
-    const Clock::time_point now = Clock::now();
-    if (!force && shown_ && now - last_ < std::chrono::milliseconds(100)) return;
-    last_ = now;
-    shown_ = true;
-    std::fprintf(stderr, "\r\033[K%s", text.c_str());
-    std::fflush(stderr);
-  }
-
-  // Erases the line, so that what is printed next starts on a clean one.
-  void Clear() {
-    if (!enabled_ || !shown_) return;
-    std::fprintf(stderr, "\r\033[K");
-    std::fflush(stderr);
-    shown_ = false;
-  }
-
- private:
-  bool enabled_;
-  bool shown_ = false;
-  Clock::time_point last_;
-};
 
 // Whether `path` exists or could be created: its nearest existing ancestor is writable.
 bool CanCreate(fs::path path) {
@@ -258,10 +381,10 @@ bool CanCreate(fs::path path) {
   return ::access(path.empty() ? "." : path.c_str(), W_OK) == 0;
 }
 
-// Where the bundled set lives: next to the executable (the build tree), or, for an installed
-// bench whose folder is not writable, in the user's cache folder.
-fs::path BundledDataDir(const char* argv0) {
-  const fs::path beside = ExecutableDir(argv0) / "data" / kBundledName;
+// Where the bench's data sets live: next to the executable (the build tree), or, for an
+// installed bench whose folder is not writable, in the user's cache folder.
+fs::path DataSetDir(const char* name) {
+  const fs::path beside = feedline::bench::ExecutableDir() / "data" / name;
   std::error_code ec;
   if (fs::is_directory(beside, ec) || CanCreate(beside)) return beside;
   const char* xdg = std::getenv("XDG_CACHE_HOME");
@@ -269,14 +392,14 @@ fs::path BundledDataDir(const char* argv0) {
   const fs::path cache = xdg != nullptr && *xdg != '\0'     ? fs::path(xdg)
                          : home != nullptr && *home != '\0' ? fs::path(home) / ".cache"
                                                             : fs::temp_directory_path(ec);
-  return cache / "feedline" / kBundledName;
+  return cache / "feedline" / name;
 }
 
 // Makes the bundled set if it is not there yet; returns its path.
-absl::StatusOr<std::string> EnsureBundledData(const char* argv0, bool quiet) {
-  const fs::path dir = BundledDataDir(argv0);
+absl::StatusOr<std::string> EnsureBundledData(bool quiet) {
+  const fs::path dir = DataSetDir(kBundledName);
   const int64_t total = int64_t{kBundledClasses} * kBundledPerClass;
-  ProgressLine line(!quiet && isatty(STDERR_FILENO));
+  feedline::bench::ProgressLine line(!quiet);
   const Clock::time_point start = Clock::now();
   bool announced = false;
   // The callback's first call tells whether there is work to do: a finished set reports
@@ -289,228 +412,82 @@ absl::StatusOr<std::string> EnsureBundledData(const char* argv0, bool quiet) {
           std::fprintf(stderr, "feedline-bench: making the bundled data set (%lld images) in %s\n",
                        static_cast<long long>(total), dir.c_str());
         }
-        if (announced) {
-          line.Show(absl::StrCat("  ", done, "/", n, " images"), done == n);
-        }
+        if (announced) line.Show(absl::StrCat("  ", done, "/", n, " images"), done == n);
       });
   line.Clear();
   if (!s.ok()) return s;
   if (announced) {
     std::fprintf(stderr, "feedline-bench: made %lld images in %.1f s\n",
-                 static_cast<long long>(total),
-                 std::chrono::duration<double>(Clock::now() - start).count());
+                 static_cast<long long>(total), feedline::bench::SecondsSince(start));
   }
   return dir.string();
 }
 
-double CpuSeconds() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  auto seconds = [](const timeval& tv) { return tv.tv_sec + tv.tv_usec * 1e-6; };
-  return seconds(ru.ru_utime) + seconds(ru.ru_stime);
+absl::StatusOr<std::string> EnsureTinyData() {
+  return feedline::bench::EnsureTinyDataset(DataSetDir(kTinyName).string(), kTinyDistinct,
+                                            kTinySamples);
 }
 
-int64_t PeakRssBytes() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports kibibytes
+bool IsExecutable(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
 }
 
-// FNV-1a over a few bytes of every batch: enough that the loop cannot be optimised away and
-// that two runs with the same seed can be compared, without reading whole batches (which would
-// make the consumer, not the loader, the thing measured).
-class BatchChecksum {
- public:
-  void Add(const feedline::Batch& batch) {
-    const int64_t bytes = batch.image_bytes();
-    const uint8_t* images = batch.images();
-    if (bytes > 0 && images != nullptr) {
-      constexpr int kProbes = 16;
-      for (int i = 0; i < kProbes; ++i) Mix(images[(bytes - 1) * i / (kProbes - 1)]);
+// The interpreter for the Python contenders: --python, else the one CMake found (Debian's owns
+// torch and torchvision here; the first python3 on PATH may be another), else /usr/bin/python3.
+absl::StatusOr<std::string> FindPython(const BenchFlags& f) {
+  if (!f.python.empty()) {
+    if (!IsExecutable(f.python)) {
+      return absl::NotFoundError(absl::StrCat("--python ", f.python, ": not an executable file"));
     }
-    if (batch.size() > 0 && batch.labels() != nullptr) {
-      Mix(static_cast<uint64_t>(batch.labels()[0]));
-      Mix(static_cast<uint64_t>(batch.labels()[batch.size() - 1]));
-    }
-    if (batch.size() > 0 && batch.indices() != nullptr) {
-      Mix(static_cast<uint64_t>(batch.indices()[0]));
+    return f.python;
+  }
+  std::vector<std::string> candidates;
+#ifdef FEEDLINE_BENCH_PYTHON
+  candidates.push_back(FEEDLINE_BENCH_PYTHON);
+#endif
+  candidates.push_back("/usr/bin/python3");
+  for (const std::string& c : candidates) {
+    if (!c.empty() && IsExecutable(c)) return c;
+  }
+  return absl::NotFoundError("no Python interpreter found: pass --python PATH");
+}
+
+// The folder of the Python helpers: beside the executable (the build copies them there), else
+// the source tree.
+absl::StatusOr<std::string> FindScriptDir() {
+  std::vector<fs::path> candidates = {feedline::bench::ExecutableDir()};
+#ifdef FEEDLINE_BENCH_SOURCE_DIR
+  candidates.emplace_back(FEEDLINE_BENCH_SOURCE_DIR);
+#endif
+  std::error_code ec;
+  for (const fs::path& dir : candidates) {
+    if (fs::exists(dir / "peer_torch.py", ec) && fs::exists(dir / "feedline_py.py", ec) &&
+        fs::exists(dir / "bench_proc.py", ec)) {
+      return dir.string();
     }
   }
-  uint64_t value() const { return hash_; }
+  return absl::NotFoundError(
+      "the bench's Python helpers (peer_torch.py, feedline_py.py) are "
+      "neither beside the executable nor in the source tree");
+}
 
- private:
-  void Mix(uint64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      hash_ = (hash_ ^ ((v >> (8 * i)) & 0xFF)) * 0x100000001B3ULL;
-    }
+// The build tree's Python package, if there is one (an installed bench relies on PYTHONPATH).
+std::string FeedlinePythonPath() {
+#ifdef FEEDLINE_BENCH_PYTHONPATH
+  std::error_code ec;
+  if (fs::exists(fs::path(FEEDLINE_BENCH_PYTHONPATH) / "feedline" / "__init__.py", ec)) {
+    return FEEDLINE_BENCH_PYTHONPATH;
   }
-  uint64_t hash_ = 0xCBF29CE484222325ULL;
-};
+#endif
+  return "";
+}
 
-struct EpochResult {
-  int64_t epoch = 0;
-  int64_t images = 0;
-  double seconds = 0;
-  double cpu_seconds = 0;
-  double images_per_s() const { return seconds > 0 ? images / seconds : 0; }
-};
-
-struct Summary {
-  double images_per_s = 0;
-  double cpu_seconds_per_image = 0;
-  int64_t peak_rss_bytes = 0;
-  int first_steady_epoch = 0;  // index into the epoch list where the summary starts
-  feedline::Stats stats;
-  uint64_t checksum = 0;
-};
-
-// A string as a JSON string literal. Invalid UTF-8 (possible in file names) becomes U+FFFD, so
-// that the output is always valid JSON.
-std::string JsonString(absl::string_view s) {
-  std::string out = "\"";
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-      ++i;
-    } else if (c < 0x20) {
-      switch (c) {
-        case '\n':
-          out += "\\n";
-          break;
-        case '\r':
-          out += "\\r";
-          break;
-        case '\t':
-          out += "\\t";
-          break;
-        case '\b':
-          out += "\\b";
-          break;
-        case '\f':
-          out += "\\f";
-          break;
-        default: {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
-        }
-      }
-      ++i;
-    } else if (c < 0x80) {
-      out += static_cast<char>(c);
-      ++i;
-    } else {
-      // The length of a well-formed UTF-8 sequence (RFC 3629: no overlongs, no surrogates,
-      // nothing above U+10FFFF); 0 if malformed.
-      size_t len = 0;
-      if (c >= 0xC2 && c <= 0xDF) {
-        len = 2;
-      } else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3;
-      } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4;
-      }
-      bool ok = len > 0 && i + len <= s.size();
-      for (size_t k = 1; ok && k < len; ++k) {
-        ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
-      }
-      if (ok && len >= 3) {
-        const unsigned char c1 = static_cast<unsigned char>(s[i + 1]);
-        if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 > 0x9F) || (c == 0xF0 && c1 < 0x90) ||
-            (c == 0xF4 && c1 > 0x8F)) {
-          ok = false;
-        }
-      }
-      if (ok) {
-        out.append(s.data() + i, len);
-        i += len;
-      } else {
-        out += "\\ufffd";
-        ++i;
-      }
-    }
-  }
-  out += '"';
+// 1, 2, 4, ... up to twice the cores (torch users often oversubscribe).
+std::vector<int> DefaultTorchWorkers() {
+  std::vector<int> out;
+  for (int w = 1; w <= 2 * feedline::bench::Cores(); w *= 2) out.push_back(w);
   return out;
-}
-
-// JSON has no NaN or infinity; a figure that could not be measured is null.
-std::string JsonNumber(double v) {
-  if (!std::isfinite(v)) return "null";
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.9g", v);
-  return buf;
-}
-
-std::string TransformName(feedline::Transform t) {
-  return t == feedline::Transform::kTrain ? "train" : "eval";
-}
-
-std::string LayoutName(feedline::Layout l) {
-  return l == feedline::Layout::kNCHW ? "nchw" : "nhwc";
-}
-
-std::string ResultsJson(const BenchFlags& flags, const std::string& data,
-                        const std::vector<EpochResult>& epochs, const Summary& summary) {
-  const feedline::Stats& st = summary.stats;
-  char checksum[24];
-  std::snprintf(checksum, sizeof(checksum), "%016llx",
-                static_cast<unsigned long long>(summary.checksum));
-  std::string j = "{\n";
-  absl::StrAppend(&j, "  \"data\": ", JsonString(data), ",\n");
-  absl::StrAppend(&j, "  \"batch_size\": ", flags.batch_size, ",\n");
-  absl::StrAppend(&j, "  \"transform\": ", JsonString(TransformName(flags.transform)), ",\n");
-  absl::StrAppend(&j, "  \"layout\": ", JsonString(LayoutName(flags.layout)), ",\n");
-  absl::StrAppend(&j, "  \"device\": ", JsonString(flags.device), ",\n");
-  absl::StrAppend(&j, "  \"seed\": ", flags.seed, ",\n");
-  absl::StrAppend(&j, "  \"images_per_s\": ", JsonNumber(summary.images_per_s), ",\n");
-  absl::StrAppend(&j, "  \"cpu_seconds_per_image\": ", JsonNumber(summary.cpu_seconds_per_image),
-                  ",\n");
-  absl::StrAppend(&j, "  \"peak_rss_bytes\": ", summary.peak_rss_bytes, ",\n");
-  absl::StrAppend(&j, "  \"workers\": ", st.workers, ",\n");
-  absl::StrAppend(&j, "  \"prefetch\": ", st.prefetch, ",\n");
-  absl::StrAppend(&j, "  \"io_depth\": ", st.io_depth, ",\n");
-  absl::StrAppend(&j, "  \"bottleneck\": ", JsonString(st.bottleneck), ",\n");
-  absl::StrAppend(&j, "  \"bottleneck_reason\": ", JsonString(st.bottleneck_reason), ",\n");
-  absl::StrAppend(&j, "  \"consumer_wait_fraction\": ", JsonNumber(st.consumer_wait_fraction),
-                  ",\n");
-  absl::StrAppend(&j, "  \"errors\": ", st.error_count, ",\n");
-  absl::StrAppend(&j, "  \"checksum\": ", JsonString(checksum), ",\n");
-  absl::StrAppend(&j, "  \"summary_first_epoch\": ", summary.first_steady_epoch, ",\n");
-  j += "  \"epochs\": [";
-  for (size_t i = 0; i < epochs.size(); ++i) {
-    const EpochResult& e = epochs[i];
-    absl::StrAppend(&j, i == 0 ? "\n" : ",\n", "    {\"epoch\": ", e.epoch,
-                    ", \"images\": ", e.images, ", \"seconds\": ", JsonNumber(e.seconds),
-                    ", \"images_per_s\": ", JsonNumber(e.images_per_s()),
-                    ", \"cpu_seconds\": ", JsonNumber(e.cpu_seconds), "}");
-  }
-  j += epochs.empty() ? "]\n" : "\n  ]\n";
-  j += "}\n";
-  return j;
-}
-
-// Written to a temporary file and renamed, so that a reader never sees half a result.
-absl::Status WriteTextFile(const std::string& path, const std::string& text) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return absl::ErrnoToStatus(errno, absl::StrCat("cannot create ", tmp));
-    out << text;
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      return absl::ErrnoToStatus(errno, absl::StrCat("cannot write ", tmp));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    return absl::ErrnoToStatus(err, absl::StrCat("cannot write ", path));
-  }
-  return absl::OkStatus();
 }
 
 int Fail(const absl::Status& status) {
@@ -518,28 +495,104 @@ int Fail(const absl::Status& status) {
   return kExitFailure;
 }
 
-}  // namespace
+// Writes what the caller put into `json` (after opening the top-level object), closing it.
+absl::Status FinishJson(const BenchFlags& flags, feedline::bench::JsonWriter& json) {
+  json.EndObject();
+  return feedline::bench::WriteTextFile(flags.json, json.Finish());
+}
 
-int main(int argc, char** argv) {
-  absl::StatusOr<BenchFlags> parsed = ParseFlags(argc, argv);
-  if (!parsed.ok()) {
-    std::fprintf(stderr, "feedline-bench: %s\n(--help lists the options)\n",
-                 std::string(parsed.status().message()).c_str());
-    return kExitUsage;
-  }
-  const BenchFlags& flags = *parsed;
-  if (flags.help) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
+absl::Status WritePlot(const BenchFlags& flags, const feedline::bench::SvgFigure& figure) {
+  if (flags.plot.empty()) return absl::OkStatus();
+  return feedline::bench::WriteTextFile(flags.plot, figure.Render());
+}
 
-  std::string data = flags.data;
-  if (data.empty()) {
-    absl::StatusOr<std::string> bundled = EnsureBundledData(argv[0], flags.quiet);
-    if (!bundled.ok()) return Fail(bundled.status());
-    data = *bundled;
-  }
+void BeginJson(const BenchFlags& flags, const std::string& mode, const std::string& data,
+               feedline::bench::JsonWriter& json) {
+  json.BeginObject();
+  json.Key("mode").String(mode);
+  json.Key("data").String(data);
+  json.Key("batch_size").Integer(flags.batch_size);
+  json.Key("seed").Integer(int64_t(flags.seed));
+  json.Key("cores").Integer(feedline::bench::Cores());
+}
 
+int RunGrid(const BenchFlags& flags, const std::string& data) {
+  feedline::bench::GridOptions options;
+  options.data = data;
+  options.batch_size = flags.batch_size;
+  options.seed = flags.seed;
+  options.transform = flags.transform;
+  options.layout = flags.layout;
+  options.io_latency_ms =
+      flags.given.count("--io-latency-ms") > 0 ? flags.io_latency_ms : kGridDefaultLatencyMs;
+  options.consumer_ms = flags.consumer_ms;
+  options.seconds = flags.grid_seconds;
+  absl::StatusOr<feedline::bench::GridResult> grid = feedline::bench::RunTuneGrid(options);
+  if (!grid.ok()) return Fail(grid.status());
+  feedline::bench::PrintGridSummary(*grid);
+  if (!flags.json.empty()) {
+    feedline::bench::JsonWriter json;
+    BeginJson(flags, "tune_grid", data, json);
+    feedline::bench::WriteGridJson(*grid, json);
+    if (absl::Status s = FinishJson(flags, json); !s.ok()) return Fail(s);
+  }
+  feedline::bench::SvgFigure figure(
+      absl::StrCat("feedline-bench --tune-grid: auto vs fixed "
+                   "settings, batch ",
+                   flags.batch_size));
+  feedline::bench::AddGridPlot(*grid, figure);
+  if (absl::Status s = WritePlot(flags, figure); !s.ok()) return Fail(s);
+  return 0;
+}
+
+int RunCompare(const BenchFlags& flags, const std::string& data) {
+  std::error_code ec;
+  if (!fs::is_directory(data, ec)) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--compare-torch: ", data,
+                     " is not an ImageFolder directory (the peer "
+                     "reads it with torchvision.datasets.ImageFolder)")));
+  }
+  feedline::bench::CompareOptions options;
+  options.data = data;
+  options.batch_size = flags.batch_size;
+  options.epochs = flags.epochs;
+  options.seed = flags.seed;
+  options.workers = flags.workers;
+  options.prefetch = flags.prefetch;
+  options.io_depth = flags.io_depth;
+  options.torch_workers = flags.torch_workers.empty() ? DefaultTorchWorkers() : flags.torch_workers;
+  options.trace = flags.trace;
+  options.progress = !flags.quiet;
+  absl::StatusOr<std::string> python = FindPython(flags);
+  if (!python.ok()) return Fail(python.status());
+  options.python = *python;
+  absl::StatusOr<std::string> scripts = FindScriptDir();
+  if (!scripts.ok()) return Fail(scripts.status());
+  options.script_dir = *scripts;
+  options.pythonpath = FeedlinePythonPath();
+  absl::StatusOr<std::string> tiny = EnsureTinyData();
+  if (!tiny.ok()) return Fail(tiny.status());
+  options.tiny_list = *tiny;
+
+  absl::StatusOr<feedline::bench::CompareResult> result = feedline::bench::RunComparison(options);
+  if (!result.ok()) return Fail(result.status());
+  feedline::bench::PrintComparison(*result);
+  if (!flags.json.empty()) {
+    feedline::bench::JsonWriter json;
+    BeginJson(flags, "compare_torch", data, json);
+    feedline::bench::WriteCompareJson(*result, json);
+    if (absl::Status s = FinishJson(flags, json); !s.ok()) return Fail(s);
+  }
+  feedline::bench::SvgFigure figure(
+      "feedline-bench --compare-torch: feedline vs torch's "
+      "DataLoader vs the full-decode limit");
+  feedline::bench::AddComparePlot(*result, figure);
+  if (absl::Status s = WritePlot(flags, figure); !s.ok()) return Fail(s);
+  return 0;
+}
+
+int RunPlain(const BenchFlags& flags, const std::string& data) {
   feedline::LoaderOptions options(data);
   options.batch_size(flags.batch_size)
       .seed(flags.seed)
@@ -547,97 +600,155 @@ int main(int argc, char** argv) {
       .layout(flags.layout)
       .workers(flags.workers)
       .prefetch(flags.prefetch)
-      .io_depth(flags.io_depth);
+      .io_depth(flags.io_depth)
+      .simulated_read_latency_ms(flags.io_latency_ms);
+  if (flags.synthetic) options.size(1).synthetic(true);
   absl::StatusOr<std::unique_ptr<feedline::Loader>> created =
       feedline::Loader::Create(std::move(options));
   if (!created.ok()) return Fail(created.status());
   feedline::Loader& loader = **created;
 
+  const char* transform = flags.transform == feedline::Transform::kTrain ? "train" : "eval";
+  const char* layout = flags.layout == feedline::Layout::kNCHW ? "nchw" : "nhwc";
   std::printf(
-      "feedline-bench: %s: %zu images, batch size %lld (%lld batches/epoch), transform %s, "
-      "layout %s, device %s\n",
-      data.c_str(), loader.dataset().samples.size(), static_cast<long long>(flags.batch_size),
-      static_cast<long long>(loader.num_batches()), TransformName(flags.transform).c_str(),
-      LayoutName(flags.layout).c_str(), flags.device.c_str());
+      "feedline-bench: %s: %zu %s, batch size %lld (%lld batches/epoch), transform %s, "
+      "layout %s, device %s, %d cores\n",
+      data.c_str(), loader.dataset().samples.size(), flags.synthetic ? "samples" : "images",
+      static_cast<long long>(flags.batch_size), static_cast<long long>(loader.num_batches()),
+      transform, layout, flags.device.c_str(), feedline::bench::Cores());
+  if (flags.synthetic) {
+    std::printf("pipeline overhead: pre-decoded samples (no read, no decode), 1x1 pixels\n");
+  }
+  if (flags.io_latency_ms > 0 || flags.consumer_ms > 0) {
+    std::printf("simulated: +%.1f ms per read, a %.1f ms training step per batch\n",
+                flags.io_latency_ms, flags.consumer_ms);
+  }
   std::fflush(stdout);
 
-  ProgressLine progress(!flags.quiet && isatty(STDERR_FILENO));
-  BatchChecksum checksum;
-  std::vector<EpochResult> epochs;
-  for (int e = 0; e < flags.epochs; ++e) {
-    const double cpu_start = CpuSeconds();
-    const Clock::time_point start = Clock::now();
-    std::unique_ptr<feedline::Epoch> epoch = loader.StartEpoch();
-    EpochResult result;
-    result.epoch = epoch->epoch();
-    int64_t batches = 0;
-    while (true) {
-      absl::StatusOr<feedline::Batch> batch = epoch->Next();
-      if (absl::IsOutOfRange(batch.status())) break;
-      if (!batch.ok()) {
-        progress.Clear();
-        return Fail(batch.status());
-      }
-      checksum.Add(*batch);
-      result.images += batch->size();
-      ++batches;
-      const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-      progress.Show(absl::StrCat(
-          "epoch ", e + 1, "/", flags.epochs, "  batch ", batches, "/", epoch->num_batches(), "  ",
-          static_cast<int64_t>(elapsed > 0 ? result.images / elapsed : 0), " images/s"));
-    }
-    result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    result.cpu_seconds = CpuSeconds() - cpu_start;
-    progress.Clear();
-    std::printf("epoch %lld: %lld images in %.2f s: %.1f images/s, %.2f ms CPU/image\n",
-                static_cast<long long>(result.epoch), static_cast<long long>(result.images),
-                result.seconds, result.images_per_s(),
-                result.images > 0 ? 1e3 * result.cpu_seconds / result.images : 0.0);
-    std::fflush(stdout);
-    epochs.push_back(result);
-  }
+  feedline::bench::EpochRunOptions run_options;
+  run_options.epochs = flags.epochs;
+  run_options.consumer_ms = flags.consumer_ms;
+  run_options.progress = !flags.quiet;
+  absl::StatusOr<feedline::bench::EpochRunResult> run =
+      feedline::bench::RunEpochs(loader, run_options);
+  if (!run.ok()) return Fail(run.status());
+  const int64_t peak_rss = feedline::bench::PeakRssBytes();
 
-  Summary summary;
-  summary.first_steady_epoch = epochs.size() > 1 ? 1 : 0;
-  int64_t images = 0;
-  double seconds = 0, cpu_seconds = 0;
-  for (size_t i = summary.first_steady_epoch; i < epochs.size(); ++i) {
-    images += epochs[i].images;
-    seconds += epochs[i].seconds;
-    cpu_seconds += epochs[i].cpu_seconds;
+  const feedline::Stats& st = run->stats;
+  const size_t n = run->epochs.size();
+  const std::string over =
+      n > 1 ? absl::StrCat("epochs ", run->first_steady_epoch + 1, "..", n, " of ", n) : "1 epoch";
+  const char* unit = flags.synthetic ? "samples" : "images";
+  std::printf("%s/s:%*s%.1f (%s)\n", unit, flags.synthetic ? 7 : 8, "", run->images_per_s,
+              over.c_str());
+  std::printf("CPU s/%s:%*s%.6f (%.3f ms)\n", flags.synthetic ? "sample" : "image",
+              flags.synthetic ? 4 : 5, "", run->cpu_seconds_per_image,
+              1e3 * run->cpu_seconds_per_image);
+  std::printf("peak RSS:        %.1f MiB\n", double(peak_rss) / (1024.0 * 1024.0));
+  if (run->other_cores >= 0) {
+    std::printf("other processes: %.2f cores busy meanwhile\n", run->other_cores);
   }
-  // Total images over total time (not the mean of the epochs' rates, which would overweight
-  // short epochs).
-  summary.images_per_s = seconds > 0 ? images / seconds : 0;
-  summary.cpu_seconds_per_image = images > 0 ? cpu_seconds / images : 0;
-  summary.peak_rss_bytes = PeakRssBytes();
-  summary.stats = loader.stats();
-  summary.checksum = checksum.value();
-
-  const feedline::Stats& st = summary.stats;
-  const std::string over = epochs.size() > 1
-                               ? absl::StrCat("epochs ", summary.first_steady_epoch + 1, "..",
-                                              epochs.size(), " of ", epochs.size())
-                               : std::string("1 epoch");
-  std::printf("images/s:        %.1f (%s)\n", summary.images_per_s, over.c_str());
-  std::printf("CPU s/image:     %.6f (%.2f ms)\n", summary.cpu_seconds_per_image,
-              1e3 * summary.cpu_seconds_per_image);
-  std::printf("peak RSS:        %.1f MiB\n", summary.peak_rss_bytes / (1024.0 * 1024.0));
-  std::printf("workers:         %d\n", st.workers);
-  std::printf("prefetch:        %d\n", st.prefetch);
-  std::printf("io_depth:        %d\n", st.io_depth);
+  std::printf("workers:         %d%s\n", st.workers, st.auto_workers ? " (auto)" : "");
+  std::printf("prefetch:        %d%s\n", st.prefetch, st.auto_prefetch ? " (auto)" : "");
+  std::printf("io_depth:        %d%s\n", st.io_depth, st.auto_io_depth ? " (auto)" : "");
   std::printf("consumer waited: %.1f%% of the time\n", 100.0 * st.consumer_wait_fraction);
   std::printf("bottleneck:      %s%s%s\n", st.bottleneck.c_str(),
               st.bottleneck_reason.empty() ? "" : ": ", st.bottleneck_reason.c_str());
+  feedline::bench::PrintTuning(st, 12);
   if (st.error_count > 0) {
     std::printf("errors:          %lld\n", static_cast<long long>(st.error_count));
   }
-  std::printf("checksum:        %016llx\n", static_cast<unsigned long long>(summary.checksum));
+  std::printf("checksum:        %016llx\n", static_cast<unsigned long long>(run->checksum));
+
+  feedline::bench::PipelineOverhead overhead;
+  if (flags.synthetic) {
+    absl::StatusOr<feedline::bench::PipelineOverhead> o =
+        feedline::bench::EstimatePipelineOverhead(loader, *run);
+    if (!o.ok()) return Fail(o.status());
+    overhead = *o;
+    feedline::bench::PrintPipelineOverhead(overhead);
+  }
   std::fflush(stdout);
 
-  if (!flags.json.empty()) {
-    absl::Status s = WriteTextFile(flags.json, ResultsJson(flags, data, epochs, summary));
-    if (!s.ok()) return Fail(s);
+  if (!flags.trace.empty()) {
+    if (absl::Status s = loader.SaveTrace(flags.trace); !s.ok()) return Fail(s);
   }
+  if (!flags.json.empty()) {
+    feedline::bench::JsonWriter json;
+    BeginJson(flags, "run", data, json);
+    char checksum[24];
+    std::snprintf(checksum, sizeof(checksum), "%016llx",
+                  static_cast<unsigned long long>(run->checksum));
+    json.Key("source").String(flags.synthetic ? "synthetic" : "files");
+    json.Key("transform").String(transform);
+    json.Key("layout").String(layout);
+    json.Key("device").String(flags.device);
+    json.Key("io_latency_ms").Number(flags.io_latency_ms);
+    json.Key("consumer_ms").Number(flags.consumer_ms);
+    json.Key("images_per_s").Number(run->images_per_s);
+    json.Key("cpu_seconds_per_image").Number(run->cpu_seconds_per_image);
+    json.Key("peak_rss_bytes").Integer(peak_rss);
+    json.Key("other_cores").Number(run->other_cores);
+    json.Key("checksum").String(checksum);
+    json.Key("summary_first_epoch").Integer(run->first_steady_epoch);
+    json.Key("epochs").BeginArray();
+    for (const feedline::bench::EpochFigures& e : run->epochs) {
+      json.BeginObject(true);
+      json.Key("epoch").Integer(e.epoch);
+      json.Key("images").Integer(e.images);
+      json.Key("start_s").Number(e.start_s);
+      json.Key("seconds").Number(e.seconds);
+      json.Key("images_per_s").Number(e.images_per_s());
+      json.Key("cpu_seconds").Number(e.cpu_seconds);
+      json.EndObject();
+    }
+    json.EndArray();
+    feedline::bench::WriteStatsJson(st, /*timeline=*/true, json);
+    if (flags.synthetic) feedline::bench::WritePipelineOverheadJson(overhead, json);
+    if (absl::Status s = FinishJson(flags, json); !s.ok()) return Fail(s);
+  }
+  feedline::bench::SvgFigure figure(absl::StrFormat(
+      "feedline-bench: %s, batch %d%s", fs::path(data).filename().string(), flags.batch_size,
+      flags.io_latency_ms > 0 || flags.consumer_ms > 0
+          ? absl::StrFormat(", +%.1f ms/read, %.1f ms step", flags.io_latency_ms, flags.consumer_ms)
+          : std::string()));
+  feedline::bench::AddTimelinePlot(st, run->epochs, figure);
+  if (absl::Status s = WritePlot(flags, figure); !s.ok()) return Fail(s);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::StatusOr<BenchFlags> parsed = ParseFlags(argc, argv);
+  if (parsed.ok()) {
+    if (absl::Status s = CheckCombinations(*parsed); !s.ok()) parsed = s;
+  }
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "feedline-bench: %s\n(--help lists the options)\n",
+                 std::string(parsed.status().message()).c_str());
+    return kExitUsage;
+  }
+  BenchFlags& flags = *parsed;
+  if (flags.help) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (flags.tune_grid && flags.given.count("--batch-size") == 0) {
+    flags.batch_size = kGridDefaultBatch;
+  }
+
+  std::string data = flags.data;
+  if (flags.synthetic) {
+    absl::StatusOr<std::string> tiny = EnsureTinyData();
+    if (!tiny.ok()) return Fail(tiny.status());
+    data = *tiny;
+  } else if (data.empty()) {
+    absl::StatusOr<std::string> bundled = EnsureBundledData(flags.quiet);
+    if (!bundled.ok()) return Fail(bundled.status());
+    data = *bundled;
+  }
+  if (flags.tune_grid) return RunGrid(flags, data);
+  if (flags.compare_torch) return RunCompare(flags, data);
+  return RunPlain(flags, data);
 }

@@ -132,10 +132,10 @@ void EpochRun::StartThreads() {
 void EpochRun::TunerLoop() {
   constexpr auto kInterval = std::chrono::milliseconds(200);
   int64_t last = NowNs();
-  last_tick_ = Counters{shared_->images.load(), shared_->consumer.busy_ns.load(),
+  last_tick_ = Counters{shared_->images.load(),        shared_->consumer.busy_ns.load(),
                         shared_->consumer.wait_ns.load(), shared_->decode.items.load(),
-                        shared_->decode.busy_ns.load(), shared_->read.items.load(),
-                        shared_->read.busy_ns.load()};
+                        shared_->decode.busy_ns.load(),   shared_->read.items.load(),
+                        shared_->read.busy_ns.load(),     shared_->decode.cpu_ns.load()};
   while (true) {
     {
       std::unique_lock<std::mutex> lock(tuner_mu_);
@@ -154,9 +154,9 @@ void EpochRun::TunerLoop() {
 
 void EpochRun::TunerTick(double interval_s) {
   LoaderShared& sh = *shared_;
-  const Counters now{sh.images.load(), sh.consumer.busy_ns.load(), sh.consumer.wait_ns.load(),
-                     sh.decode.items.load(), sh.decode.busy_ns.load(), sh.read.items.load(),
-                     sh.read.busy_ns.load()};
+  const Counters now{sh.images.load(),       sh.consumer.busy_ns.load(), sh.consumer.wait_ns.load(),
+                     sh.decode.items.load(), sh.decode.busy_ns.load(),   sh.read.items.load(),
+                     sh.read.busy_ns.load(), sh.decode.cpu_ns.load()};
   TunerSample sample;
   sample.interval_s = interval_s;
   sample.images_consumed = now.images - last_tick_.images;
@@ -166,6 +166,8 @@ void EpochRun::TunerTick(double interval_s) {
   sample.decode_busy_s = double(now.decode_busy - last_tick_.decode_busy) * 1e-9;
   sample.reads = now.reads - last_tick_.reads;
   sample.read_busy_s = double(now.read_busy - last_tick_.read_busy) * 1e-9;
+  sample.decode_cpu_s = double(now.decode_cpu - last_tick_.decode_cpu) * 1e-9;
+  sample.at_s = double(NowNs() - sh.start_ns.load()) * 1e-9;
   last_tick_ = now;
   // The consumer's current wait (it may be blocked right now, not yet counted).
   sample.consumer_wait_s = std::min(sample.consumer_wait_s, interval_s);
@@ -390,8 +392,10 @@ void EpochRun::DecoderLoop(int id) {
     const int64_t t1 = NowNs();
     shared_->decode.AddWait(t1 - t0);
     const int64_t sample = item->sample;
+    const int64_t cpu0 = ThreadCpuNs();
     if (!ProcessSample(item, &state)) queues_->free.push(item);  // else: retried
     const int64_t t2 = NowNs();
+    shared_->decode.AddCpu(ThreadCpuNs() - cpu0);
     shared_->decode.AddBusy(t2 - t1);
     shared_->decode.AddItem();
     track->Span(TraceTrack::Kind::kDecode, t1, t2, sample);

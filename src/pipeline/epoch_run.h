@@ -156,7 +156,7 @@ class EpochRun {
   // Counter values at the previous tuning tick.
   struct Counters {
     int64_t images = 0, consumer_busy = 0, consumer_wait = 0, decoded = 0, decode_busy = 0,
-            reads = 0, read_busy = 0;
+            reads = 0, read_busy = 0, decode_cpu = 0;
   } last_tick_;
   TraceTrack* consumer_track_ = nullptr;
   TraceTrack* batch_track_ = nullptr;

@@ -155,8 +155,8 @@ Stats LoaderShared::Snapshot() {
     s.bottleneck = "unknown";
     s.bottleneck_reason = "no batch delivered yet";
   } else if (s.consumer_wait_fraction < 0.05 ||
-             (s.demand_images_per_s > 0 && s.demand_images_per_s < 0.9 * capacity &&
-              dec_util < 0.8)) {
+             (s.consumer_wait_fraction < 0.25 && s.demand_images_per_s > 0 &&
+              s.demand_images_per_s < 0.9 * capacity && dec_util < 0.8)) {
     s.bottleneck = "consumer";
     s.bottleneck_reason = absl::StrFormat(
         "the consumer waited %.1f%% of the time; it takes %.0f images/s, %d decoders can give "

@@ -6,6 +6,8 @@
 #ifndef FEEDLINE_SRC_PIPELINE_LOADER_SHARED_H_
 #define FEEDLINE_SRC_PIPELINE_LOADER_SHARED_H_
 
+#include <time.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -35,10 +37,19 @@ struct StageCounters {
   std::atomic<int64_t> busy_ns{0};
   std::atomic<int64_t> wait_ns{0};
   std::atomic<int64_t> items{0};
+  std::atomic<int64_t> cpu_ns{0};  // CPU time of the busy part (decode: the tuner's cost model)
+  void AddCpu(int64_t ns) { cpu_ns.fetch_add(ns, std::memory_order_relaxed); }
   void AddBusy(int64_t ns) { busy_ns.fetch_add(ns, std::memory_order_relaxed); }
   void AddWait(int64_t ns) { wait_ns.fetch_add(ns, std::memory_order_relaxed); }
   void AddItem() { items.fetch_add(1, std::memory_order_relaxed); }
 };
+
+// CPU time of the calling thread (clock_gettime: ~100 ns, once per sample).
+inline int64_t ThreadCpuNs() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
 
 inline int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(

@@ -20,10 +20,13 @@ Autotuner::Autotuner(TunerLimits limits, TunerSettings initial)
     : limits_(limits), settings_(initial) {}
 
 TunerSettings Autotuner::Update(const TunerSample& s) {
-  time_s_ += s.interval_s;
+  time_s_ = s.at_s > 0 ? s.at_s : time_s_ + s.interval_s;
   if (s.interval_s <= 0) return settings_;
   // Estimates; an interval without the events leaves an estimate unchanged.
-  if (s.decoded > 0) Ema(&t_decode_, s.decode_busy_s / double(s.decoded));
+  if (s.decoded > 0) {
+    const double busy = s.decode_cpu_s > 0 ? s.decode_cpu_s : s.decode_busy_s;
+    Ema(&t_decode_, busy / double(s.decoded));
+  }
   if (s.reads > 0) Ema(&t_read_, s.read_busy_s / double(s.reads));
   if (s.images_consumed > 0) {
     // A consumer that spends (almost) no time outside Next() would take anything: infinite.
@@ -64,9 +67,13 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
     const double rate_for_io = std::min(demand_, capacity_per_worker * next.workers);
     int want = static_cast<int>(std::ceil(rate_for_io * t_read_ * kHeadroom)) + 1;
     want = std::clamp(want, 1, limits_.max_io_depth);
-    // Move halfway down (reads are cheap to keep in flight), straight up.
+    // Move halfway down (reads are cheap to keep in flight), straight up; never for less than
+    // the dead band.
     if (want < settings_.io_depth) want = std::max(want, (settings_.io_depth + want + 1) / 2);
-    if (want != settings_.io_depth) {
+    const bool outside_band =
+        std::abs(want - settings_.io_depth) > kIoDeadBand * settings_.io_depth ||
+        (settings_.io_depth <= 2 && want > settings_.io_depth);
+    if (want != settings_.io_depth && outside_band) {
       next.io_depth = want;
       reason += absl::StrFormat("io_depth %d->%d (%.2f ms/read); ", settings_.io_depth, want,
                                 t_read_ * 1e3);

@@ -34,9 +34,12 @@ struct TunerSample {
   double consumer_busy_s = 0;  // time the consumer spent outside Next()
   double consumer_wait_s = 0;  // time the consumer spent blocked in Next()
   int64_t decoded = 0;
-  double decode_busy_s = 0;  // summed over decoder threads
+  double decode_busy_s = 0;  // summed over decoder threads (wall clock)
+  double decode_cpu_s = 0;   // the same work in CPU time (0: unknown, use decode_busy_s); under
+                             // contention wall time inflates and would ask for too few reads
   int64_t reads = 0;
   double read_busy_s = 0;  // summed over reader threads (the read latency included)
+  double at_s = 0;         // when the interval ended, since tuning began (0: sum of intervals)
 };
 
 struct TunerSettings {
@@ -81,7 +84,10 @@ class Autotuner {
   double decode_s_per_image() const { return t_decode_; }
   double read_s() const { return t_read_; }
 
-  static constexpr double kHeadroom = 1.25;
+  static constexpr double kHeadroom = 1.15;
+  // io_depth changes only when the model asks for this much more or less (a dead band: reads in
+  // flight are cheap, and a controller that chases noise never settles).
+  static constexpr double kIoDeadBand = 0.25;
   static constexpr size_t kMaxDecisions = 1000;
 
  private:

@@ -147,3 +147,20 @@ TEST_CASE("jitter: the ring deepens while production keeps up, within its limit"
   for (int i = 0; i < 30; ++i) s = tuner.Update(x);
   REQUIRE(s.prefetch == 5);  // deepened up to the budget's limit, not beyond
 }
+
+TEST_CASE("noisy slow storage: io depth settles instead of chasing the noise", "[tune]") {
+  Machine m;
+  m.cores = 4;
+  m.t_decode = 0.002;
+  Autotuner tuner(Limits(4), TunerSettings{4, 2, 2});
+  TunerSettings s{4, 2, 2};
+  int late_changes = 0;
+  for (int i = 0; i < 60; ++i) {
+    m.t_read = 0.020 * (1.0 + 0.15 * ((i * 7919) % 11 - 5) / 5.0);  // +-15% per interval
+    TunerSettings next = tuner.Update(Simulate(m, s));
+    if (i >= 15 && next.io_depth != s.io_depth) ++late_changes;
+    s = next;
+  }
+  REQUIRE(s.io_depth >= 35);
+  REQUIRE(late_changes <= 2);
+}

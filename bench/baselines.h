@@ -1,0 +1,62 @@
+// feedline-bench: reference measurements that do not involve the loader.
+//
+//  * The full-decode limit (--compare-torch): one thread decodes every file of the data set in
+//    full with libjpeg-turbo (tjDecompress2 to RGB, from memory, the files read beforehand),
+//    the plain decode every JPEG loader does at least once per image unless it decodes less.
+//    Times the number of cores, it is what a loader that decodes whole images cannot beat.
+//  * The pipeline-overhead data set (--source synthetic): tiny JPEGs, so that reading and
+//    decoding cost next to nothing and what is measured is the pipeline itself (queues, slots,
+//    threads); and what reading and decoding one of them costs on its own, to subtract.
+//
+// Thread safety: the functions may run concurrently; each uses its own decoder.
+#ifndef FEEDLINE_BENCH_BASELINES_H_
+#define FEEDLINE_BENCH_BASELINES_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace feedline::bench {
+
+struct DecodeLimit {
+  int64_t images = 0;  // decoded in the timed loop
+  int64_t bytes = 0;   // compressed bytes held in memory
+  double seconds = 0;  // wall time of the loop
+  double thread_cpu_seconds = 0;
+  double megapixels = 0;  // decoded
+  int cores = 1;
+  double single_thread_images_per_s() const { return seconds > 0 ? double(images) / seconds : 0; }
+  double limit_images_per_s() const { return cores * single_thread_images_per_s(); }
+};
+
+// Reads every file once (into a small reused buffer), so that the page cache holds them before
+// anything is timed. Returns the bytes read.
+absl::StatusOr<int64_t> WarmPageCache(const std::vector<std::string>& files);
+
+// Reads `files` into memory, decodes a few untimed (warm-up), then times one full decode of
+// each on this thread. Files that are not JPEGs, or that fail to decode, are an error (the
+// limit would be meaningless without them). `cores` multiplies the single-thread rate.
+absl::StatusOr<DecodeLimit> MeasureDecodeLimit(const std::vector<std::string>& files, int cores);
+
+// The pipeline-overhead data set: `distinct` 8 x 8 JPEGs and a list file naming them over and
+// over, `samples` lines in all, in `dir` (made once; a complete set there is reused). Returns
+// the list file's path.
+absl::StatusOr<std::string> EnsureTinyDataset(const std::string& dir, int distinct,
+                                              int64_t samples);
+
+struct TinyCost {
+  int64_t samples = 0;
+  double seconds = 0;  // wall, one thread
+  double seconds_per_sample() const { return samples > 0 ? seconds / double(samples) : 0; }
+};
+
+// What one thread spends per sample to open, read and close the file and decode it fully
+// (tjDecompress2), without any pipeline, over the first `samples` entries of `files` (cycled).
+absl::StatusOr<TinyCost> MeasureReadAndDecode(const std::vector<std::string>& files,
+                                              int64_t samples);
+
+}  // namespace feedline::bench
+
+#endif  // FEEDLINE_BENCH_BASELINES_H_

@@ -1,0 +1,312 @@
+#include "tune_grid.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "feedline/loader.h"
+
+namespace feedline::bench {
+namespace {
+
+constexpr int kWorkers[] = {1, 2, 4};
+constexpr int kPrefetch[] = {2, 8};
+constexpr int kIoDepth[] = {1, 32};
+constexpr double kAutoTarget = 0.95;     // auto's images/s / best fixed
+constexpr double kWithinBest = 0.95;     // "within 5% of the best"
+constexpr double kCpuTarget = 1.15;      // auto's CPU/image / leanest's, regime (c)
+constexpr double kSettleSeconds = 2.0;   // or the first epoch, whichever is longer
+constexpr double kConsumerFactor = 2.0;  // (c)'s step: this many times (a)'s best batch time
+
+const char* Verdict(bool met) { return met ? "met" : "NOT met"; }
+
+std::string FormatCores(double c) {
+  return c < 0 ? std::string("  n/a") : absl::StrFormat("%5.2f", c);
+}
+
+void PrintHeader(const GridRegime& r, const GridOptions& o) {
+  std::string what = "local files, the consumer takes each batch at once";
+  if (r.key == "b") what = absl::StrFormat("every read takes %.1f ms more", r.io_latency_ms);
+  if (r.key == "c") {
+    what = absl::StrFormat("a %.1f ms training step per batch of %d", r.consumer_ms, o.batch_size);
+  }
+  std::printf("\n(%s) %s: %s\n", r.key.c_str(), r.name.c_str(), what.c_str());
+  std::printf("  %-14s %10s %11s %7s  %-13s %s\n", "setting", "images/s", "CPU ms/img", "others",
+              "ended at", "bottleneck");
+  std::fflush(stdout);
+}
+
+void PrintConfig(const GridConfig& c) {
+  const feedline::Stats& st = c.run.stats;
+  std::printf("  %-14s %10.1f %11.3f %7s  %-13s %s\n", c.name().c_str(), c.run.images_per_s(),
+              1e3 * c.run.cpu_seconds_per_image(), FormatCores(c.run.other_cores).c_str(),
+              SettingName(st.workers, st.prefetch, st.io_depth).c_str(), st.bottleneck.c_str());
+  std::fflush(stdout);
+}
+
+absl::StatusOr<WindowResult> RunOne(const GridOptions& o, const GridRegime& r,
+                                    const GridConfig& c) {
+  feedline::LoaderOptions options(o.data);
+  options.batch_size(o.batch_size)
+      .seed(o.seed)
+      .transform(o.transform)
+      .layout(o.layout)
+      .workers(c.workers)
+      .prefetch(c.prefetch)
+      .io_depth(c.io_depth)
+      .simulated_read_latency_ms(r.io_latency_ms);
+  absl::StatusOr<std::unique_ptr<feedline::Loader>> loader =
+      feedline::Loader::Create(std::move(options));
+  if (!loader.ok()) return loader.status();
+  WindowOptions window;
+  window.warmup_batches = o.warmup_batches;
+  window.seconds = o.seconds;
+  window.consumer_ms = r.consumer_ms;
+  return RunWindow(**loader, window);
+}
+
+}  // namespace
+
+std::string GridConfig::name() const {
+  return is_auto ? "auto" : SettingName(workers, prefetch, io_depth);
+}
+
+void GridRegime::Evaluate() {
+  best_fixed = leanest = -1;
+  for (size_t i = 1; i < configs.size(); ++i) {
+    if (best_fixed < 0 ||
+        configs[i].run.images_per_s() > configs[size_t(best_fixed)].run.images_per_s()) {
+      best_fixed = int(i);
+    }
+  }
+  if (best_fixed < 0 || configs.empty()) return;
+  const double best = configs[size_t(best_fixed)].run.images_per_s();
+  for (size_t i = 1; i < configs.size(); ++i) {
+    const WindowResult& run = configs[i].run;
+    if (run.images_per_s() < kWithinBest * best) continue;
+    if (leanest < 0 ||
+        run.cpu_seconds_per_image() < configs[size_t(leanest)].run.cpu_seconds_per_image()) {
+      leanest = int(i);
+    }
+  }
+  const WindowResult& a = configs[0].run;
+  auto_vs_best = best > 0 ? a.images_per_s() / best : 0;
+  const double lean_cpu = configs[size_t(leanest)].run.cpu_seconds_per_image();
+  auto_cpu_vs_leanest = lean_cpu > 0 ? a.cpu_seconds_per_image() / lean_cpu : 0;
+  settle_s = a.stats.tuning.empty() ? 0.0 : a.stats.tuning.back().time_s;
+  settle_limit_s = std::max(kSettleSeconds, a.first_epoch_s);
+}
+
+absl::StatusOr<GridResult> RunTuneGrid(const GridOptions& options) {
+  GridResult grid;
+  grid.options = options;
+  grid.cores = Cores();
+  const Clock::time_point start = Clock::now();
+  std::printf(
+      "feedline-bench --tune-grid: %s, batch size %lld, %d cores; each setting: %d warm-up "
+      "batches, then a %.1f s window (\"others\": cores other processes used meanwhile)\n",
+      options.data.c_str(), static_cast<long long>(options.batch_size), grid.cores,
+      options.warmup_batches, options.seconds);
+
+  const struct {
+    const char* key;
+    const char* name;
+  } kRegimes[] = {{"a", "decode-bound"}, {"b", "slow storage"}, {"c", "slow consumer"}};
+  for (const auto& spec : kRegimes) {
+    GridRegime r;
+    r.key = spec.key;
+    r.name = spec.name;
+    if (r.key == "b") r.io_latency_ms = options.io_latency_ms;
+    if (r.key == "c") {
+      r.consumer_ms = options.consumer_ms;
+      if (r.consumer_ms <= 0) {
+        const GridRegime& a = grid.regimes.front();
+        const double best = a.configs[size_t(a.best_fixed)].run.images_per_s();
+        if (best <= 0) return absl::InternalError("regime (a) delivered nothing");
+        const double batch_ms = 1e3 * double(options.batch_size) / best;
+        r.consumer_ms = kConsumerFactor * batch_ms;
+        std::printf(
+            "\nThe training step of (c): %.1f ms per batch, %.0fx the %.1f ms that (a)'s best "
+            "setting (%s) takes to deliver one.\n",
+            r.consumer_ms, kConsumerFactor, batch_ms,
+            a.configs[size_t(a.best_fixed)].name().c_str());
+      }
+    }
+    r.configs.push_back(GridConfig{true, 0, 0, 0, {}});
+    for (int w : kWorkers) {
+      for (int p : kPrefetch) {
+        for (int d : kIoDepth) r.configs.push_back(GridConfig{false, w, p, d, {}});
+      }
+    }
+    PrintHeader(r, options);
+    for (GridConfig& c : r.configs) {
+      absl::StatusOr<WindowResult> run = RunOne(options, r, c);
+      if (!run.ok()) {
+        return absl::Status(run.status().code(),
+                            absl::StrCat("(", r.key, ") ", c.name(), ": ", run.status().message()));
+      }
+      c.run = *std::move(run);
+      PrintConfig(c);
+    }
+    r.Evaluate();
+    grid.regimes.push_back(std::move(r));
+  }
+  grid.seconds = SecondsSince(start);
+  return grid;
+}
+
+void PrintGridSummary(const GridResult& grid) {
+  std::printf("\nSummary (%.0f s in all):\n", grid.seconds);
+  std::printf("  %-16s %9s %-24s %6s %11s %-26s %8s %7s\n", "regime", "auto i/s",
+              "best fixed (i/s)", "ratio", "auto ms/img", "leanest within 5% (ms/img)", "CPU rat",
+              "settle");
+  for (const GridRegime& r : grid.regimes) {
+    const GridConfig& a = r.configs.front();
+    const GridConfig& best = r.configs[size_t(r.best_fixed)];
+    const GridConfig& lean = r.configs[size_t(r.leanest)];
+    std::printf(
+        "  %-16s %9.1f %-24s %6.3f %11.3f %-26s %8.3f %6.2fs\n",
+        absl::StrCat("(", r.key, ") ", r.name).c_str(), a.run.images_per_s(),
+        absl::StrFormat("%s (%.1f)", best.name(), best.run.images_per_s()).c_str(), r.auto_vs_best,
+        1e3 * a.run.cpu_seconds_per_image(),
+        absl::StrFormat("%s (%.3f)", lean.name(), 1e3 * lean.run.cpu_seconds_per_image()).c_str(),
+        r.auto_cpu_vs_leanest, r.settle_s);
+  }
+  std::printf("\nTargets:\n");
+  for (const GridRegime& r : grid.regimes) {
+    std::printf("  (%s) auto / best fixed images/s = %.3f (>= %.2f): %s\n", r.key.c_str(),
+                r.auto_vs_best, kAutoTarget, Verdict(r.auto_vs_best >= kAutoTarget));
+  }
+  for (const GridRegime& r : grid.regimes) {
+    if (r.key != "c") continue;
+    std::printf("  (c) auto / leanest CPU per image = %.3f (<= %.2f): %s\n", r.auto_cpu_vs_leanest,
+                kCpuTarget, Verdict(r.auto_cpu_vs_leanest <= kCpuTarget));
+  }
+  for (const GridRegime& r : grid.regimes) {
+    const GridConfig& a = r.configs.front();
+    std::printf(
+        "  (%s) auto settled at %.2f s (%zu changes; within max(2 s, first epoch %s) = "
+        "%.2f s): %s\n",
+        r.key.c_str(), r.settle_s, a.run.stats.tuning.size(),
+        a.run.first_epoch_s < 0 ? "not finished"
+                                : absl::StrFormat("%.2f s", a.run.first_epoch_s).c_str(),
+        r.settle_limit_s, Verdict(r.settle_s <= r.settle_limit_s));
+  }
+  std::fflush(stdout);
+}
+
+void WriteGridJson(const GridResult& grid, JsonWriter& json) {
+  const GridOptions& o = grid.options;
+  json.Key("tune_grid").BeginObject();
+  json.Key("batch_size").Integer(o.batch_size);
+  json.Key("window_s").Number(o.seconds);
+  json.Key("warmup_batches").Integer(o.warmup_batches);
+  json.Key("cores").Integer(grid.cores);
+  json.Key("seconds").Number(grid.seconds);
+  json.Key("regimes").BeginArray();
+  for (const GridRegime& r : grid.regimes) {
+    const GridConfig& a = r.configs.front();
+    const GridConfig& best = r.configs[size_t(r.best_fixed)];
+    const GridConfig& lean = r.configs[size_t(r.leanest)];
+    json.BeginObject();
+    json.Key("regime").String(r.key);
+    json.Key("name").String(r.name);
+    json.Key("io_latency_ms").Number(r.io_latency_ms);
+    json.Key("consumer_ms").Number(r.consumer_ms);
+    json.Key("configs").BeginArray();
+    for (const GridConfig& c : r.configs) {
+      const feedline::Stats& st = c.run.stats;
+      json.BeginObject(true);
+      json.Key("setting").String(c.name());
+      json.Key("auto").Boolean(c.is_auto);
+      json.Key("images_per_s").Number(c.run.images_per_s());
+      json.Key("cpu_seconds_per_image").Number(c.run.cpu_seconds_per_image());
+      json.Key("images").Integer(c.run.images);
+      json.Key("decoded").Integer(c.run.decoded);
+      json.Key("seconds").Number(c.run.seconds);
+      json.Key("other_cores").Number(c.run.other_cores);
+      json.Key("workers").Integer(st.workers);
+      json.Key("prefetch").Integer(st.prefetch);
+      json.Key("io_depth").Integer(st.io_depth);
+      json.Key("bottleneck").String(st.bottleneck);
+      json.EndObject();
+    }
+    json.EndArray();
+    json.Key("best_fixed").String(best.name());
+    json.Key("best_fixed_images_per_s").Number(best.run.images_per_s());
+    json.Key("auto_images_per_s").Number(a.run.images_per_s());
+    json.Key("auto_vs_best_fixed").Number(r.auto_vs_best);
+    json.Key("auto_vs_best_fixed_met").Boolean(r.auto_vs_best >= kAutoTarget);
+    json.Key("leanest_within_5pct").String(lean.name());
+    json.Key("leanest_cpu_seconds_per_image").Number(lean.run.cpu_seconds_per_image());
+    json.Key("auto_cpu_seconds_per_image").Number(a.run.cpu_seconds_per_image());
+    json.Key("auto_cpu_vs_leanest").Number(r.auto_cpu_vs_leanest);
+    if (r.key == "c")
+      json.Key("auto_cpu_vs_leanest_met").Boolean(r.auto_cpu_vs_leanest <= kCpuTarget);
+    json.Key("auto_first_epoch_s").Number(a.run.first_epoch_s < 0 ? -1 : a.run.first_epoch_s);
+    json.Key("auto_settle_s").Number(r.settle_s);
+    json.Key("auto_settled_in_time").Boolean(r.settle_s <= r.settle_limit_s);
+    json.Key("auto_stats").BeginObject();
+    WriteStatsJson(a.run.stats, /*timeline=*/false, json);
+    json.EndObject();
+    json.EndObject();
+  }
+  json.EndArray();
+  json.EndObject();
+}
+
+void AddGridPlot(const GridResult& grid, SvgFigure& figure) {
+  for (const GridRegime& r : grid.regimes) {
+    const GridConfig& best = r.configs[size_t(r.best_fixed)];
+    BarPanel panel;
+    panel.title =
+        absl::StrFormat("(%s) %s: auto %.0f images/s = %.2fx the best fixed (%s)", r.key, r.name,
+                        r.configs.front().run.images_per_s(), r.auto_vs_best, best.name());
+    panel.y_label = "images/s";
+    for (size_t i = 0; i < r.configs.size(); ++i) {
+      const GridConfig& c = r.configs[i];
+      const feedline::Stats& st = c.run.stats;
+      BarItem bar;
+      bar.label =
+          c.is_auto ? absl::StrCat("auto (", SettingName(st.workers, st.prefetch, st.io_depth), ")")
+                    : c.name();
+      bar.value = c.run.images_per_s();
+      bar.color = c.is_auto ? "#ff7f0e" : int(i) == r.best_fixed ? "#1f4e9c" : "#8fb3e0";
+      bar.tooltip =
+          absl::StrFormat("%s: %.1f images/s, %.3f ms CPU/image, bottleneck %s", bar.label,
+                          bar.value, 1e3 * c.run.cpu_seconds_per_image(), st.bottleneck);
+      panel.bars.push_back(std::move(bar));
+    }
+    panel.levels.push_back(
+        PlotLevel{kAutoTarget * best.run.images_per_s(), "0.95x best fixed (target)", "#d62728"});
+    figure.Add(std::move(panel));
+  }
+  for (const GridRegime& r : grid.regimes) {
+    if (r.key != "c") continue;
+    const GridConfig& lean = r.configs[size_t(r.leanest)];
+    BarPanel panel;
+    panel.title = absl::StrFormat(
+        "(c) CPU per image: auto = %.2fx the leanest fixed setting within 5%% of the best (%s)",
+        r.auto_cpu_vs_leanest, lean.name());
+    panel.y_label = "CPU ms per image";
+    for (size_t i = 0; i < r.configs.size(); ++i) {
+      const GridConfig& c = r.configs[i];
+      BarItem bar;
+      bar.label = c.name();
+      bar.value = 1e3 * c.run.cpu_seconds_per_image();
+      bar.color = c.is_auto ? "#ff7f0e" : int(i) == r.leanest ? "#2ca02c" : "#a9d6a0";
+      bar.text = absl::StrFormat("%.2f", bar.value);
+      panel.bars.push_back(std::move(bar));
+    }
+    panel.levels.push_back(PlotLevel{kCpuTarget * 1e3 * lean.run.cpu_seconds_per_image(),
+                                     "1.15x leanest (target)", "#d62728"});
+    figure.Add(std::move(panel));
+  }
+}
+
+}  // namespace feedline::bench
