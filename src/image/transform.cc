@@ -20,6 +20,12 @@ void DisableOpenCvThreads() {
   (void)done;
 }
 
+int64_t PyRound64(double v) {
+  double r = std::round(v);
+  if (std::fabs(v - std::trunc(v)) == 0.5) r = 2.0 * std::round(v / 2.0);
+  return static_cast<int64_t>(r);
+}
+
 // Python's round(): half to even. std::nearbyint uses the current rounding mode, which is
 // round-to-nearest-even unless someone changed it; state it explicitly to not depend on that.
 int PyRound(double v) {
@@ -123,12 +129,12 @@ CropBox RandomResizedCropBox(int width, int height, std::pair<double, double> sc
 EvalGeometry ComputeEvalGeometry(int width, int height, int resize_size, int size) {
   EvalGeometry g;
   const bool portrait = width <= height;
-  const int s = portrait ? width : height, l = portrait ? height : width;
-  const int new_long = static_cast<int>(double(resize_size) * l / s);
+  const int64_t s = portrait ? width : height, l = portrait ? height : width;
+  const int64_t new_long = static_cast<int64_t>(double(resize_size) * double(l) / double(s));
   g.resized_w = portrait ? resize_size : new_long;
   g.resized_h = portrait ? new_long : resize_size;
-  g.crop_top = PyRound((g.resized_h - size) / 2.0);
-  g.crop_left = PyRound((g.resized_w - size) / 2.0);
+  g.crop_top = PyRound64((double(g.resized_h) - size) / 2.0);
+  g.crop_left = PyRound64((double(g.resized_w) - size) / 2.0);
   return g;
 }
 
@@ -160,24 +166,35 @@ void ResizeWhole(const DecodedRegion& region, int w, int h, std::vector<uint8_t>
   Resample(RegionMat(region), dst, &tmp);
 }
 
-void ResizeThenCropInto(const DecodedRegion& region, const EvalGeometry& g, int out_w, int out_h,
-                        Layout layout, uint8_t* dst, ResampleScratch* scratch) {
+void ResizeThenCropInto(const DecodedRegion& region, const EvalGeometry& g, int width,
+                        int height, int out_w, int out_h, Layout layout, uint8_t* dst,
+                        ResampleScratch* scratch) {
   DisableOpenCvThreads();
-  scratch->a.resize(size_t(g.resized_w) * g.resized_h * 3);
-  cv::Mat resized(g.resized_h, g.resized_w, CV_8UC3, scratch->a.data());
+  const bool inside = g.crop_left >= 0 && g.crop_top >= 0 && g.crop_left + out_w <= g.resized_w &&
+                      g.crop_top + out_h <= g.resized_h;
+  if (inside && g.resized_w * g.resized_h > 16 * int64_t{out_w} * out_h) {
+    // Map the window back to the source and resample only that.
+    const double fx = double(width) / double(g.resized_w);
+    const double fy = double(height) / double(g.resized_h);
+    const Rect src{double(g.crop_left) * fx, double(g.crop_top) * fy, out_w * fx, out_h * fy};
+    ResampleInto(region, src, out_w, out_h, /*flip=*/false, layout, dst, scratch);
+    return;
+  }
+  scratch->a.resize(size_t(g.resized_w) * size_t(g.resized_h) * 3);
+  cv::Mat resized(int(g.resized_h), int(g.resized_w), CV_8UC3, scratch->a.data());
   Resample(RegionMat(region), resized, &scratch->b);
   // The crop window, clipped to the resized image; the rest (if any) is zero padding.
-  const cv::Rect window(g.crop_left, g.crop_top, out_w, out_h);
-  const cv::Rect inside = window & cv::Rect(0, 0, g.resized_w, g.resized_h);
-  if (inside == window) {
+  const cv::Rect window(int(g.crop_left), int(g.crop_top), out_w, out_h);
+  const cv::Rect within = window & cv::Rect(0, 0, int(g.resized_w), int(g.resized_h));
+  if (within == window) {
     Store(resized(window), /*flip=*/false, layout, dst, nullptr);
     return;
   }
   std::vector<uint8_t> padded(size_t(out_w) * out_h * 3, 0);
   cv::Mat p(out_h, out_w, CV_8UC3, padded.data());
-  if (inside.area() > 0) {
-    resized(inside).copyTo(p(cv::Rect(inside.x - window.x, inside.y - window.y, inside.width,
-                                      inside.height)));
+  if (within.area() > 0) {
+    resized(within).copyTo(p(cv::Rect(within.x - window.x, within.y - window.y, within.width,
+                                      within.height)));
   }
   Store(p, /*flip=*/false, layout, dst, nullptr);
 }

@@ -29,9 +29,10 @@ CropBox RandomResizedCropBox(int width, int height, std::pair<double, double> sc
 
 // Resize(resize_size) output size (torchvision: the shorter side becomes resize_size, the
 // other is int(resize_size * long / short)), and the CenterCrop offsets into it.
+// 64-bit: a thin image's resized long side can exceed what an int holds.
 struct EvalGeometry {
-  int resized_w = 0, resized_h = 0;
-  int crop_top = 0, crop_left = 0;
+  int64_t resized_w = 0, resized_h = 0;
+  int64_t crop_top = 0, crop_left = 0;
 };
 EvalGeometry ComputeEvalGeometry(int width, int height, int resize_size, int size);
 
@@ -49,11 +50,15 @@ void ResampleInto(const DecodedRegion& region, const Rect& src, int out_w, int o
 // Resamples the whole decoded region to w x h (area averaging) into `out` (RGB HWC).
 void ResizeWhole(const DecodedRegion& region, int w, int h, std::vector<uint8_t>* out);
 
-// Resizes the whole decoded image to resized_w x resized_h, then writes the out_w x out_h
-// window at (crop_left, crop_top) to `dst` (Resize + CenterCrop with torchvision's rounding).
-// Crop windows that reach past the resized image are zero-padded, as torchvision pads.
-void ResizeThenCropInto(const DecodedRegion& region, const EvalGeometry& g, int out_w, int out_h,
-                        Layout layout, uint8_t* dst, ResampleScratch* scratch);
+// Resizes the whole decoded image (of an original width x height) to resized_w x resized_h,
+// then writes the out_w x out_h window at (crop_left, crop_top) to `dst` (Resize + CenterCrop
+// with torchvision's rounding). Crop windows that reach past the resized image are
+// zero-padded, as torchvision pads. When the resized image would be much larger than the window
+// (thin images: 1 x 65500 resizes to 256 x 16.7M), only the window's source region is
+// resampled, so memory stays bounded by the output.
+void ResizeThenCropInto(const DecodedRegion& region, const EvalGeometry& g, int width,
+                        int height, int out_w, int out_h, Layout layout, uint8_t* dst,
+                        ResampleScratch* scratch);
 
 }  // namespace feedline
 

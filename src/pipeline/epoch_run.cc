@@ -464,6 +464,12 @@ absl::Status EpochRun::DecodeInto(const ReadItem& item, uint8_t* dst, DecoderSta
   } else {
     absl::StatusOr<ImageHeader> h = state->decoder.ReadHeader(bytes.data(), bytes.size());
     if (!h.ok()) return h.status();
+    // Refuse absurd sizes before any geometry is computed from them (nor memory allocated).
+    if (int64_t{h->width} * h->height > o.max_image_pixels()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "image of ", h->width, "x", h->height, " pixels exceeds max_image_pixels (",
+          o.max_image_pixels(), "): refused before decoding"));
+    }
     header_value = *h;
   }
   const ImageHeader* header = &header_value;
@@ -492,9 +498,13 @@ absl::Status EpochRun::DecodeInto(const ReadItem& item, uint8_t* dst, DecoderSta
   } else {
     const EvalGeometry g = ComputeEvalGeometry(header->width, header->height, o.resize_size(), size);
     const Rect whole{0, 0, double(header->width), double(header->height)};
-    absl::StatusOr<DecodedRegion> region = decode(whole, g.resized_w, g.resized_h);
+    // Decode at the smallest DCT scale that keeps the resized size (at most the image's own).
+    absl::StatusOr<DecodedRegion> region =
+        decode(whole, int(std::min<int64_t>(g.resized_w, header->width)),
+               int(std::min<int64_t>(g.resized_h, header->height)));
     if (!region.ok()) return region.status();
-    ResizeThenCropInto(*region, g, size, size, shared_->host_layout, out, &state->scratch);
+    ResizeThenCropInto(*region, g, header->width, header->height, size, size,
+                       shared_->host_layout, out, &state->scratch);
   }
   if (out != dst) {
     ConvertSample(out, 3 * int64_t{size} * size, shared_->host_layout, shared_->host_dtype,
@@ -519,9 +529,20 @@ bool EpochRun::ProcessSample(ReadItem* item, DecoderState* state) {
 
   // A status that crosses threads is copied, never shared: its reference count lives in
   // Debian's prebuilt (uninstrumented) Abseil, where ThreadSanitizer cannot see its ordering.
-  absl::Status st = item->status.ok()
-                        ? DecodeInto(*item, dst, state)
-                        : absl::Status(item->status.code(), item->status.message());
+  absl::Status st;
+  if (!item->status.ok()) {
+    st = absl::Status(item->status.code(), item->status.message());
+  } else {
+    // A throw from a library (OpenCV, an allocation) becomes this sample's error; it must never
+    // escape a worker thread (that would terminate the process).
+    try {
+      st = DecodeInto(*item, dst, state);
+    } catch (const std::bad_alloc&) {
+      st = absl::ResourceExhaustedError("out of memory while decoding");
+    } catch (const std::exception& e) {
+      st = absl::InternalError(absl::StrCat("decoding failed: ", e.what()));
+    }
+  }
   if (!st.ok()) {
     const std::string path = shared_->source->Describe(item->sample);
     st = WithPath(st, path);

@@ -83,6 +83,8 @@ void DecodeOnce(feedline::ImageDecoder& decoder, const uint8_t* data, size_t siz
   }
   FUZZ_CHECK(header->width >= 1 && header->height >= 1, "header dimensions");
   const int W = header->width, H = header->height;
+  // As the loader does: sizes above the pixel limit are refused before any geometry.
+  if (int64_t{W} * H > kMaxPixels) return;
 
   // Options as LoaderOptions validates them, small.
   const bool train = p.Bit();
@@ -114,7 +116,8 @@ void DecodeOnce(feedline::ImageDecoder& decoder, const uint8_t* data, size_t siz
     const feedline::EvalGeometry g = feedline::ComputeEvalGeometry(W, H, resize_size, out);
     const feedline::Rect whole{0, 0, double(W), double(H)};
     absl::StatusOr<feedline::DecodedRegion> region =
-        decoder.Decode(data, size, whole, g.resized_w, g.resized_h, kMaxPixels);
+        decoder.Decode(data, size, whole, int(std::min<int64_t>(g.resized_w, W)),
+                       int(std::min<int64_t>(g.resized_h, H)), kMaxPixels);
     if (!region.ok()) {
       FUZZ_CHECK(!absl::IsResourceExhausted(region.status()) || int64_t{W} * H > kMaxPixels,
                  region.status().ToString());
@@ -122,7 +125,7 @@ void DecodeOnce(feedline::ImageDecoder& decoder, const uint8_t* data, size_t siz
     }
     FUZZ_CHECK(int64_t{W} * H <= kMaxPixels, "decoded an image above the pixel limit");
     CheckRegion(*region, whole, W, H);
-    feedline::ResizeThenCropInto(*region, g, out, out, layout, dst.data(), &scratch);
+    feedline::ResizeThenCropInto(*region, g, W, H, out, out, layout, dst.data(), &scratch);
   }
   dst.Check();
 }
