@@ -1,6 +1,5 @@
 #include "pipeline/epoch_run.h"
 
-#include <oneapi/tbb/concurrent_queue.h>
 
 #include <pthread.h>
 
@@ -17,6 +16,7 @@
 #include "image/random.h"
 #include "image/convert.h"
 #include "image/transform.h"
+#include "pipeline/handoff_queue.h"
 
 namespace feedline {
 
@@ -45,9 +45,9 @@ struct EpochRun::InFlight {
 // `free`. Both are unbounded (never block on push): the number of buffers bounds them. A null
 // item is the stop sentinel (pushed once per thread on cancel).
 struct EpochRun::Queues {
-  tbb::concurrent_bounded_queue<ReadItem*> ready;
-  tbb::concurrent_bounded_queue<ReadItem*> free;
-  tbb::concurrent_bounded_queue<ReadItem*> retry;  // decoders -> the retry reader
+  HandoffQueue<ReadItem*> ready;
+  HandoffQueue<ReadItem*> free;
+  HandoffQueue<ReadItem*> retry;  // decoders -> the retry reader
   std::mutex mu;
   std::vector<std::unique_ptr<ReadItem>> all ABSL_GUARDED_BY(mu);
 };

@@ -3,7 +3,8 @@
 //  * Readers claim sample sequence numbers in order (one atomic counter), wait until the
 //    sample's batch is admitted (batch < consumed + prefetch depth: the ring's bound), take a
 //    read buffer from the free list (their count bounds the reads in flight), read the bytes
-//    and hand them to the decoders through a lock-free queue (oneTBB concurrent_bounded_queue).
+//    and hand them to the decoders through a lock-free queue (HandoffQueue: oneTBB's
+//    concurrent_queue plus a semaphore, so that idle threads sleep instead of spinning).
 //  * Decoders decode only what the transform needs and write the result straight into the
 //    sample's place in its batch slot, then count the batch down; the decoder that completes a
 //    batch wakes the consumer.
