@@ -8,6 +8,8 @@
 #        FEEDLINE_FUZZ_SECONDS=N      seconds per fuzz target (default 60; 0 skips fuzzing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# ccache keys on relative paths, so clones in other folders (CI) reuse earlier builds.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
 JOBS=$(nproc)
 
 bash cmake/install-deps.sh

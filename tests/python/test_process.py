@@ -1,0 +1,68 @@
+"""Whole-process behaviour: interpreter exit with a loader mid-epoch, fork() after a loader
+started (as torch's DataLoader workers do), and extreme images through the Python API."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+from PIL import Image
+
+import feedline
+
+
+def _run(code, timeout=60):
+    env = dict(os.environ)
+    start = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    return p, time.monotonic() - start
+
+
+def test_interpreter_exit_with_a_loader_mid_epoch(small_folder):
+    p, seconds = _run(f"""
+        import feedline
+        loader = feedline.ImageLoader({small_folder!r}, batch_size=2, size=32, prefetch=1)
+        it = iter(loader)
+        next(it)            # workers now block on a full ring
+        print("exiting")    # no cleanup: the interpreter tears everything down
+    """)
+    assert p.returncode == 0, p.stderr
+    assert "exiting" in p.stdout
+    assert seconds < 30
+
+
+def test_fork_after_a_loader_started(small_folder):
+    p, _ = _run(f"""
+        import os, feedline
+        loader = feedline.ImageLoader({small_folder!r}, batch_size=4, size=32, prefetch=1)
+        it = iter(loader)
+        next(it)
+        pid = os.fork()
+        if pid == 0:
+            # The child (a DataLoader worker would be here): drops what it inherited, loads anew.
+            del it, loader
+            n = sum(x.shape[0] for x, _ in feedline.ImageLoader({small_folder!r}, batch_size=4,
+                                                                 size=32))
+            os._exit(0 if n == 26 else 3)
+        _, status = os.waitpid(pid, 0)
+        rest = sum(x.shape[0] for x, _ in it)
+        print("child", os.waitstatus_to_exitcode(status), "parent", 4 + rest)
+    """)
+    assert p.returncode == 0, p.stderr
+    assert "child 0 parent 26" in p.stdout, p.stdout + p.stderr
+
+
+def test_thin_and_tiny_images(tmp_path):
+    root = tmp_path / "thin" / "a"
+    root.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name, (w, h) in {"thin.jpg": (1, 20000), "wide.jpg": (9000, 2), "one.jpg": (1, 1)}.items():
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(root / name)
+    for transform in ("eval", "train"):
+        loader = feedline.ImageLoader(str(tmp_path / "thin"), batch_size=3, size=64,
+                                      transform=transform, shuffle=False)
+        (x, y), = list(loader)
+        assert x.shape == (3, 3, 64, 64)
