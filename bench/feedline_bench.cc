@@ -262,11 +262,7 @@ absl::StatusOr<BenchFlags> ParseFlags(int argc, char** argv) {
         return BadValue(name, value, "nchw or nhwc");
       }
     } else if (name == "--device") {
-      if (value != "cpu") {
-        // The loader's CUDA path (pinned slots, copy stage) is not exposed in LoaderOptions yet.
-        return absl::UnimplementedError(
-            absl::StrCat("--device ", value, ": only cpu is supported by this build"));
-      }
+      // cpu, cuda or cuda:N; the loader says at once if this machine cannot use it.
       flags.device = std::string(value);
     } else if (name == "--seed") {
       if (!absl::SimpleAtoi(value, &flags.seed)) {
@@ -601,7 +597,8 @@ int RunPlain(const BenchFlags& flags, const std::string& data) {
       .workers(flags.workers)
       .prefetch(flags.prefetch)
       .io_depth(flags.io_depth)
-      .simulated_read_latency_ms(flags.io_latency_ms);
+      .simulated_read_latency_ms(flags.io_latency_ms)
+      .device(flags.device);
   if (flags.synthetic) options.size(1).synthetic(true);
   absl::StatusOr<std::unique_ptr<feedline::Loader>> created =
       feedline::Loader::Create(std::move(options));
