@@ -47,8 +47,28 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
   const double max_capacity = capacity_per_worker * limits_.max_workers;
   const double target_rate = std::min(demand_, max_capacity);
 
+  // Lean mode: the consumer is the bottleneck and fewer workers cover its demand without
+  // headroom; a deep ring absorbs the jitter instead of a spare worker (a worker costs CPU, a
+  // ring slot only memory). Left for good if the consumer starts waiting.
+  const double load = target_rate * t_decode_;
+  bool lean = false;
+  if (limits_.tune_workers && limits_.tune_prefetch && !lean_failed_ &&
+      demand_ < max_capacity && limits_.max_prefetch >= kLeanPrefetch) {
+    lean = std::ceil(load - 1e-9) < std::ceil(load * kHeadroom - 1e-9);
+  }
+  if (lean_ && wait_fraction > 0.05) {
+    lean_failed_ = true;  // the lean setting starved the consumer: back to headroom
+    lean = false;
+    reason += "lean mode off (the consumer waited); ";
+  }
+  lean_ = lean;
+  if (lean && settings_.prefetch < kLeanPrefetch) {
+    next.prefetch = kLeanPrefetch;
+    reason += absl::StrFormat("prefetch %d->%d (lean: a deep ring instead of a spare worker); ",
+                              settings_.prefetch, next.prefetch);
+  }
   if (limits_.tune_workers) {
-    int want = static_cast<int>(std::ceil(target_rate * t_decode_ * kHeadroom - 1e-9));
+    int want = static_cast<int>(std::ceil(load * (lean ? 1.0 : kHeadroom) - 1e-9));
     want = std::clamp(want, 1, limits_.max_workers);
     // A consumer that keeps waiting while decoders are all busy needs every core.
     if (wait_fraction > 0.05 && demand_ > max_capacity) want = limits_.max_workers;

@@ -89,6 +89,7 @@ class Autotuner {
   // flight are cheap, and a controller that chases noise never settles).
   static constexpr double kIoDeadBand = 0.25;
   static constexpr size_t kMaxDecisions = 1000;
+  static constexpr int kLeanPrefetch = 8;
 
  private:
   TunerLimits limits_;
@@ -97,6 +98,8 @@ class Autotuner {
   double time_s_ = 0;
   double demand_ = 0, t_decode_ = 0, t_read_ = 0;
   int settle_ = 0;  // intervals to wait after a change
+  bool lean_ = false;         // fewer workers + a deep ring (consumer-bound)
+  bool lean_failed_ = false;  // lean mode starved the consumer once: not tried again
 };
 
 }  // namespace feedline

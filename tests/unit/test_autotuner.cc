@@ -164,3 +164,20 @@ TEST_CASE("noisy slow storage: io depth settles instead of chasing the noise", "
   REQUIRE(s.io_depth >= 35);
   REQUIRE(late_changes <= 2);
 }
+
+TEST_CASE("a consumer that one worker just covers: one worker and a deep ring", "[tune]") {
+  Machine m;
+  m.cores = 2;
+  m.t_decode = 0.004;
+  m.demand = 240;  // one worker gives 250/s: 96% busy
+  TunerSettings s = Run(m, Limits(2), TunerSettings{2, 2, 2}, 30);
+  REQUIRE(s.workers == 1);
+  REQUIRE(s.prefetch == 8);
+  // If the consumer then starves (the model was wrong), the spare worker comes back for good.
+  Autotuner tuner(Limits(2), s);
+  TunerSample x = Simulate(m, s);
+  x.consumer_wait_s = 0.3 * x.interval_s;
+  TunerSettings after = s;
+  for (int i = 0; i < 4; ++i) after = tuner.Update(x);
+  REQUIRE(after.workers == 2);
+}
