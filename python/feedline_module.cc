@@ -11,7 +11,6 @@
 #include <pybind11/stl.h>
 
 #include <array>
-
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -132,10 +131,14 @@ class ArrayView {
 
 DLDataType ImageDType(feedline::DType t) {
   switch (t) {
-    case feedline::DType::kFloat32: return DLDataType{kDLFloat, 32, 1};
-    case feedline::DType::kFloat16: return DLDataType{kDLFloat, 16, 1};
-    case feedline::DType::kBFloat16: return DLDataType{kDLBfloat, 16, 1};
-    case feedline::DType::kUint8: break;
+    case feedline::DType::kFloat32:
+      return DLDataType{kDLFloat, 32, 1};
+    case feedline::DType::kFloat16:
+      return DLDataType{kDLFloat, 16, 1};
+    case feedline::DType::kBFloat16:
+      return DLDataType{kDLBfloat, 16, 1};
+    case feedline::DType::kUint8:
+      break;
   }
   return DLDataType{kDLUInt, 8, 1};
 }
@@ -221,7 +224,7 @@ py::dict StatsToDict(const feedline::Stats& s) {
   d["bottleneck"] = s.bottleneck;
   d["bottleneck_reason"] = s.bottleneck_reason;
   d["auto"] = py::dict(py::arg("workers") = s.auto_workers, py::arg("io_depth") = s.auto_io_depth,
-                      py::arg("prefetch") = s.auto_prefetch);
+                       py::arg("prefetch") = s.auto_prefetch);
   d["demand_images_per_s"] = s.demand_images_per_s;
   d["decode_ms_per_image"] = s.decode_ms_per_image;
   d["read_ms"] = s.read_ms;
@@ -229,14 +232,12 @@ py::dict StatsToDict(const feedline::Stats& s) {
   for (const feedline::TuningEvent& t : s.tuning) {
     tuning.append(py::dict(py::arg("time_s") = t.time_s, py::arg("workers") = t.workers,
                            py::arg("io_depth") = t.io_depth, py::arg("prefetch") = t.prefetch,
-                           py::arg("images_per_s") = t.images_per_s,
-                           py::arg("reason") = t.reason));
+                           py::arg("images_per_s") = t.images_per_s, py::arg("reason") = t.reason));
   }
   d["tuning"] = tuning;
   py::list timeline;
   for (const feedline::TimelinePoint& t : s.timeline) {
-    timeline.append(py::dict(py::arg("time_s") = t.time_s,
-                             py::arg("images_per_s") = t.images_per_s,
+    timeline.append(py::dict(py::arg("time_s") = t.time_s, py::arg("images_per_s") = t.images_per_s,
                              py::arg("consumer_wait_fraction") = t.consumer_wait_fraction,
                              py::arg("workers") = t.workers, py::arg("io_depth") = t.io_depth,
                              py::arg("prefetch") = t.prefetch,
@@ -326,24 +327,22 @@ PYBIND11_MODULE(_feedline, m) {
                          {shape[0], shape[1], shape[2], shape[3]}, device);
         ArrayView labels(keep, const_cast<int64_t*>(b.labels()), DLDataType{kDLInt, 64, 1}, {n},
                          device);
-        ArrayView indices(keep, const_cast<int64_t*>(b.indices()), DLDataType{kDLInt, 64, 1},
-                          {n}, -1);
+        ArrayView indices(keep, const_cast<int64_t*>(b.indices()), DLDataType{kDLInt, 64, 1}, {n},
+                          -1);
         return py::make_tuple(std::move(images), std::move(labels), std::move(indices), b.index());
       });
 
   py::class_<feedline::Loader>(m, "Loader")
       .def(py::init([](const std::string& source, const std::vector<std::string>& shards,
-                       int64_t batch_size, bool shuffle, uint64_t seed,
-                       bool drop_last, const std::string& transform, int size, int resize_size,
+                       int64_t batch_size, bool shuffle, uint64_t seed, bool drop_last,
+                       const std::string& transform, int size, int resize_size,
                        std::pair<double, double> scale, std::pair<double, double> ratio, bool flip,
                        const std::string& layout, int workers, int prefetch, int io_depth,
-                       int64_t memory_budget, const std::string& on_error, int rank,
-                       int world_size, int64_t max_image_pixels,
-                       double simulated_read_latency_ms, int64_t max_errors,
-                       double read_timeout_ms, const std::string& cache,
-                       int64_t cache_budget, const std::string& dtype,
-                       std::array<double, 3> mean, std::array<double, 3> std,
-                       const std::string& device, bool synthetic) {
+                       int64_t memory_budget, const std::string& on_error, int rank, int world_size,
+                       int64_t max_image_pixels, double simulated_read_latency_ms,
+                       int64_t max_errors, double read_timeout_ms, const std::string& cache,
+                       int64_t cache_budget, const std::string& dtype, std::array<double, 3> mean,
+                       std::array<double, 3> std, const std::string& device, bool synthetic) {
              feedline::LoaderOptions o(source);
              o.shards(shards);
              o.batch_size(batch_size).shuffle(shuffle).seed(seed).drop_last(drop_last);
@@ -380,17 +379,17 @@ PYBIND11_MODULE(_feedline, m) {
              if (!loader.ok()) ThrowStatus(loader.status(), false);
              return std::move(*loader);
            }),
-           py::arg("source"), py::arg("shards"), py::arg("batch_size"), py::arg("shuffle"), py::arg("seed"),
-           py::arg("drop_last"), py::arg("transform"), py::arg("size"), py::arg("resize_size"),
-           py::arg("scale"), py::arg("ratio"), py::arg("flip"), py::arg("layout"),
-           py::arg("workers"), py::arg("prefetch"), py::arg("io_depth"), py::arg("memory_budget"),
-           py::arg("on_error"), py::arg("rank"), py::arg("world_size"),
+           py::arg("source"), py::arg("shards"), py::arg("batch_size"), py::arg("shuffle"),
+           py::arg("seed"), py::arg("drop_last"), py::arg("transform"), py::arg("size"),
+           py::arg("resize_size"), py::arg("scale"), py::arg("ratio"), py::arg("flip"),
+           py::arg("layout"), py::arg("workers"), py::arg("prefetch"), py::arg("io_depth"),
+           py::arg("memory_budget"), py::arg("on_error"), py::arg("rank"), py::arg("world_size"),
            py::arg("max_image_pixels"), py::arg("simulated_read_latency_ms") = 0.0,
            py::arg("max_errors") = 0, py::arg("read_timeout_ms") = 60000.0,
            py::arg("cache") = "none", py::arg("cache_budget") = 0, py::arg("dtype") = "uint8",
            py::arg("mean") = std::array<double, 3>{0.485, 0.456, 0.406},
-           py::arg("std") = std::array<double, 3>{0.229, 0.224, 0.225},
-           py::arg("device") = "cpu", py::arg("synthetic") = false)
+           py::arg("std") = std::array<double, 3>{0.229, 0.224, 0.225}, py::arg("device") = "cpu",
+           py::arg("synthetic") = false)
       .def("start_epoch",
            [](feedline::Loader& l) {
              std::unique_ptr<feedline::Epoch> e;
@@ -432,9 +431,9 @@ PYBIND11_MODULE(_feedline, m) {
            })
       .def("load_state",
            [](feedline::Loader& l, const py::dict& d, bool resplit) {
-             const char* keys[] = {"epoch", "batches_done", "seed", "rank", "world_size",
-                                   "batch_size", "shuffle", "drop_last", "dataset_size",
-                                   "dataset_fingerprint"};
+             const char* keys[] = {"epoch",        "batches_done",       "seed",    "rank",
+                                   "world_size",   "batch_size",         "shuffle", "drop_last",
+                                   "dataset_size", "dataset_fingerprint"};
              for (const char* k : keys) {
                if (!d.contains(k)) {
                  throw py::value_error(absl::StrCat("state_dict: missing key '", k, "'"));
@@ -474,8 +473,10 @@ PYBIND11_MODULE(_feedline, m) {
       .def("set_prefetch", &feedline::Loader::set_prefetch)
       .def("set_io_depth", &feedline::Loader::set_io_depth)
       .def_property_readonly("workers", [](const feedline::Loader& l) { return l.stats().workers; })
-      .def_property_readonly("prefetch", [](const feedline::Loader& l) { return l.stats().prefetch; })
-      .def_property_readonly("io_depth", [](const feedline::Loader& l) { return l.stats().io_depth; })
+      .def_property_readonly("prefetch",
+                             [](const feedline::Loader& l) { return l.stats().prefetch; })
+      .def_property_readonly("io_depth",
+                             [](const feedline::Loader& l) { return l.stats().io_depth; })
       .def_property_readonly("memory_budget",
                              [](const feedline::Loader& l) { return l.options().memory_budget(); });
 }

@@ -52,8 +52,7 @@ class Epoch {
   absl::StatusOr<Batch> Next();
   // As Next(), calling `interrupted` every `poll` while waiting; a non-OK status from it is
   // returned at once (the batch stays queued). Bindings use it to let Ctrl-C through.
-  absl::StatusOr<Batch> Next(const std::function<absl::Status()>& interrupted,
-                             absl::Duration poll);
+  absl::StatusOr<Batch> Next(const std::function<absl::Status()>& interrupted, absl::Duration poll);
 
   int64_t epoch() const noexcept;
   int64_t num_batches() const noexcept;

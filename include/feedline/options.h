@@ -1,8 +1,8 @@
 // feedline — loader options.
 //
 // One struct holds every option of a loader. Each field documents its default and meaning.
-// Fields that say "auto" are resolved once, when the loader is created (see
-// `ResolvedOptions` in loader.h); a value of 0 means "auto" for the counts.
+// Fields that say "auto" (0 for the counts and sizes) are resolved once, when the loader is
+// created; `Loader::options()` returns them resolved, the autotuner then moves them.
 //
 // The fluent setters mirror `torch::data::DataLoaderOptions`:
 //   feedline::LoaderOptions().batch_size(256).workers(4).transform(feedline::Transform::kEval)
@@ -28,7 +28,9 @@ enum class Layout { kNCHW, kNHWC };
 
 // Element type of the images. Float types are normalised: (x / 255 - mean) / std per channel.
 enum class DType { kUint8, kFloat32, kFloat16, kBFloat16 };
-inline constexpr int ElementSize(DType t) { return t == DType::kUint8 ? 1 : t == DType::kFloat32 ? 4 : 2; }
+inline constexpr int ElementSize(DType t) {
+  return t == DType::kUint8 ? 1 : t == DType::kFloat32 ? 4 : 2;
+}
 
 enum class Cache {
   kNone,
@@ -49,13 +51,19 @@ enum class OnError {
 inline constexpr int kAuto = 0;
 
 // Declares a field with a getter `name()` and a fluent setter `name(v)`, as torch's TORCH_ARG.
-#define FEEDLINE_ARG(T, name, default_value)                  \
- public:                                                      \
-  LoaderOptions& name(T v) & { name##_ = std::move(v); return *this; } \
-  LoaderOptions&& name(T v) && { name##_ = std::move(v); return std::move(*this); } \
-  const T& name() const noexcept { return name##_; }          \
-                                                              \
- private:                                                     \
+#define FEEDLINE_ARG(T, name, default_value)         \
+ public:                                             \
+  LoaderOptions& name(T v)& {                        \
+    name##_ = std::move(v);                          \
+    return *this;                                    \
+  }                                                  \
+  LoaderOptions&& name(T v)&& {                      \
+    name##_ = std::move(v);                          \
+    return std::move(*this);                         \
+  }                                                  \
+  const T& name() const noexcept { return name##_; } \
+                                                     \
+ private:                                            \
   T name##_ = default_value
 
 class LoaderOptions {
@@ -84,9 +92,9 @@ class LoaderOptions {
   FEEDLINE_ARG(int, size, 224);         // output height = width
   FEEDLINE_ARG(int, resize_size, 256);  // eval: shorter side before the centre crop
   using Range = std::pair<double, double>;
-  FEEDLINE_ARG(Range, scale, Range(0.08, 1.0));              // train: crop area fraction
+  FEEDLINE_ARG(Range, scale, Range(0.08, 1.0));             // train: crop area fraction
   FEEDLINE_ARG(Range, ratio, Range(3.0 / 4.0, 4.0 / 3.0));  // train: crop aspect ratio
-  FEEDLINE_ARG(bool, flip, true);                            // train: horizontal flip, p = 0.5
+  FEEDLINE_ARG(bool, flip, true);                           // train: horizontal flip, p = 0.5
 
   // --- Output -------------------------------------------------------------------------------
   FEEDLINE_ARG(Layout, layout, Layout::kNCHW);

@@ -52,22 +52,22 @@ struct TimelinePoint {
 };
 
 struct Stats {
-  double elapsed_s = 0;          // since the loader's first epoch started
-  int64_t images = 0;            // images delivered to the consumer
-  int64_t batches = 0;           // batches delivered to the consumer
-  double images_per_s = 0;       // images / elapsed_s
-  double consumer_wait_s = 0;    // time the consumer spent blocked waiting for a batch
+  double elapsed_s = 0;               // since the loader's first epoch started
+  int64_t images = 0;                 // images delivered to the consumer
+  int64_t batches = 0;                // batches delivered to the consumer
+  double images_per_s = 0;            // images / elapsed_s
+  double consumer_wait_s = 0;         // time the consumer spent blocked waiting for a batch
   double consumer_wait_fraction = 0;  // consumer_wait_s / elapsed_s: "starved x% of the time"
   std::vector<StageStats> stages;
-  int workers = 0;               // decoder threads now
-  int prefetch = 0;              // ring depth now (batches in flight)
-  int io_depth = 0;              // reads in flight now
-  int64_t bytes_in_use = 0;      // ring slots + read buffers the loader owns now
+  int workers = 0;           // decoder threads now
+  int prefetch = 0;          // ring depth now (batches in flight)
+  int io_depth = 0;          // reads in flight now
+  int64_t bytes_in_use = 0;  // ring slots + read buffers the loader owns now
   int64_t memory_budget = 0;
-  int64_t slots_allocated = 0;   // ring slots allocated so far (held ones included)
-  std::string bottleneck;        // "storage", "decode", "consumer" (or "unknown" before data)
-  std::string bottleneck_reason; // the figures behind the verdict, one line
-  bool auto_workers = false;     // which settings the autotuner controls
+  int64_t slots_allocated = 0;    // ring slots allocated so far (held ones included)
+  std::string bottleneck;         // "storage", "decode", "consumer" (or "unknown" before data)
+  std::string bottleneck_reason;  // the figures behind the verdict, one line
+  bool auto_workers = false;      // which settings the autotuner controls
   bool auto_io_depth = false;
   bool auto_prefetch = false;
   double demand_images_per_s = 0;   // the consumer's appetite (0: unknown; huge: unlimited)
@@ -75,7 +75,7 @@ struct Stats {
   double read_ms = 0;               // one read, latency included
   std::vector<TuningEvent> tuning;  // the tuner's decisions, in order
   std::vector<TimelinePoint> timeline;
-  std::string cache;           // "none", "bytes", "decoded"
+  std::string cache;  // "none", "bytes", "decoded"
   int64_t cache_hits = 0;
   int64_t cache_misses = 0;
   int64_t cache_bytes = 0;

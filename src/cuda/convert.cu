@@ -16,9 +16,13 @@ namespace {
 template <typename T>
 __device__ __forceinline__ T Store(float v);
 template <>
-__device__ __forceinline__ float Store<float>(float v) { return v; }
+__device__ __forceinline__ float Store<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __half Store<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half Store<__half>(float v) {
+  return __float2half_rn(v);
+}
 template <>
 __device__ __forceinline__ __nv_bfloat16 Store<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
@@ -30,8 +34,8 @@ struct Params {
 };
 
 template <typename T>
-__global__ void ConvertKernel(const uint8_t* __restrict__ src, T* __restrict__ dst,
-                              int64_t pixels, int64_t hw, bool nchw, Params p) {
+__global__ void ConvertKernel(const uint8_t* __restrict__ src, T* __restrict__ dst, int64_t pixels,
+                              int64_t hw, bool nchw, Params p) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < pixels;
        i += int64_t(gridDim.x) * blockDim.x) {
     const uint8_t* s = src + 3 * i;
@@ -62,26 +66,26 @@ cudaError_t LaunchConvert(const uint8_t* src, void* dst, int64_t images, int64_t
   const int64_t pixels = images * hw;
   if (pixels == 0) return cudaSuccess;
   const int threads = 256;
-  const int blocks = int((pixels + threads - 1) / threads < 65535 ? (pixels + threads - 1) / threads
-                                                                    : 65535);
+  const int blocks =
+      int((pixels + threads - 1) / threads < 65535 ? (pixels + threads - 1) / threads : 65535);
   Params p;
   for (int c = 0; c < 3; ++c) p.scale[c] = scale[c], p.bias[c] = bias[c];
   switch (dtype) {
     case kConvertUint8:
       if (nchw) {
         TransposeKernel<<<blocks, threads, 0, stream>>>(src, static_cast<uint8_t*>(dst), pixels,
-                                                         hw);
+                                                        hw);
       } else {
         return cudaMemcpyAsync(dst, src, size_t(pixels) * 3, cudaMemcpyDeviceToDevice, stream);
       }
       break;
     case kConvertFloat32:
-      ConvertKernel<float><<<blocks, threads, 0, stream>>>(src, static_cast<float*>(dst), pixels,
-                                                            hw, nchw, p);
+      ConvertKernel<float>
+          <<<blocks, threads, 0, stream>>>(src, static_cast<float*>(dst), pixels, hw, nchw, p);
       break;
     case kConvertFloat16:
-      ConvertKernel<__half><<<blocks, threads, 0, stream>>>(src, static_cast<__half*>(dst),
-                                                             pixels, hw, nchw, p);
+      ConvertKernel<__half>
+          <<<blocks, threads, 0, stream>>>(src, static_cast<__half*>(dst), pixels, hw, nchw, p);
       break;
     case kConvertBFloat16:
       ConvertKernel<__nv_bfloat16><<<blocks, threads, 0, stream>>>(

@@ -29,7 +29,7 @@ struct DeviceBatch {
   void* images = nullptr;
   int64_t* labels = nullptr;
   int device = 0;
-  void* ready_event = nullptr;  // cudaEvent_t
+  void* ready_event = nullptr;      // cudaEvent_t
   std::shared_ptr<BatchSlot> host;  // the pinned slot (indices stay on the host)
   // Makes `stream` (a cudaStream_t; null = the legacy default stream) wait for the batch, and
   // remembers it: the buffer is reused only after the work queued there at release is done.
@@ -63,8 +63,8 @@ class CopyStage {
   virtual ~CopyStage() = default;
   // A stage for `device` converting batches of up to `batch_size` samples of size x size
   // (uint8 NHWC on the host) to `dtype`/`layout` on the device.
-  static absl::StatusOr<std::unique_ptr<CopyStage>> Create(int device, int64_t batch_size,
-                                                           int size, DType dtype, Layout layout,
+  static absl::StatusOr<std::unique_ptr<CopyStage>> Create(int device, int64_t batch_size, int size,
+                                                           DType dtype, Layout layout,
                                                            const std::array<double, 3>& mean,
                                                            const std::array<double, 3>& std);
   // Enqueues the copy and conversion of the slot's first `n` samples; returns at once.

@@ -1,9 +1,9 @@
 // Device-independent parts of src/cuda/device.h, and the whole of it for builds without CUDA.
 #include <cstdlib>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/match.h"
 #include "cuda/device.h"
 
 namespace feedline::cuda {
@@ -30,9 +30,10 @@ std::vector<DeviceInfo> Devices(std::string* why_none) {
 }
 
 absl::Status CheckDevice(int index) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "device: cuda:", index, " requested, but this build of feedline has no CUDA path (the "
-      "CUDA toolkit was not found at build time); use device=\"cpu\""));
+  return absl::FailedPreconditionError(
+      absl::StrCat("device: cuda:", index,
+                   " requested, but this build of feedline has no CUDA path (the "
+                   "CUDA toolkit was not found at build time); use device=\"cpu\""));
 }
 
 HostAllocator* PinnedHostAllocator(int) { return nullptr; }

@@ -19,10 +19,10 @@ absl::Status CudaError(cudaError_t e, absl::string_view what) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
 }
 
-#define FEEDLINE_CUDA_RETURN(expr)                          \
-  do {                                                      \
-    cudaError_t _e = (expr);                                \
-    if (_e != cudaSuccess) return CudaError(_e, #expr);     \
+#define FEEDLINE_CUDA_RETURN(expr)                      \
+  do {                                                  \
+    cudaError_t _e = (expr);                            \
+    if (_e != cudaSuccess) return CudaError(_e, #expr); \
   } while (0)
 
 class PinnedAllocator final : public HostAllocator {
@@ -75,8 +75,7 @@ class CudaDeviceBatch final : public internal::DeviceBatch {
   cudaStream_t stream_ = nullptr;  // legacy default stream unless told otherwise
 };
 
-class CudaCopyStage final : public CopyStage,
-                            public std::enable_shared_from_this<CudaCopyStage> {
+class CudaCopyStage final : public CopyStage, public std::enable_shared_from_this<CudaCopyStage> {
  public:
   CudaCopyStage(int device, int64_t batch_size, int size, DType dtype, Layout layout,
                 Normalization norm)
@@ -118,8 +117,8 @@ class CudaCopyStage final : public CopyStage,
     FEEDLINE_CUDA_RETURN(cudaMemcpyAsync(b->labels, slot->labels.data(),
                                          size_t(n) * sizeof(int64_t), cudaMemcpyHostToDevice,
                                          stream_));
-    const int kind = dtype_ == DType::kFloat32   ? kConvertFloat32
-                     : dtype_ == DType::kFloat16 ? kConvertFloat16
+    const int kind = dtype_ == DType::kFloat32    ? kConvertFloat32
+                     : dtype_ == DType::kFloat16  ? kConvertFloat16
                      : dtype_ == DType::kBFloat16 ? kConvertBFloat16
                                                   : kConvertUint8;
     FEEDLINE_CUDA_RETURN(LaunchConvert(b->staging, b->images, n, hw_, layout_ == Layout::kNCHW,
@@ -229,7 +228,8 @@ std::vector<DeviceInfo> Devices(std::string* why_none) {
   cudaError_t e = cudaGetDeviceCount(&count);
   std::vector<DeviceInfo> out;
   if (e != cudaSuccess) {
-    if (why_none) *why_none = absl::StrCat("no CUDA device/driver available: ", cudaGetErrorString(e));
+    if (why_none)
+      *why_none = absl::StrCat("no CUDA device/driver available: ", cudaGetErrorString(e));
     return out;
   }
   for (int i = 0; i < count; ++i) {
@@ -245,9 +245,9 @@ absl::Status CheckDevice(int index) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "device: cuda:", index, " requested, but no CUDA device/driver is available (",
-        cudaGetErrorString(e), "); use device=\"cpu\""));
+    return absl::FailedPreconditionError(
+        absl::StrCat("device: cuda:", index, " requested, but no CUDA device/driver is available (",
+                     cudaGetErrorString(e), "); use device=\"cpu\""));
   }
   if (index >= count) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -1,14 +1,14 @@
 #include "decode/image_decoder.h"
 
+#include <algorithm>
+#include <cmath>
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
-#include <algorithm>
-#include <cmath>
 
 // jpeglib.h needs FILE and size_t declared first.
-#include <jpeglib.h>
 #include <jerror.h>
+#include <jpeglib.h>
 #include <spng.h>
 
 #include "absl/status/status.h"
@@ -18,7 +18,9 @@ namespace feedline {
 
 namespace {
 
-bool IsJpeg(const uint8_t* d, size_t n) { return n >= 3 && d[0] == 0xFF && d[1] == 0xD8 && d[2] == 0xFF; }
+bool IsJpeg(const uint8_t* d, size_t n) {
+  return n >= 3 && d[0] == 0xFF && d[1] == 0xD8 && d[2] == 0xFF;
+}
 bool IsPng(const uint8_t* d, size_t n) {
   static const uint8_t kSig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
   return n >= 8 && std::memcmp(d, kSig, 8) == 0;
@@ -39,8 +41,8 @@ absl::Status UnknownFormat(size_t n) {
 
 absl::Status TooLarge(int64_t w, int64_t h, int64_t max_pixels) {
   return absl::ResourceExhaustedError(absl::StrCat("image of ", w, "x", h, " = ", w * h,
-                                                   " pixels exceeds max_image_pixels (",
-                                                   max_pixels, "): refused before decoding"));
+                                                   " pixels exceeds max_image_pixels (", max_pixels,
+                                                   "): refused before decoding"));
 }
 
 }  // namespace
@@ -138,7 +140,8 @@ absl::StatusOr<DecodedRegion> ImageDecoder::Decode(const uint8_t* data, size_t s
 
   // The smallest DCT scale that keeps the region at least min_w x min_h.
   const double rx = std::clamp(roi.x, 0.0, double(W)), ry = std::clamp(roi.y, 0.0, double(H));
-  const double rw = std::clamp(roi.w, 1.0, double(W) - rx), rh = std::clamp(roi.h, 1.0, double(H) - ry);
+  const double rw = std::clamp(roi.w, 1.0, double(W) - rx),
+               rh = std::clamp(roi.h, 1.0, double(H) - ry);
   unsigned num = 8;  // the scale is num / 8
   if (allow_dct_scaling && dct_scaling_ != DctScaling::kNone) {
     for (unsigned n = 1; n < 8; ++n) {
@@ -156,11 +159,11 @@ absl::StatusOr<DecodedRegion> ImageDecoder::Decode(const uint8_t* data, size_t s
   const double sx = double(cinfo.output_width) / double(W);
   const double sy = double(cinfo.output_height) / double(H);
   JDIMENSION x0 = static_cast<JDIMENSION>(std::floor(rx * sx));
-  JDIMENSION x1 = std::min<JDIMENSION>(cinfo.output_width,
-                                       static_cast<JDIMENSION>(std::ceil((rx + rw) * sx)));
+  JDIMENSION x1 =
+      std::min<JDIMENSION>(cinfo.output_width, static_cast<JDIMENSION>(std::ceil((rx + rw) * sx)));
   JDIMENSION y0 = static_cast<JDIMENSION>(std::floor(ry * sy));
-  JDIMENSION y1 = std::min<JDIMENSION>(cinfo.output_height,
-                                       static_cast<JDIMENSION>(std::ceil((ry + rh) * sy)));
+  JDIMENSION y1 =
+      std::min<JDIMENSION>(cinfo.output_height, static_cast<JDIMENSION>(std::ceil((ry + rh) * sy)));
   if (x1 <= x0) x1 = std::min<JDIMENSION>(x0 + 1, cinfo.output_width);
   if (y1 <= y0) y1 = std::min<JDIMENSION>(y0 + 1, cinfo.output_height);
   JDIMENSION xoff = x0, cw = x1 - x0;

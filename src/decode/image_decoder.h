@@ -65,8 +65,8 @@ class ImageDecoder {
   // pixels where the full resolution allows. Images above `max_pixels` are refused
   // (kResourceExhausted) before any pixel memory is allocated. `allow_dct_scaling` = false
   // decodes at full resolution (the reference path in tests and the benchmark).
-  absl::StatusOr<DecodedRegion> Decode(const uint8_t* data, size_t size, const Rect& roi,
-                                       int min_w, int min_h, int64_t max_pixels,
+  absl::StatusOr<DecodedRegion> Decode(const uint8_t* data, size_t size, const Rect& roi, int min_w,
+                                       int min_h, int64_t max_pixels,
                                        bool allow_dct_scaling = true);
 
  private:

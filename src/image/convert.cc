@@ -38,7 +38,7 @@ uint16_t FloatToHalf(float f) {
   const uint32_t abs = x & 0x7FFFFFFF;
   if (abs >= 0x7F800000) return uint16_t(sign | 0x7C00 | (abs > 0x7F800000 ? 0x200 : 0));
   if (abs >= 0x477FF000) return uint16_t(sign | 0x7C00);  // rounds to infinity
-  if (abs < 0x38800000) {                                  // subnormal half (or zero)
+  if (abs < 0x38800000) {                                 // subnormal half (or zero)
     const uint32_t shift = 126 - (abs >> 23);
     if (shift > 25) return uint16_t(sign);
     const uint32_t mant = (abs & 0x7FFFFF) | 0x800000;

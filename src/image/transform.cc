@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-
 #include <opencv2/core.hpp>
 #include <opencv2/imgproc.hpp>
 
@@ -116,7 +115,8 @@ CropBox RandomResizedCropBox(int width, int height, std::pair<double, double> sc
   }
   // torchvision's fallback: the central crop with the ratio clamped to the allowed range.
   const double in_ratio = double(width) / double(height);
-  const double rmin = std::min(ratio.first, ratio.second), rmax = std::max(ratio.first, ratio.second);
+  const double rmin = std::min(ratio.first, ratio.second),
+               rmax = std::max(ratio.first, ratio.second);
   int w = width, h = height;
   if (in_ratio < rmin) {
     h = PyRound(w / rmin);
@@ -166,8 +166,8 @@ void ResizeWhole(const DecodedRegion& region, int w, int h, std::vector<uint8_t>
   Resample(RegionMat(region), dst, &tmp);
 }
 
-void ResizeThenCropInto(const DecodedRegion& region, const EvalGeometry& g, int width,
-                        int height, int out_w, int out_h, Layout layout, uint8_t* dst,
+void ResizeThenCropInto(const DecodedRegion& region, const EvalGeometry& g, int width, int height,
+                        int out_w, int out_h, Layout layout, uint8_t* dst,
                         ResampleScratch* scratch) {
   DisableOpenCvThreads();
   const bool inside = g.crop_left >= 0 && g.crop_top >= 0 && g.crop_left + out_w <= g.resized_w &&
@@ -193,8 +193,8 @@ void ResizeThenCropInto(const DecodedRegion& region, const EvalGeometry& g, int 
   std::vector<uint8_t> padded(size_t(out_w) * out_h * 3, 0);
   cv::Mat p(out_h, out_w, CV_8UC3, padded.data());
   if (within.area() > 0) {
-    resized(within).copyTo(p(cv::Rect(within.x - window.x, within.y - window.y, within.width,
-                                      within.height)));
+    resized(within).copyTo(
+        p(cv::Rect(within.x - window.x, within.y - window.y, within.width, within.height)));
   }
   Store(p, /*flip=*/false, layout, dst, nullptr);
 }

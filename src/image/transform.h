@@ -56,8 +56,8 @@ void ResizeWhole(const DecodedRegion& region, int w, int h, std::vector<uint8_t>
 // zero-padded, as torchvision pads. When the resized image would be much larger than the window
 // (thin images: 1 x 65500 resizes to 256 x 16.7M), only the window's source region is
 // resampled, so memory stays bounded by the output.
-void ResizeThenCropInto(const DecodedRegion& region, const EvalGeometry& g, int width,
-                        int height, int out_w, int out_h, Layout layout, uint8_t* dst,
+void ResizeThenCropInto(const DecodedRegion& region, const EvalGeometry& g, int width, int height,
+                        int out_w, int out_h, Layout layout, uint8_t* dst,
                         ResampleScratch* scratch);
 
 }  // namespace feedline

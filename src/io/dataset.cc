@@ -32,7 +32,8 @@ std::string JoinPath(const std::string& a, const std::string& b) {
 bool HasImageExtension(const std::string& name) {
   std::string lower = absl::AsciiStrToLower(name);
   for (const std::string& ext : ImageExtensions()) {
-    if (lower.size() >= ext.size() && lower.compare(lower.size() - ext.size(), ext.size(), ext) == 0)
+    if (lower.size() >= ext.size() &&
+        lower.compare(lower.size() - ext.size(), ext.size(), ext) == 0)
       return true;
   }
   return false;
@@ -91,8 +92,8 @@ absl::StatusOr<Dataset> ScanImageFolder(const std::string& source) {
   ds.classes = std::move(top->dirs);
   std::sort(ds.classes.begin(), ds.classes.end());
   if (ds.classes.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": no class folders found (an ImageFolder has one sub-folder per class)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": no class folders found (an ImageFolder has one sub-folder per class)"));
   }
   std::vector<std::string> empty_classes;
   for (size_t c = 0; c < ds.classes.size(); ++c) {
@@ -113,10 +114,9 @@ absl::StatusOr<Dataset> ScanImageFolder(const std::string& source) {
   }
   if (!empty_classes.empty()) {
     // torchvision raises FileNotFoundError here too: a class without images is a broken layout.
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": found no valid image file for the classes ",
-                     absl::StrJoin(empty_classes, ", "),
-                     ". Supported extensions are: ", absl::StrJoin(ImageExtensions(), ", ")));
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": found no valid image file for the classes ", absl::StrJoin(empty_classes, ", "),
+        ". Supported extensions are: ", absl::StrJoin(ImageExtensions(), ", ")));
   }
   return ds;
 }
@@ -156,10 +156,10 @@ absl::StatusOr<Dataset> ParseListFile(absl::string_view text, const std::string&
     int64_t label = 0;
     if (sep == absl::string_view::npos || !absl::SimpleAtoi(view.substr(sep + 1), &label) ||
         label < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source_name, ":", line_no,
-          ": expected \"path label\" with a non-negative integer label, got \"",
-          view.substr(0, 200), "\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat(source_name, ":", line_no,
+                       ": expected \"path label\" with a non-negative integer label, got \"",
+                       view.substr(0, 200), "\""));
     }
     std::string path(absl::StripTrailingAsciiWhitespace(view.substr(0, sep)));
     if (path.front() != '/' && !base.empty()) path = JoinPath(base, path);
@@ -174,7 +174,7 @@ absl::StatusOr<Dataset> ParseListFile(absl::string_view text, const std::string&
 
 const std::vector<std::string>& ImageExtensions() {
   // torchvision.datasets.folder.IMG_EXTENSIONS, in its order.
-  static const std::vector<std::string> kExtensions = {".jpg", ".jpeg", ".png", ".ppm", ".bmp",
+  static const std::vector<std::string> kExtensions = {".jpg", ".jpeg", ".png",  ".ppm", ".bmp",
                                                        ".pgm", ".tif",  ".tiff", ".webp"};
   return kExtensions;
 }

@@ -6,8 +6,8 @@
 
 #include <cerrno>
 #include <chrono>
-#include <thread>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -74,8 +74,8 @@ absl::Status ReadWholeFile(const std::string& path, int64_t max_bytes,
   }
   ::close(fd);
   if (done < expected) {
-    return absl::DataLossError(absl::StrCat(path, ": file shrank while being read (", done,
-                                            " of ", expected, " bytes)"));
+    return absl::DataLossError(
+        absl::StrCat(path, ": file shrank while being read (", done, " of ", expected, " bytes)"));
   }
   bytes->resize(done);
   return absl::OkStatus();

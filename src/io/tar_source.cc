@@ -22,8 +22,7 @@ namespace {
 constexpr int64_t kBlock = 512;
 
 absl::Status Malformed(const std::string& name, int64_t offset, absl::string_view why) {
-  return absl::DataLossError(
-      absl::StrCat(name, ": malformed tar at offset ", offset, ": ", why));
+  return absl::DataLossError(absl::StrCat(name, ": malformed tar at offset ", offset, ": ", why));
 }
 
 // Numeric header field: octal text, or GNU base-256 (high bit set) for large values.
@@ -98,7 +97,8 @@ absl::StatusOr<std::vector<TarMember>> IndexInput(Input& in, const std::string& 
       return Malformed(name, offset, "truncated header");
     }
     const uint8_t* h = in.At(offset, kBlock);
-    if (h == nullptr) return absl::DataLossError(absl::StrCat(name, ": read error at offset ", offset));
+    if (h == nullptr)
+      return absl::DataLossError(absl::StrCat(name, ": read error at offset ", offset));
     bool zero = true;
     for (int i = 0; i < kBlock && zero; ++i) zero = h[i] == 0;
     if (zero) break;  // end of archive
@@ -110,8 +110,9 @@ absl::StatusOr<std::vector<TarMember>> IndexInput(Input& in, const std::string& 
     const char type = char(h[156]);
     const int64_t data_offset = offset + kBlock;
     if (data_offset + size > in.size) {
-      return Malformed(name, offset, absl::StrCat("member of ", size, " bytes runs past the end (",
-                                                  in.size, " bytes)"));
+      return Malformed(
+          name, offset,
+          absl::StrCat("member of ", size, " bytes runs past the end (", in.size, " bytes)"));
     }
     std::string member_name = FieldString(h, 100);
     if (std::memcmp(h + 257, "ustar", 5) == 0) {
@@ -125,14 +126,15 @@ absl::StatusOr<std::vector<TarMember>> IndexInput(Input& in, const std::string& 
     } else if (type == 'x') {  // pax extended header: "len key=value\n" records
       const uint8_t* d = in.At(data_offset, std::min<int64_t>(size, 1 << 16));
       if (d == nullptr) return Malformed(name, offset, "unreadable pax header");
-      std::string records(reinterpret_cast<const char*>(d), size_t(std::min<int64_t>(size, 1 << 16)));
+      std::string records(reinterpret_cast<const char*>(d),
+                          size_t(std::min<int64_t>(size, 1 << 16)));
       size_t pos = 0;
       while (pos < records.size()) {
         size_t sp = records.find(' ', pos);
         int64_t len = 0;
         if (sp == std::string::npos ||
-            !absl::SimpleAtoi(absl::string_view(records).substr(pos, sp - pos), &len) ||
-            len <= 0 || pos + size_t(len) > records.size()) {
+            !absl::SimpleAtoi(absl::string_view(records).substr(pos, sp - pos), &len) || len <= 0 ||
+            pos + size_t(len) > records.size()) {
           break;
         }
         std::string kv = records.substr(sp + 1, size_t(len) - (sp + 1 - pos) - 1);
@@ -177,7 +179,8 @@ absl::StatusOr<std::vector<std::string>> ExpandBraces(const std::string& pattern
   int64_t a = 0, b = 0;
   if (!absl::SimpleAtoi(lo, &a) || !absl::SimpleAtoi(hi, &b) || a < 0 || b < a ||
       b - a > 10'000'000) {
-    return absl::InvalidArgumentError(absl::StrCat(pattern, ": bad brace range {", lo, "..", hi, "}"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(pattern, ": bad brace range {", lo, "..", hi, "}"));
   }
   const size_t width = lo.size();
   std::vector<std::string> out;
@@ -221,8 +224,8 @@ absl::StatusOr<std::vector<TarMember>> IndexTar(const std::string& path) {
 }
 
 absl::StatusOr<std::unique_ptr<TarSource>> TarSource::Open(const std::vector<std::string>& shards,
-                                                          Dataset* dataset,
-                                                          double simulated_latency_ms) {
+                                                           Dataset* dataset,
+                                                           double simulated_latency_ms) {
   std::unique_ptr<TarSource> src(new TarSource());
   src->simulated_latency_ms_ = simulated_latency_ms;
   dataset->kind = Dataset::Kind::kShards;
@@ -263,8 +266,8 @@ absl::StatusOr<std::unique_ptr<TarSource>> TarSource::Open(const std::vector<std
       int64_t label = 0;
       absl::string_view sv(reinterpret_cast<const char*>(text.data()), text.size());
       if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(sv), &label) || label < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(shards[s], ": ", g.cls->name,
-                                                       ": label is not a non-negative integer"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(shards[s], ": ", g.cls->name, ": label is not a non-negative integer"));
       }
       src->entries_.push_back(Entry{int(s), g.image->offset, g.image->size, g.image->name});
       dataset->samples.push_back(Sample{absl::StrCat(shards[s], ":", g.image->name), label});
@@ -296,8 +299,7 @@ absl::Status TarSource::Read(int64_t index, std::vector<uint8_t>* bytes) const {
       return absl::DataLossError(absl::StrCat(Describe(index), ": read: ", std::strerror(errno)));
     }
     if (n == 0) {
-      return absl::DataLossError(
-          absl::StrCat(Describe(index), ": shard shrank while being read"));
+      return absl::DataLossError(absl::StrCat(Describe(index), ": shard shrank while being read"));
     }
     done += n;
   }

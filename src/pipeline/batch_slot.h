@@ -4,8 +4,9 @@
 // Slots are allocated once through a `HostAllocator` (the hook for pinned memory) and
 // recycled: when the last `Batch` that references a slot dies, the slot goes back to the
 // pool's free list. The slots the ring owns (in flight + cached) stay within `keep`, the ring
-// depth: a returning slot beyond that is freed. Slots the user holds are the user's memory. A pool that is gone
-// (loader destroyed) simply frees returning slots, so batches may outlive their loader.
+// depth: a returning slot beyond that is freed. Slots the user holds are the user's memory. A pool
+// that is gone (loader destroyed) simply frees returning slots, so batches may outlive their
+// loader.
 //
 // Thread safety: `SlotPool` is safe from any thread (a mutex guards the free list; it is taken
 // once per batch, not per sample). A slot is written by decoder workers (disjoint samples)

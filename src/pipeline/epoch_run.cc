@@ -1,20 +1,19 @@
 #include "pipeline/epoch_run.h"
 
-
 #include <pthread.h>
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "decode/image_decoder.h"
-#include "image/random.h"
 #include "image/convert.h"
+#include "image/random.h"
 #include "image/transform.h"
 #include "pipeline/handoff_queue.h"
 
@@ -60,8 +59,8 @@ struct EpochRun::ReaderState {
   enum : int { kIdle = 0, kReading = 1, kAbandoned = 2 };
   std::atomic<int> phase{kIdle};
   std::atomic<int64_t> started_ns{0};
-  ReadItem* item = nullptr;      // the item being read (published by the phase store)
-  std::vector<uint8_t> buffer;   // reads land here, then move into the item
+  ReadItem* item = nullptr;     // the item being read (published by the phase store)
+  std::vector<uint8_t> buffer;  // reads land here, then move into the item
 };
 
 namespace {
@@ -69,7 +68,9 @@ namespace {
 std::atomic<uint64_t> g_fork_generation{0};
 void OnForkChild() { g_fork_generation.fetch_add(1, std::memory_order_relaxed); }
 uint64_t ForkGeneration() {
-  static const bool registered = [] { return pthread_atfork(nullptr, nullptr, &OnForkChild) == 0; }();
+  static const bool registered = [] {
+    return pthread_atfork(nullptr, nullptr, &OnForkChild) == 0;
+  }();
   (void)registered;
   return g_fork_generation.load(std::memory_order_relaxed);
 }
@@ -132,7 +133,7 @@ void EpochRun::StartThreads() {
 void EpochRun::TunerLoop() {
   constexpr auto kInterval = std::chrono::milliseconds(200);
   int64_t last = NowNs();
-  last_tick_ = Counters{shared_->images.load(),        shared_->consumer.busy_ns.load(),
+  last_tick_ = Counters{shared_->images.load(),           shared_->consumer.busy_ns.load(),
                         shared_->consumer.wait_ns.load(), shared_->decode.items.load(),
                         shared_->decode.busy_ns.load(),   shared_->read.items.load(),
                         shared_->read.busy_ns.load(),     shared_->decode.cpu_ns.load()};
@@ -198,10 +199,11 @@ void EpochRun::TunerTick(double interval_s) {
       const int64_t slot = int64_t(sh.pool->slot_bytes());
       const int64_t reads = std::max<int64_t>(sh.read_buffer_bytes.load(), 0);
       const int64_t per_read = std::max<int64_t>(256 << 10, reads / items);
-      const int max_prefetch = int(std::clamp<int64_t>(
-          (sh.budget - (sh.cache ? sh.cache->budget() : 0) -
-           int64_t(sh.io_depth.load() + 2 * sh.workers.load()) * per_read) / slot, 1,
-          kMaxPrefetch));
+      const int max_prefetch =
+          int(std::clamp<int64_t>((sh.budget - (sh.cache ? sh.cache->budget() : 0) -
+                                   int64_t(sh.io_depth.load() + 2 * sh.workers.load()) * per_read) /
+                                      slot,
+                                  1, kMaxPrefetch));
       sh.tuner->set_max_prefetch(std::min(max_prefetch, 16));
       const size_t before = sh.tuner->decisions().size();
       applied = sh.tuner->Update(sample);
@@ -347,9 +349,9 @@ void EpochRun::AbandonStuckReads(int64_t older_than_ns, const char* why) {
     ReadItem* item = st.item;
     const double waited_ms = double(NowNs() - st.started_ns.load()) * 1e-6;
     item->bytes.clear();
-    item->status = absl::DeadlineExceededError(absl::StrCat(
-        shared_->source->Describe(item->sample), ": read did not complete in ",
-        absl::StrFormat("%.0f", waited_ms), " ms (", why, ")"));
+    item->status = absl::DeadlineExceededError(
+        absl::StrCat(shared_->source->Describe(item->sample), ": read did not complete in ",
+                     absl::StrFormat("%.0f", waited_ms), " ms (", why, ")"));
     queues_->ready.push(item);
     reader.thread.detach();  // it keeps what it touches alive; see ReaderState
     if (!shut_down_ && !cancelled_.load()) {
@@ -466,9 +468,9 @@ absl::Status EpochRun::DecodeInto(const ReadItem& item, uint8_t* dst, DecoderSta
     if (!h.ok()) return h.status();
     // Refuse absurd sizes before any geometry is computed from them (nor memory allocated).
     if (int64_t{h->width} * h->height > o.max_image_pixels()) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "image of ", h->width, "x", h->height, " pixels exceeds max_image_pixels (",
-          o.max_image_pixels(), "): refused before decoding"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("image of ", h->width, "x", h->height, " pixels exceeds max_image_pixels (",
+                       o.max_image_pixels(), "): refused before decoding"));
     }
     header_value = *h;
   }
@@ -496,15 +498,16 @@ absl::Status EpochRun::DecodeInto(const ReadItem& item, uint8_t* dst, DecoderSta
     if (!region.ok()) return region.status();
     ResampleInto(*region, rect, size, size, flip, shared_->host_layout, out, &state->scratch);
   } else {
-    const EvalGeometry g = ComputeEvalGeometry(header->width, header->height, o.resize_size(), size);
+    const EvalGeometry g =
+        ComputeEvalGeometry(header->width, header->height, o.resize_size(), size);
     const Rect whole{0, 0, double(header->width), double(header->height)};
     // Decode at the smallest DCT scale that keeps the resized size (at most the image's own).
     absl::StatusOr<DecodedRegion> region =
         decode(whole, int(std::min<int64_t>(g.resized_w, header->width)),
                int(std::min<int64_t>(g.resized_h, header->height)));
     if (!region.ok()) return region.status();
-    ResizeThenCropInto(*region, g, header->width, header->height, size, size,
-                       shared_->host_layout, out, &state->scratch);
+    ResizeThenCropInto(*region, g, header->width, header->height, size, size, shared_->host_layout,
+                       out, &state->scratch);
   }
   if (out != dst) {
     ConvertSample(out, 3 * int64_t{size} * size, shared_->host_layout, shared_->host_dtype,
@@ -684,9 +687,9 @@ bool EpochRun::ReadInto(ReadItem* item, ReaderState* state, SampleSource* source
 absl::Status EpochRun::TooManyErrors() {
   const int64_t max = shared_->options.max_errors();
   if (max <= 0 || shared_->error_count() <= max) return absl::OkStatus();
-  return absl::DataLossError(absl::StrCat(
-      shared_->error_count(), " samples failed, more than max_errors=", max,
-      " (a broken data set or storage?); the first: ", shared_->FirstErrorText()));
+  return absl::DataLossError(
+      absl::StrCat(shared_->error_count(), " samples failed, more than max_errors=", max,
+                   " (a broken data set or storage?); the first: ", shared_->FirstErrorText()));
 }
 
 void EpochRun::CompleteSample(InFlight& e) {

@@ -111,7 +111,7 @@ class EpochRun {
   // cache = decoded, on a miss: the image decoded at the cache's bounded resolution (stored in
   // the cache when it fits). Later epochs crop from the same image.
   absl::StatusOr<std::shared_ptr<const SampleCache::Entry>> DecodeForCache(const ReadItem& item,
-                                                                          DecoderState* state);
+                                                                           DecoderState* state);
 
   int64_t last_return_ns_ = 0;  // consumer thread only
 
@@ -151,7 +151,7 @@ class EpochRun {
   std::set<int64_t> bad_samples_ ABSL_GUARDED_BY(bad_mu_);  // failed in this epoch
   std::atomic<int64_t> abandoned_reads_{0};
   std::atomic<int64_t> run_read_bytes_{0};  // read buffer capacity this run added to the count
-  const uint64_t fork_generation_;  // the process generation that started the threads
+  const uint64_t fork_generation_;          // the process generation that started the threads
   std::vector<std::thread> decoders_ ABSL_GUARDED_BY(threads_mu_);
   std::thread tuner_thread_ ABSL_GUARDED_BY(threads_mu_);
   // Counter values at the previous tuning tick.

@@ -1,5 +1,6 @@
 #include "feedline/loader.h"
 
+#include <jconfig.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,12 +10,10 @@
 #include <thread>
 #include <utility>
 
-#include <jconfig.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "pipeline/epoch_run.h"
 #include "io/tar_source.h"
+#include "pipeline/epoch_run.h"
 #include "pipeline/loader_shared.h"
 #include "pipeline/loader_testing.h"
 
@@ -149,8 +148,7 @@ Stats LoaderShared::Snapshot() {
   const StageStats& dc = s.stages[1];
   const double dec_util = dc.busy_s / std::max(1e-9, dc.busy_s + dc.wait_s);
   const double rd_util = rd.busy_s / std::max(1e-9, rd.busy_s + rd.wait_s);
-  const double capacity =
-      s.decode_ms_per_image > 0 ? 1e3 * s.workers / s.decode_ms_per_image : 0.0;
+  const double capacity = s.decode_ms_per_image > 0 ? 1e3 * s.workers / s.decode_ms_per_image : 0.0;
   if (s.batches == 0) {
     s.bottleneck = "unknown";
     s.bottleneck_reason = "no batch delivered yet";
@@ -161,29 +159,25 @@ Stats LoaderShared::Snapshot() {
     s.bottleneck_reason = absl::StrFormat(
         "the consumer waited %.1f%% of the time; it takes %.0f images/s, %d decoders can give "
         "%.0f (busy %.0f%%)",
-        100 * s.consumer_wait_fraction, s.demand_images_per_s, s.workers, capacity,
-        100 * dec_util);
+        100 * s.consumer_wait_fraction, s.demand_images_per_s, s.workers, capacity, 100 * dec_util);
   } else if (dec_util < 0.6 && rd_util > 0.5) {
     s.bottleneck = "storage";
     s.bottleneck_reason = absl::StrFormat(
         "the consumer waited %.1f%%; decoders idle %.0f%% of the time waiting for reads of "
         "%.1f ms each, %d reads in flight (readers busy %.0f%%)",
-        100 * s.consumer_wait_fraction, 100 * (1 - dec_util), s.read_ms, s.io_depth,
-        100 * rd_util);
+        100 * s.consumer_wait_fraction, 100 * (1 - dec_util), s.read_ms, s.io_depth, 100 * rd_util);
   } else {
     s.bottleneck = "decode";
     s.bottleneck_reason = absl::StrFormat(
         "the consumer waited %.1f%%; %d decoders busy %.0f%%, %.2f ms per image (%.0f images/s "
         "at most)",
-        100 * s.consumer_wait_fraction, s.workers, 100 * dec_util, s.decode_ms_per_image,
-        capacity);
+        100 * s.consumer_wait_fraction, s.workers, 100 * dec_util, s.decode_ms_per_image, capacity);
   }
   return s;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Epoch
-
 
 Epoch::Epoch(std::unique_ptr<EpochRun> run) : run_(std::move(run)) {}
 Epoch::~Epoch() {
@@ -230,10 +224,13 @@ absl::Status Validate(const LoaderOptions& o) {
   if (o.world_size() < 1) return Invalid("world_size", "must be >= 1");
   if (o.rank() < 0 || o.rank() >= o.world_size())
     return Invalid("rank", absl::StrCat("must be in [0, world_size=", o.world_size(), ")"));
-  if (o.workers() < 0 || o.workers() > 1024) return Invalid("workers", "must be auto or in [1, 1024]");
+  if (o.workers() < 0 || o.workers() > 1024)
+    return Invalid("workers", "must be auto or in [1, 1024]");
   if (o.prefetch() < 0 || o.prefetch() > EpochRun::kMaxPrefetch)
-    return Invalid("prefetch", absl::StrCat("must be auto or in [1, ", EpochRun::kMaxPrefetch, "]"));
-  if (o.io_depth() < 0 || o.io_depth() > 1024) return Invalid("io_depth", "must be auto or in [1, 1024]");
+    return Invalid("prefetch",
+                   absl::StrCat("must be auto or in [1, ", EpochRun::kMaxPrefetch, "]"));
+  if (o.io_depth() < 0 || o.io_depth() > 1024)
+    return Invalid("io_depth", "must be auto or in [1, 1024]");
   if (o.memory_budget() < 0) return Invalid("memory_budget", "must be auto (0) or a byte count");
   if (o.max_image_pixels() < 1) return Invalid("max_image_pixels", "must be >= 1");
   if (o.cache_budget() < 0) return Invalid("cache_budget", "must be auto (0) or a byte count");
@@ -331,16 +328,16 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Finish(LoaderOptions options,
   int prefetch = options.prefetch();
   if (prefetch > 0) {
     if (prefetch > fit) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "prefetch=", prefetch, " batches of ", slot_bytes, " bytes (+", read_bytes,
-          " bytes of reads in flight) do not fit memory_budget=", budget,
-          " bytes; lower prefetch or batch_size, or raise memory_budget"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("prefetch=", prefetch, " batches of ", slot_bytes, " bytes (+", read_bytes,
+                       " bytes of reads in flight) do not fit memory_budget=", budget,
+                       " bytes; lower prefetch or batch_size, or raise memory_budget"));
     }
   } else {
     if (fit < 1) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "one batch of ", slot_bytes, " bytes does not fit memory_budget=", budget,
-          " bytes; lower batch_size or size, or raise memory_budget"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("one batch of ", slot_bytes, " bytes does not fit memory_budget=", budget,
+                       " bytes; lower batch_size or size, or raise memory_budget"));
     }
     prefetch = int(std::clamp<int64_t>(fit, 1, 2));
   }
@@ -380,8 +377,8 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Finish(LoaderOptions options,
     // The ring may not grow into the cache's share.
     std::lock_guard<std::mutex> lock(shared->tuner_mu);
     if (shared->tuner) {
-      shared->tuner->set_max_prefetch(int(std::clamp<int64_t>(
-          (budget - read_bytes - cache_budget) / slot_bytes, 1, 16)));
+      shared->tuner->set_max_prefetch(
+          int(std::clamp<int64_t>((budget - read_bytes - cache_budget) / slot_bytes, 1, 16)));
     }
   }
   shared->trace = std::make_unique<TraceRecorder>(NowNs());
@@ -470,8 +467,8 @@ Loader::State Loader::state() const {
 absl::Status Loader::LoadState(const State& st, bool resplit) {
   const State mine = state();
   auto mismatch = [](absl::string_view what, auto saved, auto here) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "state_dict: made for ", what, "=", saved, " but this loader has ", what, "=", here));
+    return absl::InvalidArgumentError(absl::StrCat("state_dict: made for ", what, "=", saved,
+                                                   " but this loader has ", what, "=", here));
   };
   if (st.dataset_size != mine.dataset_size || st.dataset_fingerprint != mine.dataset_fingerprint) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -489,10 +486,13 @@ absl::Status Loader::LoadState(const State& st, bool resplit) {
   if (st.world_size != mine.world_size || st.batch_size != mine.batch_size) {
     if (!resplit) {
       return st.world_size != mine.world_size
-                 ? absl::InvalidArgumentError(absl::StrCat(
-                       "state_dict: made for world_size=", st.world_size, " but this loader has "
-                       "world_size=", mine.world_size, "; pass resplit=True to carry the position "
-                       "over to the new layout"))
+                 ? absl::InvalidArgumentError(
+                       absl::StrCat("state_dict: made for world_size=", st.world_size,
+                                    " but this loader has "
+                                    "world_size=",
+                                    mine.world_size,
+                                    "; pass resplit=True to carry the position "
+                                    "over to the new layout"))
                  : mismatch("batch_size", st.batch_size, mine.batch_size);
     }
     const int64_t seen = st.batches_done * st.batch_size * st.world_size;
@@ -517,9 +517,15 @@ namespace {
 void FixSetting(LoaderShared& shared, Autotuner::Knob knob, int value) {
   std::lock_guard<std::mutex> lock(shared.tuner_mu);
   switch (knob) {
-    case Autotuner::Knob::kWorkers: shared.auto_workers = false; break;
-    case Autotuner::Knob::kIoDepth: shared.auto_io_depth = false; break;
-    case Autotuner::Knob::kPrefetch: shared.auto_prefetch = false; break;
+    case Autotuner::Knob::kWorkers:
+      shared.auto_workers = false;
+      break;
+    case Autotuner::Knob::kIoDepth:
+      shared.auto_io_depth = false;
+      break;
+    case Autotuner::Knob::kPrefetch:
+      shared.auto_prefetch = false;
+      break;
   }
   if (shared.tuner) shared.tuner->Fix(knob, value);
 }

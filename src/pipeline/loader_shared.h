@@ -16,12 +16,12 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "cuda/device.h"
 #include "feedline/dataset.h"
 #include "feedline/options.h"
 #include "feedline/stats.h"
-#include "io/reader.h"
-#include "cuda/device.h"
 #include "image/convert.h"
+#include "io/reader.h"
 #include "pipeline/batch_slot.h"
 #include "pipeline/sample_cache.h"
 #include "pipeline/sampler.h"
@@ -100,7 +100,7 @@ class LoaderShared {
   StageCounters read, decode, consumer;
   std::atomic<int64_t> images{0};
   std::atomic<int64_t> batches{0};
-  std::atomic<int64_t> start_ns{0};        // first epoch's start; 0 before
+  std::atomic<int64_t> start_ns{0};           // first epoch's start; 0 before
   std::atomic<int64_t> read_buffer_bytes{0};  // capacity of read buffers alive now
 
   static constexpr size_t kMaxErrorsKept = 256;

@@ -22,8 +22,8 @@ namespace feedline {
 class SampleCache {
  public:
   struct Entry {
-    std::vector<uint8_t> data;  // file bytes, or RGB HWC pixels
-    int width = 0, height = 0;  // decoded: the stored size
+    std::vector<uint8_t> data;            // file bytes, or RGB HWC pixels
+    int width = 0, height = 0;            // decoded: the stored size
     int orig_width = 0, orig_height = 0;  // decoded: the image's own size
   };
 

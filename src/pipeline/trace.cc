@@ -14,10 +14,18 @@ std::string JsonEscape(const std::string& s) {
   out.reserve(s.size() + 2);
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           out += absl::StrFormat("\\u%04x", c);
@@ -31,11 +39,16 @@ std::string JsonEscape(const std::string& s) {
 
 const char* KindName(TraceTrack::Kind k) {
   switch (k) {
-    case TraceTrack::Kind::kRead: return "read";
-    case TraceTrack::Kind::kDecode: return "decode";
-    case TraceTrack::Kind::kWait: return "wait for batch";
-    case TraceTrack::Kind::kBatch: return "batch";
-    case TraceTrack::Kind::kTune: return "tune";
+    case TraceTrack::Kind::kRead:
+      return "read";
+    case TraceTrack::Kind::kDecode:
+      return "decode";
+    case TraceTrack::Kind::kWait:
+      return "wait for batch";
+    case TraceTrack::Kind::kBatch:
+      return "batch";
+    case TraceTrack::Kind::kTune:
+      return "tune";
   }
   return "?";
 }
@@ -99,8 +112,8 @@ std::string TraceRecorder::ToJson() const {
       add(absl::StrFormat(
           "{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":1,"
           "\"tid\":%d,\"args\":{\"%s\":%d}}",
-          KindName(e.kind), KindName(e.kind), us(e.start_ns),
-          double(e.end_ns - e.start_ns) / 1e3, t->tid_, ArgName(e.kind), e.arg));
+          KindName(e.kind), KindName(e.kind), us(e.start_ns), double(e.end_ns - e.start_ns) / 1e3,
+          t->tid_, ArgName(e.kind), e.arg));
     }
     if (t->dropped_ > 0) {
       add(absl::StrFormat(
@@ -112,17 +125,17 @@ std::string TraceRecorder::ToJson() const {
   for (const auto& c : counters_) {
     std::string args;
     for (const auto& [k, v] : c.values) {
-      absl::StrAppend(&args, args.empty() ? "" : ",", "\"", JsonEscape(k), "\":",
-                      absl::StrFormat("%.6g", v));
+      absl::StrAppend(&args, args.empty() ? "" : ",", "\"", JsonEscape(k),
+                      "\":", absl::StrFormat("%.6g", v));
     }
     add(absl::StrFormat("{\"name\":\"%s\",\"ph\":\"C\",\"ts\":%.3f,\"pid\":1,\"args\":{%s}}",
                         JsonEscape(c.name), us(c.at_ns), args));
   }
   for (const auto& i : instants_) {
-    add(absl::StrFormat(
-        "{\"name\":\"%s\",\"ph\":\"i\",\"s\":\"g\",\"ts\":%.3f,\"pid\":1,\"tid\":0,"
-        "\"args\":{\"message\":\"%s\"}}",
-        JsonEscape(i.name), us(i.at_ns), JsonEscape(i.message)));
+    add(
+        absl::StrFormat("{\"name\":\"%s\",\"ph\":\"i\",\"s\":\"g\",\"ts\":%.3f,\"pid\":1,\"tid\":0,"
+                        "\"args\":{\"message\":\"%s\"}}",
+                        JsonEscape(i.name), us(i.at_ns), JsonEscape(i.message)));
   }
   out += "\n]}\n";
   return out;

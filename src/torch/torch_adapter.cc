@@ -27,10 +27,14 @@ at::Tensor View(const std::shared_ptr<const ::feedline::Batch>& holder, const vo
 
 at::ScalarType ImageType(::feedline::DType t) {
   switch (t) {
-    case ::feedline::DType::kFloat32: return at::kFloat;
-    case ::feedline::DType::kFloat16: return at::kHalf;
-    case ::feedline::DType::kBFloat16: return at::kBFloat16;
-    case ::feedline::DType::kUint8: break;
+    case ::feedline::DType::kFloat32:
+      return at::kFloat;
+    case ::feedline::DType::kFloat16:
+      return at::kHalf;
+    case ::feedline::DType::kBFloat16:
+      return at::kBFloat16;
+    case ::feedline::DType::kUint8:
+      break;
   }
   return at::kByte;
 }

@@ -52,8 +52,8 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
   // ring slot only memory). Left for good if the consumer starts waiting.
   const double load = target_rate * t_decode_;
   bool lean = false;
-  if (limits_.tune_workers && limits_.tune_prefetch && !lean_failed_ &&
-      demand_ < max_capacity && limits_.max_prefetch >= kLeanPrefetch) {
+  if (limits_.tune_workers && limits_.tune_prefetch && !lean_failed_ && demand_ < max_capacity &&
+      limits_.max_prefetch >= kLeanPrefetch) {
     lean = std::ceil(load - 1e-9) < std::ceil(load * kHeadroom - 1e-9);
   }
   if (lean_ && wait_fraction > 0.05) {
@@ -78,9 +78,9 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
       next.workers = settings_.workers - 1;  // down one at a time
     }
     if (next.workers != settings_.workers) {
-      reason += absl::StrFormat("workers %d->%d (demand %.0f img/s, %.2f ms decode/img); ",
-                                settings_.workers, next.workers,
-                                std::min(demand_, 1e9), t_decode_ * 1e3);
+      reason +=
+          absl::StrFormat("workers %d->%d (demand %.0f img/s, %.2f ms decode/img); ",
+                          settings_.workers, next.workers, std::min(demand_, 1e9), t_decode_ * 1e3);
     }
   }
   if (limits_.tune_io_depth && t_read_ > 0) {

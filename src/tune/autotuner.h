@@ -50,9 +50,9 @@ struct TunerSettings {
 };
 
 struct TunerLimits {
-  int max_workers = 1;    // cores
+  int max_workers = 1;  // cores
   int max_io_depth = 256;
-  int max_prefetch = 8;   // what the memory budget allows
+  int max_prefetch = 8;  // what the memory budget allows
   bool tune_workers = true;
   bool tune_io_depth = true;
   bool tune_prefetch = true;
@@ -97,7 +97,7 @@ class Autotuner {
   std::vector<TunerDecision> decisions_;
   double time_s_ = 0;
   double demand_ = 0, t_decode_ = 0, t_read_ = 0;
-  int settle_ = 0;  // intervals to wait after a change
+  int settle_ = 0;            // intervals to wait after a change
   bool lean_ = false;         // fewer workers + a deep ring (consumer-bound)
   bool lean_failed_ = false;  // lean mode starved the consumer once: not tried again
 };

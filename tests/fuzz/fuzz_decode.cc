@@ -36,10 +36,10 @@ constexpr size_t kCanaryBytes = 64;
 // owned memory, and checks its geometry against the request.
 void CheckRegion(const feedline::DecodedRegion& r, const feedline::Rect& rect, int64_t W,
                  int64_t H) {
-  const std::string where = absl::StrCat("region ", r.width, "x", r.height, " origin ", r.origin_x,
-                                         ",", r.origin_y, " scale ", r.scale_x, ",", r.scale_y,
-                                         " for rect ", rect.x, ",", rect.y, " ", rect.w, "x",
-                                         rect.h, " of ", W, "x", H);
+  const std::string where =
+      absl::StrCat("region ", r.width, "x", r.height, " origin ", r.origin_x, ",", r.origin_y,
+                   " scale ", r.scale_x, ",", r.scale_y, " for rect ", rect.x, ",", rect.y, " ",
+                   rect.w, "x", rect.h, " of ", W, "x", H);
   FUZZ_CHECK(r.pixels != nullptr && r.width >= 1 && r.height >= 1, where);
   FUZZ_CHECK(r.stride >= size_t(r.width) * 3, where);
   FUZZ_CHECK(r.scale_x > 0 && r.scale_x <= 1 && r.scale_y > 0 && r.scale_y <= 1, where);
@@ -53,7 +53,8 @@ void CheckRegion(const feedline::DecodedRegion& r, const feedline::Rect& rect, i
   (void)sink;
   // "Covering at least the requested region" (clamped to the image), to a pixel of rounding.
   const double rx = std::clamp(rect.x, 0.0, double(W)), ry = std::clamp(rect.y, 0.0, double(H));
-  const double rx1 = std::min(rect.x + rect.w, double(W)), ry1 = std::min(rect.y + rect.h, double(H));
+  const double rx1 = std::min(rect.x + rect.w, double(W)),
+               ry1 = std::min(rect.y + rect.h, double(H));
   if (rx1 > rx && ry1 > ry) {
     FUZZ_CHECK(r.origin_x <= rx * r.scale_x + 1e-6, where);
     FUZZ_CHECK(r.origin_y <= ry * r.scale_y + 1e-6, where);

@@ -52,8 +52,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string member = sample_path.substr(path.size() + 1);
     bool found = false;
     for (const feedline::TarMember& m : *members) {
-      if (m.name == member && size_t(m.size) == bytes.size() && (bytes.empty() ||
-          std::memcmp(data + m.offset, bytes.data(), bytes.size()) == 0)) {
+      if (m.name == member && size_t(m.size) == bytes.size() &&
+          (bytes.empty() || std::memcmp(data + m.offset, bytes.data(), bytes.size()) == 0)) {
         found = true;
         break;
       }

@@ -19,8 +19,8 @@ namespace feedline::fuzz {
   std::fprintf(stderr, "fuzz check failed: %s %s\n", what, detail.c_str());
   std::abort();
 }
-#define FUZZ_CHECK(cond, detail) \
-  do {                           \
+#define FUZZ_CHECK(cond, detail)                          \
+  do {                                                    \
     if (!(cond)) ::feedline::fuzz::Fail(#cond, (detail)); \
   } while (0)
 

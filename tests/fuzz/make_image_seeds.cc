@@ -43,7 +43,8 @@ std::vector<uint8_t> Picture(int w, int h, int comps, int seed) {
       const int noise = int(s >> 27) - 16;
       const bool inside = (x - w / 3) * (x - w / 3) + (y - h / 2) * (y - h / 2) < (w * h) / 10;
       for (int c = 0; c < comps; ++c) {
-        int v = (x * 255 / std::max(1, w - 1) * (c + 1) + y * 255 / std::max(1, h - 1) * (3 - c)) / 4;
+        int v =
+            (x * 255 / std::max(1, w - 1) * (c + 1) + y * 255 / std::max(1, h - 1) * (3 - c)) / 4;
         if (inside) v = 255 - v;
         v += noise;
         px[(size_t(y) * w + x) * comps + c] = uint8_t(std::clamp(v, 0, 255));
@@ -101,18 +102,20 @@ void WriteJpeg(const JpegSpec& s) {
   jpeg_start_compress(&c, TRUE);
   if (s.markers) {
     // EXIF with orientation 6 (rotate 90): ignored by the decoder, as torchvision ignores it.
-    static const uint8_t kExif[] = {'E', 'x', 'i', 'f', 0, 0, 'M', 'M', 0, 42, 0, 0, 0, 8, 0, 1,
-                                    0x01, 0x12, 0, 3, 0, 0, 0, 1, 0, 6, 0, 0, 0, 0, 0, 0};
+    static const uint8_t kExif[] = {'E',  'x',  'i', 'f', 0, 0, 'M', 'M', 0, 42, 0, 0, 0, 8, 0, 1,
+                                    0x01, 0x12, 0,   3,   0, 0, 0,   1,   0, 6,  0, 0, 0, 0, 0, 0};
     jpeg_write_marker(&c, JPEG_APP0 + 1, kExif, sizeof(kExif));
     std::vector<uint8_t> icc(200, 0);
     std::memcpy(icc.data(), "ICC_PROFILE\0\x01\x01", 14);
     jpeg_write_marker(&c, JPEG_APP0 + 2, icc.data(), unsigned(icc.size()));
     static const char kComment[] = "feedline fuzz seed";
-    jpeg_write_marker(&c, JPEG_COM, reinterpret_cast<const JOCTET*>(kComment), sizeof(kComment) - 1);
+    jpeg_write_marker(&c, JPEG_COM, reinterpret_cast<const JOCTET*>(kComment),
+                      sizeof(kComment) - 1);
   }
   const std::vector<uint8_t> px = Picture(s.w, s.h, c.input_components, s.w * 31 + s.h);
   while (c.next_scanline < c.image_height) {
-    JSAMPROW row = const_cast<uint8_t*>(px.data()) + size_t(c.next_scanline) * s.w * c.input_components;
+    JSAMPROW row =
+        const_cast<uint8_t*>(px.data()) + size_t(c.next_scanline) * s.w * c.input_components;
     jpeg_write_scanlines(&c, &row, 1);
   }
   jpeg_finish_compress(&c);
@@ -141,16 +144,24 @@ void WritePng(const PngSpec& s) {
   spng_set_ihdr(ctx, &ihdr);
   int channels = 1;
   switch (s.color_type) {
-    case SPNG_COLOR_TYPE_TRUECOLOR: channels = 3; break;
-    case SPNG_COLOR_TYPE_TRUECOLOR_ALPHA: channels = 4; break;
-    case SPNG_COLOR_TYPE_GRAYSCALE_ALPHA: channels = 2; break;
-    default: channels = 1;
+    case SPNG_COLOR_TYPE_TRUECOLOR:
+      channels = 3;
+      break;
+    case SPNG_COLOR_TYPE_TRUECOLOR_ALPHA:
+      channels = 4;
+      break;
+    case SPNG_COLOR_TYPE_GRAYSCALE_ALPHA:
+      channels = 2;
+      break;
+    default:
+      channels = 1;
   }
   if (s.color_type == SPNG_COLOR_TYPE_INDEXED) {
     spng_plte plte{};
     plte.n_entries = 1u << s.bit_depth;
     for (uint32_t i = 0; i < plte.n_entries; ++i) {
-      plte.entries[i] = spng_plte_entry{uint8_t(i * 37), uint8_t(255 - i * 11), uint8_t(i * 5), 255};
+      plte.entries[i] =
+          spng_plte_entry{uint8_t(i * 37), uint8_t(255 - i * 11), uint8_t(i * 5), 255};
     }
     spng_set_plte(ctx, &plte);
     spng_trns trns{};
@@ -200,8 +211,12 @@ int main(int argc, char** argv) {
       {.name = "gray", .w = 40, .h = 32, .in_space = JCS_GRAYSCALE, .jpeg_space = JCS_GRAYSCALE},
       {.name = "progressive_420", .w = 48, .h = 40, .progressive = true},
       {.name = "progressive_444", .w = 40, .h = 24, .h0 = 1, .v0 = 1, .progressive = true},
-      {.name = "progressive_gray", .w = 40, .h = 32, .in_space = JCS_GRAYSCALE,
-       .jpeg_space = JCS_GRAYSCALE, .progressive = true},
+      {.name = "progressive_gray",
+       .w = 40,
+       .h = 32,
+       .in_space = JCS_GRAYSCALE,
+       .jpeg_space = JCS_GRAYSCALE,
+       .progressive = true},
       {.name = "arithmetic", .w = 48, .h = 40, .arithmetic = true},
       {.name = "arithmetic_progressive", .w = 32, .h = 32, .progressive = true, .arithmetic = true},
       {.name = "restart_1", .w = 48, .h = 40, .restart_interval = 1},
@@ -209,13 +224,27 @@ int main(int argc, char** argv) {
       {.name = "optimized_q95", .w = 48, .h = 40, .quality = 95, .optimize = true},
       {.name = "q5", .w = 48, .h = 40, .quality = 5},
       {.name = "markers_exif_icc", .w = 24, .h = 24, .markers = true},
-      {.name = "cmyk_adobe", .w = 32, .h = 24, .in_space = JCS_CMYK, .jpeg_space = JCS_CMYK,
-       .h0 = 1, .v0 = 1},
-      {.name = "cmyk_plain", .w = 32, .h = 24, .in_space = JCS_CMYK, .jpeg_space = JCS_CMYK,
-       .h0 = 1, .v0 = 1, .adobe = false},
+      {.name = "cmyk_adobe",
+       .w = 32,
+       .h = 24,
+       .in_space = JCS_CMYK,
+       .jpeg_space = JCS_CMYK,
+       .h0 = 1,
+       .v0 = 1},
+      {.name = "cmyk_plain",
+       .w = 32,
+       .h = 24,
+       .in_space = JCS_CMYK,
+       .jpeg_space = JCS_CMYK,
+       .h0 = 1,
+       .v0 = 1,
+       .adobe = false},
       {.name = "ycck", .w = 32, .h = 24, .in_space = JCS_CMYK, .jpeg_space = JCS_YCCK},
       {.name = "one_pixel", .w = 1, .h = 1},
-      {.name = "thin_1x300", .w = 1, .h = 300, .in_space = JCS_GRAYSCALE,
+      {.name = "thin_1x300",
+       .w = 1,
+       .h = 300,
+       .in_space = JCS_GRAYSCALE,
        .jpeg_space = JCS_GRAYSCALE},
       {.name = "thin_300x1", .w = 300, .h = 1},
       {.name = "rgb_no_ycc", .w = 24, .h = 24, .jpeg_space = JCS_RGB, .h0 = 1, .v0 = 1},

@@ -59,7 +59,8 @@ int main(int argc, char** argv) {
   for (const std::string& f : files) {
     std::fprintf(stderr, "replaying %s\n", f.c_str());
     std::ifstream in(f, std::ios::binary);
-    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                               std::istreambuf_iterator<char>());
     LLVMFuzzerTestOneInput(bytes.data(), bytes.size());
   }
   std::printf("replayed %zu input(s)\n", files.size());

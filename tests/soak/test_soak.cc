@@ -8,11 +8,10 @@
 // the iterations (the first quarter warms up malloc's arenas, the decoders' buffers, ...).
 // Under sanitizers the memory bound is not asserted (their allocators quarantine freed memory
 // and keep shadow memory), the run is shorter, and LeakSanitizer checks the heap at exit.
-#include <catch2/catch.hpp>
-
 #include <dirent.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -178,7 +177,8 @@ void Scenario(const SoakData& d, int i, std::vector<Batch>* held) {
                                  .io_depth(1 + i % 2);
   switch (i % 9) {
     case 0: {  // full epochs, range-for, eval transform in NHWC
-      auto loader = Make(LoaderOptions(base).transform(feedline::Transform::kEval)
+      auto loader = Make(LoaderOptions(base)
+                             .transform(feedline::Transform::kEval)
                              .layout(feedline::Layout::kNHWC));
       for (int e = 0; e < 2; ++e) {
         int64_t n = 0;
@@ -233,8 +233,10 @@ void Scenario(const SoakData& d, int i, std::vector<Batch>* held) {
     }
     case 5: {  // failing samples: raised at their batch, or skipped and counted
       const bool skip = (i / 9) % 2 == 0;
-      auto loader = Make(LoaderOptions(base).with_source(d.bad_folder).on_error(
-          skip ? feedline::OnError::kSkip : feedline::OnError::kRaise));
+      auto loader =
+          Make(LoaderOptions(base)
+                   .with_source(d.bad_folder)
+                   .on_error(skip ? feedline::OnError::kSkip : feedline::OnError::kRaise));
       auto epoch = loader->StartEpoch();
       int errors = 0;
       while (true) {
@@ -319,11 +321,12 @@ TEST_CASE("soak: loaders made, partly consumed and dropped; memory flat, nothing
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double growth_mib = double(rss_peak - rss_after_warmup) / (1 << 20);
-  std::printf("soak: %d iterations in %.1f s; RSS after warm-up %.1f MiB, peak after %.1f MiB, "
-              "end %.1f MiB: growth %.2f MiB over the last %d iterations%s\n",
-              iterations, seconds, double(rss_after_warmup) / (1 << 20),
-              double(rss_peak) / (1 << 20), double(rss_end) / (1 << 20), growth_mib,
-              iterations - warmup, FEEDLINE_SOAK_SANITIZED ? " (sanitizer build: not asserted)" : "");
+  std::printf(
+      "soak: %d iterations in %.1f s; RSS after warm-up %.1f MiB, peak after %.1f MiB, "
+      "end %.1f MiB: growth %.2f MiB over the last %d iterations%s\n",
+      iterations, seconds, double(rss_after_warmup) / (1 << 20), double(rss_peak) / (1 << 20),
+      double(rss_end) / (1 << 20), growth_mib, iterations - warmup,
+      FEEDLINE_SOAK_SANITIZED ? " (sanitizer build: not asserted)" : "");
   std::fflush(stdout);
   REQUIRE(Threads() == threads_before);
   REQUIRE(OpenFds() == fds_before);

@@ -1,9 +1,8 @@
 // The autotuner's logic, driven deterministically by a simulated pipeline (no clock, no
 // sleeps): each interval, the model computes what the stages would have measured under the
 // current settings, and the tuner reacts.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
 
@@ -18,8 +17,8 @@ namespace {
 
 struct Machine {
   int cores = 2;
-  double t_decode = 0.004;  // s per image per thread
-  double t_read = 0.0001;   // s per read (latency)
+  double t_decode = 0.004;                                  // s per image per thread
+  double t_read = 0.0001;                                   // s per read (latency)
   double demand = std::numeric_limits<double>::infinity();  // images/s the consumer takes
 };
 

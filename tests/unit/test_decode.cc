@@ -1,8 +1,7 @@
 // The decoder on real JPEGs: ROI + DCT-scaled decode against full decode, colour spaces,
 // and broken input (which must give an error, never a crash).
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -43,7 +42,8 @@ TEST_CASE("ROI + DCT-scaled decode matches full decode + crop + resize", "[decod
       const std::string jpeg = t::PhotoJpeg(640, 480, 11, 92, s444, progressive);
       for (int i = 0; i < 24; ++i) {
         feedline::SampleRng rng(1, 0, uint64_t(i), feedline::kRngCrop);
-        feedline::CropBox b = feedline::RandomResizedCropBox(640, 480, {0.08, 1.0}, {0.75, 4.0 / 3}, rng);
+        feedline::CropBox b =
+            feedline::RandomResizedCropBox(640, 480, {0.08, 1.0}, {0.75, 4.0 / 3}, rng);
         const Rect box{double(b.left), double(b.top), double(b.width), double(b.height)};
         const int out = 112;  // small output: exercises the 1/2 .. 1/4 scales
         auto region = d.Decode(U8(jpeg), jpeg.size(), box, out, out, kMaxPixels);
@@ -68,8 +68,8 @@ TEST_CASE("ROI + DCT-scaled decode matches full decode + crop + resize", "[decod
   // The synthetic images carry strong per-pixel grain, the worst case for decoding at a
   // reduced DCT scale; photographs score higher.
   REQUIRE(psnr_sum / psnr_n > 29.0);
-  WARN("ROI/DCT-scaled vs full decode: PSNR min " << psnr_min << " dB, mean "
-                                                  << psnr_sum / psnr_n << " dB");
+  WARN("ROI/DCT-scaled vs full decode: PSNR min " << psnr_min << " dB, mean " << psnr_sum / psnr_n
+                                                  << " dB");
 }
 
 TEST_CASE("progressive and baseline encodings decode alike", "[decode]") {

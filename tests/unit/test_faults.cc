@@ -1,14 +1,13 @@
 // I/O faults through an injected source (EIO, a hung read, files that vanish) and real files
 // changed under a running loader. Whatever storage does, the consumer gets a clear error at the
 // batch of the sample (or a replacement under kSkip), and nothing hangs.
-#include <catch2/catch.hpp>
-
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <set>
 #include <thread>
@@ -85,8 +84,8 @@ TEST_CASE("EIO: raised at its batch, or replaced under skip", "[faults]") {
     REQUIRE(outcome[3].find("class1/img005.jpg") != std::string::npos);
   }
   {
-    auto loader = FaultyLoader(dir.path(), o.on_error(feedline::OnError::kSkip), {5, 13}, {},
-                               release);
+    auto loader =
+        FaultyLoader(dir.path(), o.on_error(feedline::OnError::kSkip), {5, 13}, {}, release);
     int n = 0;
     for (auto& b : *loader) {
       REQUIRE(b.ok());
@@ -103,8 +102,8 @@ TEST_CASE("EIO: raised at its batch, or replaced under skip", "[faults]") {
     // A flood of failures becomes an error under skip when max_errors says so.
     std::set<int64_t> most;
     for (int64_t i = 0; i < 14; ++i) most.insert(i);
-    auto loader = FaultyLoader(dir.path(), o.on_error(feedline::OnError::kSkip).max_errors(3),
-                               most, {}, release);
+    auto loader = FaultyLoader(dir.path(), o.on_error(feedline::OnError::kSkip).max_errors(3), most,
+                               {}, release);
     auto epoch = loader->StartEpoch();
     absl::Status st;
     for (int i = 0; i < 4 && st.ok(); ++i) st = epoch->Next().status();
@@ -131,8 +130,8 @@ TEST_CASE("a hung read is bounded by the timeout and does not hang shutdown", "[
     REQUIRE(absl::IsOutOfRange(epoch->Next().status()));
   }
   SECTION("skip") {
-    auto loader = FaultyLoader(dir.path(), o.read_timeout_ms(300).on_error(feedline::OnError::kSkip),
-                               {}, {2}, release);
+    auto loader = FaultyLoader(
+        dir.path(), o.read_timeout_ms(300).on_error(feedline::OnError::kSkip), {}, {2}, release);
     int n = 0;
     for (auto& b : *loader) {
       REQUIRE(b.ok());
@@ -203,8 +202,8 @@ TEST_CASE("a child process forked while a loader runs does not deadlock", "[faul
     // with a fresh loader.
     epoch.reset();
     loader->reset();
-    auto fresh = feedline::Loader::Create(
-        LoaderOptions(dir.path()).batch_size(4).size(24).workers(2));
+    auto fresh =
+        feedline::Loader::Create(LoaderOptions(dir.path()).batch_size(4).size(24).workers(2));
     int n = 0;
     if (fresh.ok()) {
       for (auto& b : **fresh) n += b.ok() ? int(b->size()) : 0;

@@ -1,9 +1,8 @@
 // The whole CPU pipeline with real files and real threads, at several concurrency levels.
 // Also built and run under ThreadSanitizer by .ci/run.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <map>
 #include <set>
 #include <thread>

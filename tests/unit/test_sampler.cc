@@ -1,7 +1,6 @@
 // The sampler and the transform geometry: pure functions, tested exhaustively.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <map>
 #include <set>
@@ -100,7 +99,8 @@ TEST_CASE("RandomResizedCrop box follows torchvision's sampling", "[transform]")
   int fallbacks = 0;
   for (int i = 0; i < n; ++i) {
     feedline::SampleRng rng(0, 0, uint64_t(i), feedline::kRngCrop);
-    feedline::CropBox b = feedline::RandomResizedCropBox(W, H, {0.08, 1.0}, {3.0 / 4, 4.0 / 3}, rng);
+    feedline::CropBox b =
+        feedline::RandomResizedCropBox(W, H, {0.08, 1.0}, {3.0 / 4, 4.0 / 3}, rng);
     REQUIRE(b.width >= 1);
     REQUIRE(b.height >= 1);
     REQUIRE(b.left >= 0);
