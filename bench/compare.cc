@@ -128,6 +128,21 @@ absl::StatusOr<Contender> RunPythonContender(const CompareOptions& o, const std:
 
 std::string Mib(int64_t bytes) { return absl::StrFormat("%.1f MiB", double(bytes) / kMiB); }
 
+// Creates a loader (kept in *loader for the caller's figures) and runs the comparison's epochs.
+absl::StatusOr<EpochRunResult> CreateAndRun(feedline::LoaderOptions options,
+                                            const CompareOptions& o,
+                                            std::unique_ptr<feedline::Loader>* loader) {
+  absl::StatusOr<std::unique_ptr<feedline::Loader>> created =
+      feedline::Loader::Create(std::move(options));
+  if (!created.ok()) return created.status();
+  *loader = *std::move(created);
+  EpochRunOptions run_options;
+  run_options.epochs = o.epochs;
+  run_options.progress = o.progress;
+  run_options.label = "  ";
+  return RunEpochs(**loader, run_options);
+}
+
 std::string Others(double cores) {
   return cores < 0 ? std::string("n/a") : absl::StrFormat("%.2f", cores);
 }
@@ -224,14 +239,8 @@ absl::StatusOr<CompareResult> RunComparison(const CompareOptions& o) {
         .workers(o.workers)
         .prefetch(o.prefetch)
         .io_depth(o.io_depth);
-    absl::StatusOr<std::unique_ptr<feedline::Loader>> loader =
-        feedline::Loader::Create(std::move(options));
-    if (!loader.ok()) return loader.status();
-    EpochRunOptions run_options;
-    run_options.epochs = o.epochs;
-    run_options.progress = o.progress;
-    run_options.label = "  ";
-    absl::StatusOr<EpochRunResult> run = RunEpochs(**loader, run_options);
+    std::unique_ptr<feedline::Loader> loader;
+    absl::StatusOr<EpochRunResult> run = CreateAndRun(std::move(options), o, &loader);
     if (!run.ok()) return run.status();
     Contender& c = r.feedline_cpp;
     c.name = "feedline from C++";
@@ -241,7 +250,7 @@ absl::StatusOr<CompareResult> RunComparison(const CompareOptions& o) {
     c.other_cores = run->other_cores;
     r.feedline_cpp_stats = run->stats;
     if (!o.trace.empty()) {
-      if (absl::Status s = (*loader)->SaveTrace(o.trace); !s.ok()) return s;
+      if (absl::Status s = loader->SaveTrace(o.trace); !s.ok()) return s;
     }
   }
 
@@ -297,16 +306,10 @@ absl::StatusOr<CompareResult> RunComparison(const CompareOptions& o) {
     feedline::LoaderOptions options(o.tiny_list);
     // Pre-decoded samples (no read, no decode): what queues, slots and collation cost.
     options.batch_size(o.batch_size).seed(o.seed).size(1).synthetic(true);
-    absl::StatusOr<std::unique_ptr<feedline::Loader>> loader =
-        feedline::Loader::Create(std::move(options));
-    if (!loader.ok()) return loader.status();
-    EpochRunOptions run_options;
-    run_options.epochs = o.epochs;
-    run_options.progress = o.progress;
-    run_options.label = "  ";
-    absl::StatusOr<EpochRunResult> run = RunEpochs(**loader, run_options);
+    std::unique_ptr<feedline::Loader> loader;
+    absl::StatusOr<EpochRunResult> run = CreateAndRun(std::move(options), o, &loader);
     if (!run.ok()) return run.status();
-    absl::StatusOr<PipelineOverhead> overhead = EstimatePipelineOverhead(**loader, *run);
+    absl::StatusOr<PipelineOverhead> overhead = EstimatePipelineOverhead(*loader, *run);
     if (!overhead.ok()) return overhead.status();
     r.overhead = *overhead;
   }

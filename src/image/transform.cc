@@ -19,19 +19,17 @@ void DisableOpenCvThreads() {
   (void)done;
 }
 
+// Python's round(): half to even. std::nearbyint uses the current rounding mode, which is
+// round-to-nearest-even unless someone changed it; state it explicitly to not depend on that.
+// 64-bit: eval geometry of thin images exceeds int.
 int64_t PyRound64(double v) {
   double r = std::round(v);
   if (std::fabs(v - std::trunc(v)) == 0.5) r = 2.0 * std::round(v / 2.0);
   return static_cast<int64_t>(r);
 }
 
-// Python's round(): half to even. std::nearbyint uses the current rounding mode, which is
-// round-to-nearest-even unless someone changed it; state it explicitly to not depend on that.
-int PyRound(double v) {
-  double r = std::round(v);
-  if (std::fabs(v - std::trunc(v)) == 0.5) r = 2.0 * std::round(v / 2.0);
-  return static_cast<int>(r);
-}
+// Crop sizes (bounded by the image's sides).
+int PyRound(double v) { return static_cast<int>(PyRound64(v)); }
 
 // Resamples `src` to exactly `dst`'s size, one filter per axis direction:
 //  * shrinking by more than kAreaAbove: area averaging (antialiased, as PIL's filters are);

@@ -81,10 +81,12 @@ absl::Status ReadWholeFile(const std::string& path, int64_t max_bytes,
   return absl::OkStatus();
 }
 
+absl::Status SimulatedLatencySource::Read(int64_t index, std::vector<uint8_t>* bytes) const {
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(latency_ms_));
+  return inner_->Read(index, bytes);
+}
+
 absl::Status FileSource::Read(int64_t index, std::vector<uint8_t>* bytes) const {
-  if (simulated_latency_ms_ > 0) {
-    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(simulated_latency_ms_));
-  }
   return ReadWholeFile(dataset_->samples[static_cast<size_t>(index)].path, max_file_bytes_, bytes);
 }
 

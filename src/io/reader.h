@@ -7,6 +7,7 @@
 #define FEEDLINE_SRC_IO_READER_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,11 +30,8 @@ class SampleSource {
 // that shrank while being read), kResourceExhausted (a file above `max_file_bytes`).
 class FileSource final : public SampleSource {
  public:
-  explicit FileSource(const Dataset* dataset, int64_t max_file_bytes = int64_t{1} << 30,
-                      double simulated_latency_ms = 0)
-      : dataset_(dataset),
-        max_file_bytes_(max_file_bytes),
-        simulated_latency_ms_(simulated_latency_ms) {}
+  explicit FileSource(const Dataset* dataset, int64_t max_file_bytes = int64_t{1} << 30)
+      : dataset_(dataset), max_file_bytes_(max_file_bytes) {}
   int64_t size() const override { return static_cast<int64_t>(dataset_->samples.size()); }
   absl::Status Read(int64_t index, std::vector<uint8_t>* bytes) const override;
   std::string Describe(int64_t index) const override;
@@ -41,7 +39,20 @@ class FileSource final : public SampleSource {
  private:
   const Dataset* dataset_;  // not owned; outlives the source
   int64_t max_file_bytes_;
-  double simulated_latency_ms_;  // added to every read (benchmarks: remote storage)
+};
+
+// Adds a fixed latency to every read of another source (benchmarks: remote storage).
+class SimulatedLatencySource final : public SampleSource {
+ public:
+  SimulatedLatencySource(std::unique_ptr<SampleSource> inner, double latency_ms)
+      : inner_(std::move(inner)), latency_ms_(latency_ms) {}
+  int64_t size() const override { return inner_->size(); }
+  absl::Status Read(int64_t index, std::vector<uint8_t>* bytes) const override;
+  std::string Describe(int64_t index) const override { return inner_->Describe(index); }
+
+ private:
+  std::unique_ptr<SampleSource> inner_;
+  double latency_ms_;
 };
 
 // Reads a whole file into `*bytes`.

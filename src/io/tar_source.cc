@@ -5,9 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
 #include <cstring>
-#include <thread>
 #include <unordered_map>
 
 #include "absl/strings/ascii.h"
@@ -224,10 +222,8 @@ absl::StatusOr<std::vector<TarMember>> IndexTar(const std::string& path) {
 }
 
 absl::StatusOr<std::unique_ptr<TarSource>> TarSource::Open(const std::vector<std::string>& shards,
-                                                           Dataset* dataset,
-                                                           double simulated_latency_ms) {
+                                                           Dataset* dataset) {
   std::unique_ptr<TarSource> src(new TarSource());
-  src->simulated_latency_ms_ = simulated_latency_ms;
   dataset->kind = Dataset::Kind::kShards;
   dataset->samples.clear();
   dataset->classes.clear();
@@ -285,9 +281,6 @@ TarSource::~TarSource() {
 }
 
 absl::Status TarSource::Read(int64_t index, std::vector<uint8_t>* bytes) const {
-  if (simulated_latency_ms_ > 0) {
-    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(simulated_latency_ms_));
-  }
   const Entry& e = entries_[size_t(index)];
   bytes->resize(size_t(e.size));
   int64_t done = 0;

@@ -45,8 +45,7 @@ class TarSource final : public SampleSource {
  public:
   // Indexes the shards; fills `dataset` (samples with "shard:key.ext" paths and labels).
   static absl::StatusOr<std::unique_ptr<TarSource>> Open(const std::vector<std::string>& shards,
-                                                         Dataset* dataset,
-                                                         double simulated_latency_ms = 0);
+                                                         Dataset* dataset);
   ~TarSource() override;
   int64_t size() const override { return int64_t(entries_.size()); }
   absl::Status Read(int64_t index, std::vector<uint8_t>* bytes) const override;
@@ -62,7 +61,6 @@ class TarSource final : public SampleSource {
   std::vector<std::string> shards_;
   std::vector<int> fds_;
   std::vector<Entry> entries_;
-  double simulated_latency_ms_ = 0;
 };
 
 }  // namespace feedline

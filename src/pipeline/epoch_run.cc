@@ -196,15 +196,10 @@ void EpochRun::TunerTick(double interval_s) {
     std::lock_guard<std::mutex> lock(sh.tuner_mu);
     if (sh.tuner) {
       // The budget bounds the ring and the reads in flight together.
-      const int64_t slot = int64_t(sh.pool->slot_bytes());
       const int64_t reads = std::max<int64_t>(sh.read_buffer_bytes.load(), 0);
       const int64_t per_read = std::max<int64_t>(256 << 10, reads / items);
-      const int max_prefetch =
-          int(std::clamp<int64_t>((sh.budget - (sh.cache ? sh.cache->budget() : 0) -
-                                   int64_t(sh.io_depth.load() + 2 * sh.workers.load()) * per_read) /
-                                      slot,
-                                  1, kMaxPrefetch));
-      sh.tuner->set_max_prefetch(std::min(max_prefetch, 16));
+      sh.tuner->set_max_prefetch(
+          sh.AutoPrefetchLimit(int64_t(sh.io_depth.load() + 2 * sh.workers.load()) * per_read));
       const size_t before = sh.tuner->decisions().size();
       applied = sh.tuner->Update(sample);
       if (sh.tuner->decisions().size() > before) reason = sh.tuner->decisions().back().reason;
@@ -274,7 +269,7 @@ bool EpochRun::ParkWhileSurplus(int id, const std::atomic<int>& target) {
   }
 }
 
-bool EpochRun::WaitAdmitted(int64_t b, int) {
+bool EpochRun::WaitAdmitted(int64_t b) {
   while (true) {
     const uint32_t gen = wake_gen_.load(std::memory_order_acquire);
     if (cancelled_.load(std::memory_order_acquire)) return false;
@@ -345,7 +340,6 @@ void EpochRun::AbandonStuckReads(int64_t older_than_ns, const char* why) {
                                           std::memory_order_acq_rel)) {
       continue;  // it just finished
     }
-    abandoned_reads_.fetch_add(1);
     ReadItem* item = st.item;
     const double waited_ms = double(NowNs() - st.started_ns.load()) * 1e-6;
     item->bytes.clear();
@@ -371,7 +365,7 @@ void EpochRun::ReaderLoop(int id, std::shared_ptr<ReaderState> state) {
     const int64_t seq = next_seq_.fetch_add(1, std::memory_order_relaxed);
     if (seq >= total_seq_) return;
     const int64_t t0 = NowNs();
-    if (!WaitAdmitted(seq / batch_size_, id)) return;
+    if (!WaitAdmitted(seq / batch_size_)) return;
     EnsureOpen(seq / batch_size_);
     ReadItem* item = AcquireReadItem();
     if (item == nullptr || cancelled_.load(std::memory_order_acquire)) return;

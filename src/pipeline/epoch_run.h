@@ -87,7 +87,7 @@ class EpochRun {
   // Opens batches up to and including b (their slots and counts). b must be admitted.
   void EnsureOpen(int64_t b);
   // Waits until batch b is admitted or the run is cancelled; false when cancelled.
-  bool WaitAdmitted(int64_t b, int reader_id);
+  bool WaitAdmitted(int64_t b);
   // Parks thread `id` while id >= target; false when cancelled.
   bool ParkWhileSurplus(int id, const std::atomic<int>& target);
   void Wake();
@@ -149,7 +149,6 @@ class EpochRun {
   Reader retry_reader_ ABSL_GUARDED_BY(threads_mu_);  // started on the first replacement
   std::mutex bad_mu_;
   std::set<int64_t> bad_samples_ ABSL_GUARDED_BY(bad_mu_);  // failed in this epoch
-  std::atomic<int64_t> abandoned_reads_{0};
   std::atomic<int64_t> run_read_bytes_{0};  // read buffer capacity this run added to the count
   const uint64_t fork_generation_;          // the process generation that started the threads
   std::vector<std::thread> decoders_ ABSL_GUARDED_BY(threads_mu_);

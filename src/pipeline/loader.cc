@@ -258,16 +258,14 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(LoaderOptions options) {
       shards = *std::move(expanded);
     }
     shared->dataset.source = options.source().empty() ? shards.front() : options.source();
-    absl::StatusOr<std::unique_ptr<TarSource>> tar =
-        TarSource::Open(shards, &shared->dataset, options.simulated_read_latency_ms());
+    absl::StatusOr<std::unique_ptr<TarSource>> tar = TarSource::Open(shards, &shared->dataset);
     if (!tar.ok()) return tar.status();
     shared->source = *std::move(tar);
   } else {
     absl::StatusOr<Dataset> dataset = ScanDataset(options.source());
     if (!dataset.ok()) return dataset.status();
     shared->dataset = *std::move(dataset);
-    shared->source = std::make_unique<FileSource>(&shared->dataset, int64_t{1} << 30,
-                                                  options.simulated_read_latency_ms());
+    shared->source = std::make_unique<FileSource>(&shared->dataset);
   }
   return Finish(std::move(options), std::move(shared));
 }
@@ -287,6 +285,10 @@ absl::StatusOr<std::unique_ptr<Loader>> LoaderTesting::CreateWithSource(
 absl::StatusOr<std::unique_ptr<Loader>> Loader::Finish(LoaderOptions options,
                                                        std::shared_ptr<LoaderShared> shared) {
   shared->dataset_fingerprint = shared->dataset.Fingerprint();
+  if (options.simulated_read_latency_ms() > 0) {  // whatever the source
+    shared->source = std::make_unique<SimulatedLatencySource>(std::move(shared->source),
+                                                              options.simulated_read_latency_ms());
+  }
   absl::StatusOr<int> device = cuda::ParseDevice(options.device());
   if (!device.ok()) return device.status();
   shared->device = *device;
@@ -346,20 +348,10 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Finish(LoaderOptions options,
   shared->auto_prefetch = options.prefetch() == kAuto;
   shared->cores = cores;
   shared->budget = budget;
-  if (shared->auto_workers || shared->auto_io_depth || shared->auto_prefetch) {
-    TunerLimits limits;
-    limits.max_workers = std::max(cores, workers);
-    limits.max_io_depth = 256;
-    limits.max_prefetch = int(std::clamp<int64_t>(fit, 1, 16));
-    limits.tune_workers = shared->auto_workers;
-    limits.tune_io_depth = shared->auto_io_depth;
-    limits.tune_prefetch = shared->auto_prefetch;
-    std::lock_guard<std::mutex> lock(shared->tuner_mu);
-    shared->tuner = std::make_unique<Autotuner>(limits, TunerSettings{workers, io_depth, prefetch});
-  }
   if (options.cache() != Cache::kNone) {
     // The cache gets what the budget leaves after the ring (at its largest) and the reads.
-    const int64_t left = budget - read_bytes - int64_t(std::min<int64_t>(fit, 16)) * slot_bytes;
+    const int64_t left =
+        budget - read_bytes - std::min<int64_t>(fit, LoaderShared::kMaxAutoPrefetch) * slot_bytes;
     int64_t cache_budget = options.cache_budget();
     if (cache_budget > 0 && cache_budget > budget - read_bytes - int64_t(prefetch) * slot_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -374,12 +366,17 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Finish(LoaderOptions options,
     options.cache_budget(cache_budget);
     shared->cache =
         std::make_unique<SampleCache>(int64_t(shared->dataset.samples.size()), cache_budget);
-    // The ring may not grow into the cache's share.
+  }
+  if (shared->auto_workers || shared->auto_io_depth || shared->auto_prefetch) {
+    TunerLimits limits;
+    limits.max_workers = std::max(cores, workers);
+    limits.max_io_depth = 256;
+    limits.max_prefetch = shared->AutoPrefetchLimit(read_bytes);  // after the cache's share
+    limits.tune_workers = shared->auto_workers;
+    limits.tune_io_depth = shared->auto_io_depth;
+    limits.tune_prefetch = shared->auto_prefetch;
     std::lock_guard<std::mutex> lock(shared->tuner_mu);
-    if (shared->tuner) {
-      shared->tuner->set_max_prefetch(
-          int(std::clamp<int64_t>((budget - read_bytes - cache_budget) / slot_bytes, 1, 16)));
-    }
+    shared->tuner = std::make_unique<Autotuner>(limits, TunerSettings{workers, io_depth, prefetch});
   }
   shared->trace = std::make_unique<TraceRecorder>(NowNs());
   options.workers(workers).io_depth(io_depth).prefetch(prefetch).memory_budget(budget);

@@ -8,6 +8,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -92,6 +93,13 @@ class LoaderShared {
 
   std::unique_ptr<TraceRecorder> trace;
   std::unique_ptr<SampleCache> cache;  // null when options.cache() == kNone
+  // The deepest ring the autotuner may set: what the budget leaves after the cache and
+  // `read_bytes` of reads in flight, in whole slots, within [1, kMaxAutoPrefetch].
+  static constexpr int kMaxAutoPrefetch = 16;
+  int AutoPrefetchLimit(int64_t read_bytes) const {
+    const int64_t left = budget - (cache ? cache->budget() : 0) - read_bytes;
+    return int(std::clamp<int64_t>(left / int64_t(pool->slot_bytes()), 1, kMaxAutoPrefetch));
+  }
   int64_t BytesInUse() const {
     return (pool->cached() + pool->in_ring()) * int64_t(pool->slot_bytes()) +
            read_buffer_bytes.load(std::memory_order_relaxed) + (cache ? cache->bytes() : 0);
