@@ -131,8 +131,14 @@ EvalGeometry ComputeEvalGeometry(int width, int height, int resize_size, int siz
   const int64_t new_long = static_cast<int64_t>(double(resize_size) * double(l) / double(s));
   g.resized_w = portrait ? resize_size : new_long;
   g.resized_h = portrait ? new_long : resize_size;
-  g.crop_top = PyRound64((double(g.resized_h) - size) / 2.0);
-  g.crop_left = PyRound64((double(g.resized_w) - size) / 2.0);
+  // torchvision's CenterCrop: a side shorter than the crop is first zero-padded by
+  // (crop - side) // 2 before (the rest after), then the window is taken at round((side -
+  // crop) / 2), half to even.
+  auto offset = [size](int64_t side) {
+    return side < size ? -((size - side) / 2) : PyRound64((double(side) - size) / 2.0);
+  };
+  g.crop_top = offset(g.resized_h);
+  g.crop_left = offset(g.resized_w);
   return g;
 }
 
@@ -168,33 +174,53 @@ void ResizeThenCropInto(const DecodedRegion& region, const EvalGeometry& g, int 
                         int out_w, int out_h, Layout layout, uint8_t* dst,
                         ResampleScratch* scratch) {
   DisableOpenCvThreads();
-  const bool inside = g.crop_left >= 0 && g.crop_top >= 0 && g.crop_left + out_w <= g.resized_w &&
-                      g.crop_top + out_h <= g.resized_h;
-  if (inside && g.resized_w * g.resized_h > 16 * int64_t{out_w} * out_h) {
-    // Map the window back to the source and resample only that.
+  // The crop window in resized coordinates, and the part of it inside the resized image; the
+  // rest (CenterCrop larger than the resized image) is zero padding, as in torchvision.
+  const int64_t wx0 = g.crop_left, wy0 = g.crop_top;
+  const int64_t ix0 = std::max<int64_t>(wx0, 0), iy0 = std::max<int64_t>(wy0, 0);
+  const int64_t ix1 = std::min<int64_t>(wx0 + out_w, g.resized_w);
+  const int64_t iy1 = std::min<int64_t>(wy0 + out_h, g.resized_h);
+  const bool inside = ix0 == wx0 && iy0 == wy0 && ix1 == wx0 + out_w && iy1 == wy0 + out_h;
+  const bool empty = ix1 <= ix0 || iy1 <= iy0;
+  const int within_w = empty ? 0 : int(ix1 - ix0), within_h = empty ? 0 : int(iy1 - iy0);
+  const cv::Rect within(int(ix0 - wx0), int(iy0 - wy0), within_w, within_h);
+
+  // Padding is rare (CenterCrop larger than the resized image); the window is assembled here.
+  std::vector<uint8_t> padded;
+  auto padded_window = [&]() {
+    padded.assign(size_t(out_w) * out_h * 3, 0);
+    return cv::Mat(out_h, out_w, CV_8UC3, padded.data());
+  };
+  if (empty) {
+    padded_window();
+  } else if (g.resized_w * g.resized_h > 16 * int64_t{out_w} * out_h) {
+    // A resized image much larger than the window (extreme aspect ratios, or a crop far smaller
+    // than the resize): map the visible part of the window back to the source and resample only
+    // that, so memory and time follow the output, not the resized image.
     const double fx = double(width) / double(g.resized_w);
     const double fy = double(height) / double(g.resized_h);
-    const Rect src{double(g.crop_left) * fx, double(g.crop_top) * fy, out_w * fx, out_h * fy};
-    ResampleInto(region, src, out_w, out_h, /*flip=*/false, layout, dst, scratch);
-    return;
+    const Rect src{double(ix0) * fx, double(iy0) * fy, within_w * fx, within_h * fy};
+    if (inside) {
+      ResampleInto(region, src, out_w, out_h, /*flip=*/false, layout, dst, scratch);
+      return;
+    }
+    std::vector<uint8_t> part(size_t(within_w) * within_h * 3);
+    ResampleInto(region, src, within_w, within_h, /*flip=*/false, Layout::kNHWC, part.data(),
+                 scratch);
+    cv::Mat(within_h, within_w, CV_8UC3, part.data()).copyTo(padded_window()(within));
+  } else {
+    // Exact: resize the whole image as torchvision does, then crop (and pad).
+    scratch->a.resize(size_t(g.resized_w) * size_t(g.resized_h) * 3);
+    cv::Mat resized(int(g.resized_h), int(g.resized_w), CV_8UC3, scratch->a.data());
+    Resample(RegionMat(region), resized, &scratch->b);
+    const cv::Rect visible(int(ix0), int(iy0), within_w, within_h);
+    if (inside) {
+      Store(resized(visible), /*flip=*/false, layout, dst, nullptr);
+      return;
+    }
+    resized(visible).copyTo(padded_window()(within));
   }
-  scratch->a.resize(size_t(g.resized_w) * size_t(g.resized_h) * 3);
-  cv::Mat resized(int(g.resized_h), int(g.resized_w), CV_8UC3, scratch->a.data());
-  Resample(RegionMat(region), resized, &scratch->b);
-  // The crop window, clipped to the resized image; the rest (if any) is zero padding.
-  const cv::Rect window(int(g.crop_left), int(g.crop_top), out_w, out_h);
-  const cv::Rect within = window & cv::Rect(0, 0, int(g.resized_w), int(g.resized_h));
-  if (within == window) {
-    Store(resized(window), /*flip=*/false, layout, dst, nullptr);
-    return;
-  }
-  std::vector<uint8_t> padded(size_t(out_w) * out_h * 3, 0);
-  cv::Mat p(out_h, out_w, CV_8UC3, padded.data());
-  if (within.area() > 0) {
-    resized(within).copyTo(
-        p(cv::Rect(within.x - window.x, within.y - window.y, within.width, within.height)));
-  }
-  Store(p, /*flip=*/false, layout, dst, nullptr);
+  Store(cv::Mat(out_h, out_w, CV_8UC3, padded.data()), /*flip=*/false, layout, dst, nullptr);
 }
 
 }  // namespace feedline

@@ -118,3 +118,35 @@ def test_eval_odd_files_match_torchvision(odd_folder, size, resize_size):
     assert len(results) == 14
     bad = {k: round(v, 2) for k, v in results.items() if v > MAX_MEAN_ABS_DIFF}
     assert not bad, f"mean abs difference vs torchvision > {MAX_MEAN_ABS_DIFF}: {bad}"
+
+
+@pytest.mark.parametrize("size,resize_size", [(64, 40), (48, 20)])
+def test_eval_crop_larger_than_resize_is_padded_like_torchvision(odd_folder, tmp_path, size,
+                                                                 resize_size):
+    """CenterCrop larger than the resized image pads with zeros, as torchvision does, for every
+    shape: ordinary images (the whole image is resized) and thin ones, whose resized image would
+    be huge (1 x 3000 at resize 40 is 40 x 120000) and where only the visible part of the window
+    is resampled, so memory follows the output."""
+    import shutil
+    import util
+    root = tmp_path / "pad"
+    shutil.copytree(odd_folder, root)
+    for name, (w, h) in {"thin.jpg": (1, 3000), "flat.jpg": (3000, 2)}.items():
+        Image.fromarray(util.photo_like(w, h, 7)).save(str(root / "c" / name), quality=95)
+    loader = feedline.ImageLoader(str(root), batch_size=4, transform="eval", shuffle=False,
+                                  size=size, resize_size=resize_size, return_index=True)
+    results = {}
+    for images, _, indices in loader:
+        for img, i in zip(images, indices.tolist()):
+            path = loader.samples[i][0]
+            ref = _reference(path, size, resize_size)
+            got = img.numpy()
+            # where torchvision pads (whole zero rows/columns of the reference), so do we
+            pad_cols = np.flatnonzero(ref.max(axis=(0, 1)) == 0)
+            pad_rows = np.flatnonzero(ref.max(axis=(0, 2)) == 0)
+            assert not got[:, :, pad_cols].any() and not got[:, pad_rows, :].any(), path
+            results[path.rsplit("/", 1)[-1]] = float(
+                np.abs(got.astype(np.int16) - ref.astype(np.int16)).mean())
+    assert len(results) == 16 and {"thin.jpg", "flat.jpg"} <= results.keys()
+    bad = {k: round(v, 2) for k, v in results.items() if v > MAX_MEAN_ABS_DIFF}
+    assert not bad, f"mean abs difference vs torchvision > {MAX_MEAN_ABS_DIFF}: {bad}"

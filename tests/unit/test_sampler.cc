@@ -150,4 +150,14 @@ TEST_CASE("eval geometry is torchvision's Resize + CenterCrop", "[transform]") {
   g = feedline::ComputeEvalGeometry(1, 1000, 256, 224);  // extreme: 1 px wide
   REQUIRE(g.resized_w == 256);
   REQUIRE(g.resized_h == 256000);
+  // A crop larger than the resized side: torchvision pads (crop - side) // 2 before, rounding
+  // down, where round((side - crop) / 2) would give -6 for 53 -> 64.
+  g = feedline::ComputeEvalGeometry(2000, 1500, 40, 64);
+  REQUIRE(g.resized_w == 53);
+  REQUIRE(g.resized_h == 40);
+  REQUIRE(g.crop_left == -5);
+  REQUIRE(g.crop_top == -12);
+  g = feedline::ComputeEvalGeometry(1500, 2000, 40, 64);
+  REQUIRE(g.crop_left == -12);
+  REQUIRE(g.crop_top == -5);
 }
