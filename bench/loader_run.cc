@@ -191,6 +191,7 @@ void WriteStatsJson(const feedline::Stats& st, bool timeline, JsonWriter& json) 
   json.Key("bottleneck").String(st.bottleneck);
   json.Key("bottleneck_reason").String(st.bottleneck_reason);
   json.Key("consumer_wait_fraction").Number(st.consumer_wait_fraction);
+  json.Key("epoch_start_wait_s").Number(st.epoch_start_wait_s);
   json.Key("decode_ms_per_image").Number(st.decode_ms_per_image);
   json.Key("read_ms").Number(st.read_ms);
   json.Key("bytes_in_use").Integer(st.bytes_in_use);

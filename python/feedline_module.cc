@@ -204,6 +204,7 @@ py::dict StatsToDict(const feedline::Stats& s) {
   d["images_per_s"] = s.images_per_s;
   d["consumer_wait_s"] = s.consumer_wait_s;
   d["consumer_wait_fraction"] = s.consumer_wait_fraction;
+  d["epoch_start_wait_s"] = s.epoch_start_wait_s;
   py::dict stages;
   for (const feedline::StageStats& st : s.stages) {
     py::dict x;

@@ -58,6 +58,8 @@ struct Stats {
   double images_per_s = 0;            // images / elapsed_s
   double consumer_wait_s = 0;         // time the consumer spent blocked waiting for a batch
   double consumer_wait_fraction = 0;  // consumer_wait_s / elapsed_s: "starved x% of the time"
+  double epoch_start_wait_s = 0;      // the part of consumer_wait_s spent waiting for the first
+                                      // batch of an epoch (the pipeline filling up)
   std::vector<StageStats> stages;
   int workers = 0;           // decoder threads now
   int prefetch = 0;          // ring depth now (batches in flight)

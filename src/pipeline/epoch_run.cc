@@ -133,10 +133,7 @@ void EpochRun::StartThreads() {
 void EpochRun::TunerLoop() {
   constexpr auto kInterval = std::chrono::milliseconds(200);
   int64_t last = NowNs();
-  last_tick_ = Counters{shared_->images.load(),           shared_->consumer.busy_ns.load(),
-                        shared_->consumer.wait_ns.load(), shared_->decode.items.load(),
-                        shared_->decode.busy_ns.load(),   shared_->read.items.load(),
-                        shared_->read.busy_ns.load(),     shared_->decode.cpu_ns.load()};
+  last_tick_ = ReadCounters();
   while (true) {
     {
       std::unique_lock<std::mutex> lock(tuner_mu_);
@@ -153,16 +150,31 @@ void EpochRun::TunerLoop() {
   }
 }
 
+EpochRun::Counters EpochRun::ReadCounters() const {
+  const LoaderShared& sh = *shared_;
+  return Counters{.images = sh.images.load(),
+                  .consumer_busy = sh.consumer.busy_ns.load(),
+                  .consumer_wait = sh.consumer.wait_ns.load(),
+                  .steady_wait = sh.steady_wait_ns.load(),
+                  .decoded = sh.decode.items.load(),
+                  .decode_busy = sh.decode.busy_ns.load(),
+                  .reads = sh.read.items.load(),
+                  .read_busy = sh.read.busy_ns.load(),
+                  .decode_cpu = sh.decode.cpu_ns.load()};
+}
+
 void EpochRun::TunerTick(double interval_s) {
   LoaderShared& sh = *shared_;
-  const Counters now{sh.images.load(),       sh.consumer.busy_ns.load(), sh.consumer.wait_ns.load(),
-                     sh.decode.items.load(), sh.decode.busy_ns.load(),   sh.read.items.load(),
-                     sh.read.busy_ns.load(), sh.decode.cpu_ns.load()};
+  const Counters now = ReadCounters();
   TunerSample sample;
   sample.interval_s = interval_s;
   sample.images_consumed = now.images - last_tick_.images;
   sample.consumer_busy_s = double(now.consumer_busy - last_tick_.consumer_busy) * 1e-9;
-  sample.consumer_wait_s = double(now.consumer_wait - last_tick_.consumer_wait) * 1e-9;
+  // The tuner's wait signal leaves out each epoch's first batch (filling, not jitter); the
+  // timeline shows every wait.
+  sample.consumer_wait_s = double(now.steady_wait - last_tick_.steady_wait) * 1e-9;
+  const double all_wait_s =
+      std::min(double(now.consumer_wait - last_tick_.consumer_wait) * 1e-9, interval_s);
   sample.decoded = now.decoded - last_tick_.decoded;
   sample.decode_busy_s = double(now.decode_busy - last_tick_.decode_busy) * 1e-9;
   sample.reads = now.reads - last_tick_.reads;
@@ -206,7 +218,7 @@ void EpochRun::TunerTick(double interval_s) {
     }
     if (sh.timeline.size() < LoaderShared::kMaxTimeline) {
       const double t = double(NowNs() - sh.start_ns.load()) * 1e-9;
-      sh.timeline.push_back(TimelinePoint{t, rate, sample.consumer_wait_s / interval_s,
+      sh.timeline.push_back(TimelinePoint{t, rate, all_wait_s / interval_s,
                                           applied.workers, applied.io_depth, applied.prefetch,
                                           sh.BytesInUse()});
     }
@@ -724,7 +736,7 @@ absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interr
         absl::Status s = interrupted();
         lock.lock();
         if (!s.ok()) {
-          shared_->consumer.AddWait(NowNs() - entered);
+          shared_->AddConsumerWait(b, NowNs() - entered);
           last_return_ns_ = NowNs();
           return s;
         }
@@ -732,7 +744,7 @@ absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interr
     }
   }
   const int64_t got = NowNs();
-  shared_->consumer.AddWait(got - entered);
+  shared_->AddConsumerWait(b, got - entered);
   consumer_track_->Span(TraceTrack::Kind::kWait, entered, got, b);
   batch_track_->Span(TraceTrack::Kind::kBatch, e.open_ns, got, b);
   Batch batch;

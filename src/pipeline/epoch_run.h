@@ -155,9 +155,10 @@ class EpochRun {
   std::thread tuner_thread_ ABSL_GUARDED_BY(threads_mu_);
   // Counter values at the previous tuning tick.
   struct Counters {
-    int64_t images = 0, consumer_busy = 0, consumer_wait = 0, decoded = 0, decode_busy = 0,
-            reads = 0, read_busy = 0, decode_cpu = 0;
+    int64_t images = 0, consumer_busy = 0, consumer_wait = 0, steady_wait = 0, decoded = 0,
+            decode_busy = 0, reads = 0, read_busy = 0, decode_cpu = 0;
   } last_tick_;
+  Counters ReadCounters() const;
   TraceTrack* consumer_track_ = nullptr;
   TraceTrack* batch_track_ = nullptr;
   bool shut_down_ ABSL_GUARDED_BY(threads_mu_) = false;

@@ -73,6 +73,7 @@ Stats LoaderShared::Snapshot() {
   s.images_per_s = s.elapsed_s > 0 ? double(s.images) / s.elapsed_s : 0.0;
   s.consumer_wait_s = double(consumer.wait_ns.load()) * 1e-9;
   s.consumer_wait_fraction = s.elapsed_s > 0 ? std::min(1.0, s.consumer_wait_s / s.elapsed_s) : 0;
+  s.epoch_start_wait_s = std::min(double(epoch_start_wait_ns.load()) * 1e-9, s.consumer_wait_s);
   s.workers = workers.load();
   s.prefetch = prefetch.load();
   s.io_depth = io_depth.load();

@@ -107,6 +107,14 @@ class LoaderShared {
 
   StageCounters read, decode, consumer;
   std::atomic<int64_t> images{0};
+  // The consumer's wait for the first batch of each epoch (the pipeline filling: a deeper ring
+  // cannot shorten it, so the tuner's wait signal, steady_wait_ns, leaves it out).
+  std::atomic<int64_t> epoch_start_wait_ns{0};
+  std::atomic<int64_t> steady_wait_ns{0};
+  void AddConsumerWait(int64_t batch, int64_t ns) {
+    consumer.AddWait(ns);
+    (batch == 0 ? epoch_start_wait_ns : steady_wait_ns).fetch_add(ns, std::memory_order_relaxed);
+  }
   std::atomic<int64_t> batches{0};
   std::atomic<int64_t> start_ns{0};           // first epoch's start; 0 before
   std::atomic<int64_t> read_buffer_bytes{0};  // capacity of read buffers alive now

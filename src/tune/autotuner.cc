@@ -39,6 +39,7 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
     --settle_;
     return settings_;
   }
+  if (probe_.active && StepProbe(s, rate)) return settings_;
   if (t_decode_ <= 0 || demand_ <= 0) return settings_;
 
   TunerSettings next = settings_;
@@ -119,6 +120,27 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
   }
   if (next.prefetch > limits_.max_prefetch) next.prefetch = std::max(1, limits_.max_prefetch);
 
+  // Probe one worker fewer (see the header): the consumer is the bottleneck and covered, the
+  // model keeps w, and w - 1 is within reach at the cost measured with w.
+  const bool probe_allowed =
+      probe_failed_demand_ == 0 || demand_ < 0.85 * probe_failed_demand_;
+  if (next == settings_ && limits_.tune_workers && limits_.tune_prefetch && !lean_failed_ &&
+      probe_allowed && settings_.workers > 1 && demand_ < max_capacity && wait_fraction <= 0.02 &&
+      load <= kProbeReach * (settings_.workers - 1) &&
+      limits_.max_prefetch >= kLeanPrefetch) {
+    probe_ = Probe{};
+    probe_.active = true;
+    probe_.from_workers = settings_.workers;
+    probe_.t_decode_from = t_decode_;
+    next.workers = settings_.workers - 1;
+    next.prefetch = std::max(settings_.prefetch, kLeanPrefetch);
+    reason = absl::StrFormat(
+        "probe: workers %d->%d, prefetch %d->%d (demand %.0f img/s needs %.2f workers at %.2f "
+        "ms/img measured with %d; measuring with fewer); ",
+        settings_.workers, next.workers, settings_.prefetch, next.prefetch, demand_, load,
+        t_decode_ * 1e3, settings_.workers);
+  }
+
   if (!(next == settings_)) {
     settings_ = next;
     settle_ = 1;
@@ -130,7 +152,50 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
   return settings_;
 }
 
+bool Autotuner::StepProbe(const TunerSample& s, double rate) {
+  Probe& p = probe_;
+  ++p.measured;
+  p.decoded += s.decoded;
+  p.decode_s += s.decode_cpu_s > 0 ? s.decode_cpu_s : s.decode_busy_s;
+  p.wait_s += s.consumer_wait_s;
+  p.interval_s += s.interval_s;
+  const double wait_fraction = p.wait_s / std::max(1e-9, p.interval_s);
+  const bool starved = wait_fraction > 0.05;
+  if (!starved && p.measured < kProbeIntervals) return true;
+  p.active = false;
+  const int fewer = settings_.workers;
+  const double t = p.decoded > 0 ? p.decode_s / double(p.decoded) : 0;
+  const double need = demand_ * t;  // workers needed at the cost measured with `fewer`
+  std::string reason;
+  if (!starved && t > 0 && need <= double(fewer)) {
+    t_decode_ = t;  // the cost with fewer decoders
+    reason = absl::StrFormat(
+        "probe kept workers %d (%.2f ms/img with %d instead of %.2f with %d: demand %.0f img/s "
+        "needs %.2f workers; the consumer waited %.1f%%)",
+        fewer, t * 1e3, fewer, p.t_decode_from * 1e3, p.from_workers, demand_, need,
+        100 * wait_fraction);
+  } else {
+    probe_failed_demand_ = demand_;
+    t_decode_ = p.t_decode_from;
+    settings_.workers = p.from_workers;
+    reason = absl::StrFormat(
+        "probe undone: workers %d->%d (with %d: %.2f ms/img, demand %.0f img/s needs %.2f "
+        "workers; the consumer waited %.1f%%)",
+        fewer, p.from_workers, fewer, t * 1e3, demand_, need, 100 * wait_fraction);
+  }
+  settle_ = 1;
+  if (decisions_.size() < kMaxDecisions) {
+    decisions_.push_back(TunerDecision{time_s_, settings_, rate, reason});
+  }
+  return true;
+}
+
 void Autotuner::Fix(Knob knob, int value) {
+  if (probe_.active) {
+    settings_.workers = probe_.from_workers;
+    t_decode_ = probe_.t_decode_from;
+    probe_.active = false;
+  }
   switch (knob) {
     case Knob::kWorkers:
       limits_.tune_workers = false;

@@ -16,6 +16,14 @@
 // Workers go down one at a time, and every change is followed by a settling interval, so the
 // controller does not oscillate.
 //
+// The cost of an image depends on how many decoders run at once (shared caches, memory
+// bandwidth, SMT siblings): measured with w decoders, the model can ask for w when w - 1, each
+// faster alone, would cover the consumer. So when the consumer is the bottleneck and w - 1 is
+// within reach, the tuner probes: w - 1 workers and a deep ring for a second, measuring the cost
+// there. It keeps w - 1 if that covers the demand (without headroom: the ring absorbs jitter)
+// and the consumer did not wait; otherwise it goes back to w and does not probe again (unless
+// the demand falls well below what it was).
+//
 // The class is pure (no clock, no threads): `Update` takes one interval's measured deltas, so
 // tests drive it with simulated timings. Thread safety: not thread-safe; one owner.
 #ifndef FEEDLINE_SRC_TUNE_AUTOTUNER_H_
@@ -90,6 +98,10 @@ class Autotuner {
   static constexpr double kIoDeadBand = 0.25;
   static constexpr size_t kMaxDecisions = 1000;
   static constexpr int kLeanPrefetch = 8;
+  // A probe for one worker fewer starts when the model, at the current cost, needs at most this
+  // many times w - 1 workers, and lasts this many measured intervals.
+  static constexpr double kProbeReach = 1.35;
+  static constexpr int kProbeIntervals = 4;
 
  private:
   TunerLimits limits_;
@@ -100,6 +112,19 @@ class Autotuner {
   int settle_ = 0;            // intervals to wait after a change
   bool lean_ = false;         // fewer workers + a deep ring (consumer-bound)
   bool lean_failed_ = false;  // lean mode starved the consumer once: not tried again
+  struct Probe {
+    bool active = false;
+    int from_workers = 0;      // the setting to go back to
+    double t_decode_from = 0;  // the cost measured there
+    int measured = 0;          // intervals measured so far (after the settling one)
+    int64_t decoded = 0;
+    double decode_s = 0, wait_s = 0, interval_s = 0;
+  } probe_;
+  double probe_failed_demand_ = 0;  // demand when a probe last failed (0: none failed)
+
+  // Runs the probe for one interval; returns true while it goes on (or just ended with a
+  // decision), in which case Update changes nothing else this interval.
+  bool StepProbe(const TunerSample& s, double rate);
 };
 
 }  // namespace feedline

@@ -123,6 +123,10 @@ def test_stats_after_epochs(image_folder):
     assert isinstance(s["prefetch"], int) and s["prefetch"] >= 1
     assert s["bottleneck"] in ("storage", "decode", "consumer", "unknown")
     assert s["error_count"] == 0 and s["errors"] == []
+    # each epoch's first batch is waited for (the pipeline fills up): part of the consumer's wait
+    assert 0 < s["epoch_start_wait_s"] <= s["consumer_wait_s"]
+    assert s["consumer_wait_fraction"] == pytest.approx(s["consumer_wait_s"] / s["elapsed_s"],
+                                                        rel=0.05)
 
 
 def test_stats_count_only_delivered_images(image_folder):

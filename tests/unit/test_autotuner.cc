@@ -20,11 +20,16 @@ struct Machine {
   double t_decode = 0.004;                                  // s per image per thread
   double t_read = 0.0001;                                   // s per read (latency)
   double demand = std::numeric_limits<double>::infinity();  // images/s the consumer takes
+  // Decoders running at once slow each other down (shared caches, SMT siblings): with n busy,
+  // an image costs t_decode * (1 + contention * (n - 1)).
+  double contention = 0;
 };
 
 // Steady-state figures for one interval under `s` (a fluid model of the pipeline).
 TunerSample Simulate(const Machine& m, const TunerSettings& s, double interval = 0.2) {
-  const double decode_rate = std::min(s.workers, m.cores) / m.t_decode;
+  const int running = std::min(s.workers, m.cores);
+  const double t_image = m.t_decode * (1 + m.contention * (running - 1));
+  const double decode_rate = running / t_image;
   const double read_rate = s.io_depth / m.t_read;
   const double produced = std::min(decode_rate, read_rate);
   const double rate = std::min(produced, m.demand);
@@ -37,7 +42,7 @@ TunerSample Simulate(const Machine& m, const TunerSettings& s, double interval =
   x.decoded = x.images_consumed;
   // Oversubscribed threads each take longer (time-sliced).
   const double slowdown = std::max(1.0, double(s.workers) / m.cores);
-  x.decode_busy_s = x.decoded * m.t_decode * slowdown;
+  x.decode_busy_s = x.decoded * t_image * slowdown;
   x.reads = x.images_consumed;
   x.read_busy_s = x.reads * m.t_read;
   return x;
@@ -179,4 +184,76 @@ TEST_CASE("a consumer that one worker just covers: one worker and a deep ring", 
   TunerSettings after = s;
   for (int i = 0; i < 4; ++i) after = tuner.Update(x);
   REQUIRE(after.workers == 2);
+}
+
+TEST_CASE("a probe finds that fewer, faster decoders cover the consumer", "[tune]") {
+  // Two cores that slow each other down by 30%: measured with two decoders an image costs
+  // 1.3 ms, so a 800 images/s consumer seems to need 1.04 decoders; alone, one decoder takes
+  // 1 ms per image and gives 1000/s.
+  Machine m;
+  m.cores = 2;
+  m.t_decode = 0.001;
+  m.contention = 0.3;
+  m.demand = 800;
+  Autotuner tuner(Limits(2), TunerSettings{2, 2, 2});
+  TunerSettings s{2, 2, 2};
+  int changes_after_2s = 0;
+  for (int i = 0; i < 60; ++i) {
+    TunerSettings next = tuner.Update(Simulate(m, s));
+    if (i >= 10 && !(next == s)) ++changes_after_2s;
+    s = next;
+  }
+  REQUIRE(s.workers == 1);
+  REQUIRE(s.prefetch == Autotuner::kLeanPrefetch);
+  REQUIRE(changes_after_2s == 0);  // settled within 2 s (10 intervals of 0.2 s)
+  bool kept = false;
+  for (const auto& d : tuner.decisions()) kept |= d.reason.find("probe kept workers 1") == 0;
+  REQUIRE(kept);
+  REQUIRE(tuner.decode_s_per_image() == Approx(0.001).epsilon(0.01));
+  TunerSample x = Simulate(m, s);
+  REQUIRE(x.consumer_wait_s == 0);
+}
+
+TEST_CASE("a probe that does not cover the consumer is undone, once", "[tune]") {
+  // No contention: one decoder gives 1000/s, the consumer takes 1040/s.
+  Machine m;
+  m.cores = 2;
+  m.t_decode = 0.001;
+  m.demand = 1040;
+  Autotuner tuner(Limits(2), TunerSettings{2, 2, 2});
+  TunerSettings s{2, 2, 2};
+  int ones = 0, changes_after_2s = 0;
+  for (int i = 0; i < 100; ++i) {
+    TunerSettings next = tuner.Update(Simulate(m, s));
+    if (i >= 10 && !(next == s)) ++changes_after_2s;
+    s = next;
+    ones += s.workers == 1;
+  }
+  REQUIRE(s.workers == 2);
+  REQUIRE(ones <= Autotuner::kProbeIntervals + 1);  // one probe, about a second long
+  REQUIRE(changes_after_2s == 0);
+  int undone = 0;
+  for (const auto& d : tuner.decisions()) undone += d.reason.find("probe undone") == 0;
+  REQUIRE(undone == 1);
+  REQUIRE(tuner.decode_s_per_image() == Approx(0.001).epsilon(0.01));  // the cost with 2
+}
+
+TEST_CASE("a probe that starves the consumer ends at once", "[tune]") {
+  Machine m;
+  m.cores = 4;
+  m.t_decode = 0.004;
+  m.demand = 800;  // 3.2 decoders: four with headroom or without; three are within reach
+  Autotuner tuner(Limits(4), TunerSettings{4, 2, 2});
+  TunerSettings s{4, 2, 2};
+  int i = 0;
+  for (; i < 30 && s.workers == 4; ++i) s = tuner.Update(Simulate(m, s));
+  REQUIRE(s.workers == 3);  // the probe
+  REQUIRE(tuner.decisions().back().reason.find("probe: workers 4->3") == 0);
+  // Three decoders give 750/s: the consumer waits 6% of every interval.
+  s = tuner.Update(Simulate(m, s));  // the settling interval
+  REQUIRE(s.workers == 3);
+  s = tuner.Update(Simulate(m, s));  // the first measured one: undone at once
+  REQUIRE(s.workers == 4);
+  for (int k = 0; k < 50; ++k) s = tuner.Update(Simulate(m, s));
+  REQUIRE(s.workers == 4);  // and not tried again
 }
