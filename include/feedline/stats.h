@@ -67,7 +67,7 @@ struct Stats {
   int64_t bytes_in_use = 0;  // ring slots + read buffers the loader owns now
   int64_t memory_budget = 0;
   int64_t slots_allocated = 0;    // ring slots allocated so far (held ones included)
-  std::string bottleneck;         // "storage", "decode", "consumer" (or "unknown" before data)
+  std::string bottleneck;         // "storage", "decode", "consumer", "copy" ("unknown" before data)
   std::string bottleneck_reason;  // the figures behind the verdict, one line
   bool auto_workers = false;      // which settings the autotuner controls
   bool auto_io_depth = false;

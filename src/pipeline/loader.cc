@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "io/tar_source.h"
+#include "pipeline/bottleneck.h"
 #include "pipeline/epoch_run.h"
 #include "pipeline/loader_shared.h"
 #include "pipeline/loader_testing.h"
@@ -142,38 +143,7 @@ Stats LoaderShared::Snapshot() {
     std::lock_guard<std::mutex> lock(errors_mu_);
     s.errors = errors_;
   }
-  // The verdict. The consumer limits when it rarely waits, or when it takes less than the
-  // decoders could give; storage when decoders sit idle waiting for bytes while the readers are
-  // busy (slow reads); decode otherwise.
-  const StageStats& rd = s.stages[0];
-  const StageStats& dc = s.stages[1];
-  const double dec_util = dc.busy_s / std::max(1e-9, dc.busy_s + dc.wait_s);
-  const double rd_util = rd.busy_s / std::max(1e-9, rd.busy_s + rd.wait_s);
-  const double capacity = s.decode_ms_per_image > 0 ? 1e3 * s.workers / s.decode_ms_per_image : 0.0;
-  if (s.batches == 0) {
-    s.bottleneck = "unknown";
-    s.bottleneck_reason = "no batch delivered yet";
-  } else if (s.consumer_wait_fraction < 0.05 ||
-             (s.consumer_wait_fraction < 0.25 && s.demand_images_per_s > 0 &&
-              s.demand_images_per_s < 0.9 * capacity && dec_util < 0.8)) {
-    s.bottleneck = "consumer";
-    s.bottleneck_reason = absl::StrFormat(
-        "the consumer waited %.1f%% of the time; it takes %.0f images/s, %d decoders can give "
-        "%.0f (busy %.0f%%)",
-        100 * s.consumer_wait_fraction, s.demand_images_per_s, s.workers, capacity, 100 * dec_util);
-  } else if (dec_util < 0.6 && rd_util > 0.5) {
-    s.bottleneck = "storage";
-    s.bottleneck_reason = absl::StrFormat(
-        "the consumer waited %.1f%%; decoders idle %.0f%% of the time waiting for reads of "
-        "%.1f ms each, %d reads in flight (readers busy %.0f%%)",
-        100 * s.consumer_wait_fraction, 100 * (1 - dec_util), s.read_ms, s.io_depth, 100 * rd_util);
-  } else {
-    s.bottleneck = "decode";
-    s.bottleneck_reason = absl::StrFormat(
-        "the consumer waited %.1f%%; %d decoders busy %.0f%%, %.2f ms per image (%.0f images/s "
-        "at most)",
-        100 * s.consumer_wait_fraction, s.workers, 100 * dec_util, s.decode_ms_per_image, capacity);
-  }
+  DiagnoseBottleneck(&s);
   return s;
 }
 

@@ -29,9 +29,19 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
   }
   if (s.reads > 0) Ema(&t_read_, s.read_busy_s / double(s.reads));
   if (s.images_consumed > 0) {
+    // Over a window of intervals, not per interval: an interval holds a few batches, and its
+    // edges cut steps from the batches they belong to (+-30% per interval at 3 batches).
     // A consumer that spends (almost) no time outside Next() would take anything: infinite.
-    const double busy = std::max(s.consumer_busy_s, 1e-6 * double(s.images_consumed));
-    Ema(&demand_, double(s.images_consumed) / busy);
+    demand_window_[demand_next_ % kDemandWindow] = {
+        s.images_consumed, std::max(s.consumer_busy_s, 1e-6 * double(s.images_consumed))};
+    ++demand_next_;
+    int64_t images = 0;
+    double busy = 0;
+    for (const auto& [n, b] : demand_window_) {
+      images += n;
+      busy += b;
+    }
+    demand_ = double(images) / busy;
   }
   const double rate = double(s.images_consumed) / s.interval_s;
   const double wait_fraction = s.consumer_wait_s / s.interval_s;
@@ -135,10 +145,13 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
     next.workers = settings_.workers - 1;
     next.prefetch = std::max(settings_.prefetch, kLeanPrefetch);
     reason = absl::StrFormat(
-        "probe: workers %d->%d, prefetch %d->%d (demand %.0f img/s needs %.2f workers at %.2f "
-        "ms/img measured with %d; measuring with fewer); ",
-        settings_.workers, next.workers, settings_.prefetch, next.prefetch, demand_, load,
-        t_decode_ * 1e3, settings_.workers);
+        "probe: workers %d->%d%s (demand %.0f img/s needs %.2f workers at %.2f ms/img measured "
+        "with %d; measuring with fewer); ",
+        settings_.workers, next.workers,
+        next.prefetch == settings_.prefetch
+            ? ""
+            : absl::StrFormat(", prefetch %d->%d", settings_.prefetch, next.prefetch),
+        demand_, load, t_decode_ * 1e3, settings_.workers);
   }
 
   if (!(next == settings_)) {
@@ -160,14 +173,14 @@ bool Autotuner::StepProbe(const TunerSample& s, double rate) {
   p.wait_s += s.consumer_wait_s;
   p.interval_s += s.interval_s;
   const double wait_fraction = p.wait_s / std::max(1e-9, p.interval_s);
-  const bool starved = wait_fraction > 0.05;
+  const bool starved = wait_fraction > kProbeTolerance;
   if (!starved && p.measured < kProbeIntervals) return true;
   p.active = false;
   const int fewer = settings_.workers;
   const double t = p.decoded > 0 ? p.decode_s / double(p.decoded) : 0;
   const double need = demand_ * t;  // workers needed at the cost measured with `fewer`
   std::string reason;
-  if (!starved && t > 0 && need <= double(fewer)) {
+  if (!starved && t > 0 && need <= double(fewer) * (1 + kProbeTolerance)) {
     t_decode_ = t;  // the cost with fewer decoders
     reason = absl::StrFormat(
         "probe kept workers %d (%.2f ms/img with %d instead of %.2f with %d: demand %.0f img/s "
@@ -178,12 +191,13 @@ bool Autotuner::StepProbe(const TunerSample& s, double rate) {
     probe_failed_demand_ = demand_;
     t_decode_ = p.t_decode_from;
     settings_.workers = p.from_workers;
+    settle_ = 2;  // the waits the probe caused are not jitter for the ring to absorb
     reason = absl::StrFormat(
         "probe undone: workers %d->%d (with %d: %.2f ms/img, demand %.0f img/s needs %.2f "
         "workers; the consumer waited %.1f%%)",
         fewer, p.from_workers, fewer, t * 1e3, demand_, need, 100 * wait_fraction);
   }
-  settle_ = 1;
+  settle_ = std::max(settle_, 1);
   if (decisions_.size() < kMaxDecisions) {
     decisions_.push_back(TunerDecision{time_s_, settings_, rate, reason});
   }

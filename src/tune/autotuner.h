@@ -20,9 +20,9 @@
 // bandwidth, SMT siblings): measured with w decoders, the model can ask for w when w - 1, each
 // faster alone, would cover the consumer. So when the consumer is the bottleneck and w - 1 is
 // within reach, the tuner probes: w - 1 workers and a deep ring for a second, measuring the cost
-// there. It keeps w - 1 if that covers the demand (without headroom: the ring absorbs jitter)
-// and the consumer did not wait; otherwise it goes back to w and does not probe again (unless
-// the demand falls well below what it was).
+// there. It keeps w - 1 if that covers the demand to within kProbeTolerance (no headroom: the
+// ring absorbs jitter) and the consumer did not wait; otherwise it goes back to w and does not
+// probe again (unless the demand falls well below what it was).
 //
 // The class is pure (no clock, no threads): `Update` takes one interval's measured deltas, so
 // tests drive it with simulated timings. Thread safety: not thread-safe; one owner.
@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace feedline {
@@ -102,6 +103,11 @@ class Autotuner {
   // many times w - 1 workers, and lasts this many measured intervals.
   static constexpr double kProbeReach = 1.35;
   static constexpr int kProbeIntervals = 4;
+  // Fewer workers are kept when they cover all but this fraction of the demand, and the
+  // consumer waited no more than this: a whole decoder thread saved for at most a 3% slower
+  // feed (the deep ring absorbs most of it), and a borderline measurement does not flip.
+  static constexpr double kProbeTolerance = 0.03;
+  static constexpr int kDemandWindow = 6;  // intervals (1.2 s) over which demand is measured
 
  private:
   TunerLimits limits_;
@@ -109,6 +115,8 @@ class Autotuner {
   std::vector<TunerDecision> decisions_;
   double time_s_ = 0;
   double demand_ = 0, t_decode_ = 0, t_read_ = 0;
+  std::pair<int64_t, double> demand_window_[kDemandWindow] = {};  // images, consumer busy s
+  int64_t demand_next_ = 0;
   int settle_ = 0;            // intervals to wait after a change
   bool lean_ = false;         // fewer workers + a deep ring (consumer-bound)
   bool lean_failed_ = false;  // lean mode starved the consumer once: not tried again

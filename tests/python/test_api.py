@@ -121,7 +121,7 @@ def test_stats_after_epochs(image_folder):
     assert stages["read"]["items"] >= delivered
     assert isinstance(s["workers"], int) and s["workers"] >= 1
     assert isinstance(s["prefetch"], int) and s["prefetch"] >= 1
-    assert s["bottleneck"] in ("storage", "decode", "consumer", "unknown")
+    assert s["bottleneck"] in ("storage", "decode", "consumer", "copy", "unknown")
     assert s["error_count"] == 0 and s["errors"] == []
     # each epoch's first batch is waited for (the pipeline fills up): part of the consumer's wait
     assert 0 < s["epoch_start_wait_s"] <= s["consumer_wait_s"]
