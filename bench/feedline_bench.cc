@@ -79,8 +79,9 @@ data and loader:
                         in data/imagenet-like-v1, or in ~/.cache/feedline when that folder
                         is not writable)
   --source files|synthetic
-                        synthetic: measure the pipeline's own overhead in samples/s, on
-                        tiny 8x8 JPEGs delivered at 1x1 (made once in data/tiny-8x8-v1)
+                        synthetic: measure the pipeline's own overhead in samples/s:
+                        pre-decoded 1x1 samples (LoaderOptions::synthetic: no read, no
+                        decode) over a list of tiny files made once in data/tiny-8x8-v1
                         (default files)
   --batch-size N        samples per batch (default 256; 64 with --tune-grid)
   --epochs N            epochs to run; the summary leaves out the first (default 3)
