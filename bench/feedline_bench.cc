@@ -649,8 +649,9 @@ int RunPlain(const BenchFlags& flags, const std::string& data) {
   std::printf("workers:         %d%s\n", st.workers, st.auto_workers ? " (auto)" : "");
   std::printf("prefetch:        %d%s\n", st.prefetch, st.auto_prefetch ? " (auto)" : "");
   std::printf("io_depth:        %d%s\n", st.io_depth, st.auto_io_depth ? " (auto)" : "");
-  std::printf("consumer waited: %.1f%% of the time (%.2f s, %.2f s of it for epochs' first batches)\n",
-              100.0 * st.consumer_wait_fraction, st.consumer_wait_s, st.epoch_start_wait_s);
+  std::printf(
+      "consumer waited: %.1f%% of the time (%.2f s, %.2f s of it for epochs' first batches)\n",
+      100.0 * st.consumer_wait_fraction, st.consumer_wait_s, st.epoch_start_wait_s);
   std::printf("bottleneck:      %s%s%s\n", st.bottleneck.c_str(),
               st.bottleneck_reason.empty() ? "" : ": ", st.bottleneck_reason.c_str());
   feedline::bench::PrintTuning(st, 12);

@@ -27,8 +27,8 @@ void DiagnoseBottleneck(Stats* s) {
   const StageStats* cp = Find(*s, "copy");
   const double dec_util = Utilisation(dc);
   const double rd_util = Utilisation(rd);
-  const double capacity = s->decode_ms_per_image > 0 ? 1e3 * s->workers / s->decode_ms_per_image
-                                                     : 0.0;
+  const double capacity =
+      s->decode_ms_per_image > 0 ? 1e3 * s->workers / s->decode_ms_per_image : 0.0;
   const double copy_busy = cp != nullptr && s->elapsed_s > 0 ? cp->busy_s / s->elapsed_s : 0.0;
   if (s->batches == 0) {
     s->bottleneck = "unknown";

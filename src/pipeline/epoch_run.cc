@@ -218,9 +218,8 @@ void EpochRun::TunerTick(double interval_s) {
     }
     if (sh.timeline.size() < LoaderShared::kMaxTimeline) {
       const double t = double(NowNs() - sh.start_ns.load()) * 1e-9;
-      sh.timeline.push_back(TimelinePoint{t, rate, all_wait_s / interval_s,
-                                          applied.workers, applied.io_depth, applied.prefetch,
-                                          sh.BytesInUse()});
+      sh.timeline.push_back(TimelinePoint{t, rate, all_wait_s / interval_s, applied.workers,
+                                          applied.io_depth, applied.prefetch, sh.BytesInUse()});
     }
   }
   const int64_t at = NowNs();

@@ -132,12 +132,10 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
 
   // Probe one worker fewer (see the header): the consumer is the bottleneck and covered, the
   // model keeps w, and w - 1 is within reach at the cost measured with w.
-  const bool probe_allowed =
-      probe_failed_demand_ == 0 || demand_ < 0.85 * probe_failed_demand_;
+  const bool probe_allowed = probe_failed_demand_ == 0 || demand_ < 0.85 * probe_failed_demand_;
   if (next == settings_ && limits_.tune_workers && limits_.tune_prefetch && !lean_failed_ &&
       probe_allowed && settings_.workers > 1 && demand_ < max_capacity && wait_fraction <= 0.02 &&
-      load <= kProbeReach * (settings_.workers - 1) &&
-      limits_.max_prefetch >= kLeanPrefetch) {
+      load <= kProbeReach * (settings_.workers - 1) && limits_.max_prefetch >= kLeanPrefetch) {
     probe_ = Probe{};
     probe_.active = true;
     probe_.from_workers = settings_.workers;

@@ -6,8 +6,8 @@
 #include "feedline/stats.h"
 #include "pipeline/bottleneck.h"
 
-using feedline::Stats;
 using feedline::StageStats;
+using feedline::Stats;
 
 namespace {
 
