@@ -222,6 +222,7 @@ py::dict StatsToDict(const feedline::Stats& s) {
   d["bytes_in_use"] = s.bytes_in_use;
   d["memory_budget"] = s.memory_budget;
   d["slots_allocated"] = s.slots_allocated;
+  d["slots_created"] = s.slots_created;
   d["bottleneck"] = s.bottleneck;
   d["bottleneck_reason"] = s.bottleneck_reason;
   d["auto"] = py::dict(py::arg("workers") = s.auto_workers, py::arg("io_depth") = s.auto_io_depth,

@@ -66,7 +66,9 @@ struct Stats {
   int io_depth = 0;          // reads in flight now
   int64_t bytes_in_use = 0;  // ring slots + read buffers the loader owns now
   int64_t memory_budget = 0;
-  int64_t slots_allocated = 0;    // ring slots allocated so far (held ones included)
+  int64_t slots_allocated = 0;    // ring slots alive now (batches the user holds included)
+  int64_t slots_created = 0;      // ring slots ever allocated: stays near prefetch + 2 when
+                                  // slots are recycled; grows when held batches outlive them
   std::string bottleneck;         // "storage", "decode", "consumer", "copy" ("unknown" before data)
   std::string bottleneck_reason;  // the figures behind the verdict, one line
   bool auto_workers = false;      // which settings the autotuner controls

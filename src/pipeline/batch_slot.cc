@@ -58,6 +58,7 @@ std::shared_ptr<internal::BatchSlot> SlotPool::Acquire() {
   if (slot == nullptr) {
     slot = new internal::BatchSlot(allocator_, image_bytes_, batch_size_);
     allocated_.fetch_add(1, std::memory_order_relaxed);
+    created_.fetch_add(1, std::memory_order_relaxed);
   }
   slot->in_ring = true;
   in_ring_.fetch_add(1, std::memory_order_relaxed);

@@ -69,6 +69,7 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
 
   size_t slot_bytes() const { return image_bytes_ + 2 * sizeof(int64_t) * size_t(batch_size_); }
   int64_t allocated() const { return allocated_.load(std::memory_order_relaxed); }
+  int64_t created() const { return created_.load(std::memory_order_relaxed); }
   int64_t cached() const;
   int64_t in_ring() const { return in_ring_.load(std::memory_order_relaxed); }
 
@@ -78,7 +79,8 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
   HostAllocator* const allocator_;
   const size_t image_bytes_;
   const int64_t batch_size_;
-  std::atomic<int64_t> allocated_{0};
+  std::atomic<int64_t> allocated_{0};  // alive now
+  std::atomic<int64_t> created_{0};    // ever
   std::atomic<int64_t> in_ring_{0};
   mutable std::mutex mu_;
   std::vector<internal::BatchSlot*> free_ ABSL_GUARDED_BY(mu_);

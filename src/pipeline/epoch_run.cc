@@ -262,30 +262,29 @@ void EpochRun::SetIoDepth(int n) {
 void EpochRun::SetPrefetch(int n) {
   n = std::clamp(n, 1, kMaxPrefetch);
   shared_->prefetch.store(n);
-  shared_->pool->set_keep(n);
+  shared_->KeepSlots(n);
   Wake();
 }
 
 void EpochRun::Wake() {
-  wake_gen_.fetch_add(1, std::memory_order_release);
-  wake_gen_.notify_all();
+  wake_.WakeAll();
 }
 
 bool EpochRun::ParkWhileSurplus(int id, const std::atomic<int>& target) {
   while (true) {
-    const uint32_t gen = wake_gen_.load(std::memory_order_acquire);
+    const uint32_t gen = wake_.Load();
     if (cancelled_.load(std::memory_order_acquire)) return false;
     if (id < target.load(std::memory_order_acquire)) return true;
-    wake_gen_.wait(gen, std::memory_order_acquire);
+    wake_.Wait(gen);
   }
 }
 
 bool EpochRun::WaitAdmitted(int64_t b) {
   while (true) {
-    const uint32_t gen = wake_gen_.load(std::memory_order_acquire);
+    const uint32_t gen = wake_.Load();
     if (cancelled_.load(std::memory_order_acquire)) return false;
     if (b < consumed_.load(std::memory_order_acquire) + shared_->prefetch.load()) return true;
-    wake_gen_.wait(gen, std::memory_order_acquire);
+    wake_.Wait(gen);
   }
 }
 

@@ -37,6 +37,7 @@
 #include "absl/time/time.h"
 #include "feedline/batch.h"
 #include "pipeline/loader_shared.h"
+#include "pipeline/sleep.h"
 
 namespace feedline {
 
@@ -125,7 +126,7 @@ class EpochRun {
   std::atomic<bool> cancelled_{false};
   std::atomic<int64_t> next_seq_;
   std::atomic<int64_t> consumed_;      // batches handed out (the next to hand out)
-  std::atomic<uint32_t> wake_gen_{0};  // bumped on any change readers/parkers wait for
+  WakeWord wake_;  // a new generation on any change readers/parkers wait for
 
   std::mutex open_mu_;
   int64_t opened_ ABSL_GUARDED_BY(open_mu_);

@@ -105,6 +105,7 @@ Stats LoaderShared::Snapshot() {
     s.stages[1].occupancy = double(ring_fill_milli.load()) / 1000.0 / double(n);
   }
   s.slots_allocated = pool->allocated();
+  s.slots_created = pool->created();
   s.bytes_in_use = BytesInUse();
   s.memory_budget = options.memory_budget();
   s.auto_workers = auto_workers;
@@ -354,7 +355,8 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Finish(LoaderOptions options,
   shared->workers.store(workers);
   shared->io_depth.store(io_depth);
   shared->prefetch.store(prefetch);
-  shared->pool->set_keep(prefetch);
+  shared->read_bytes_reserved = read_bytes;
+  shared->KeepSlots(prefetch);
 
   shared->sampler.dataset_size = int64_t(shared->dataset.samples.size());
   shared->sampler.batch_size = options.batch_size();
@@ -516,7 +518,7 @@ void Loader::set_prefetch(int n) {
   } else {
     n = std::clamp(n, 1, EpochRun::kMaxPrefetch);
     shared_->prefetch.store(n);
-    shared_->pool->set_keep(n);
+    shared_->KeepSlots(n);
   }
 }
 void Loader::set_io_depth(int n) {
