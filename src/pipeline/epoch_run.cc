@@ -154,6 +154,7 @@ EpochRun::Counters EpochRun::ReadCounters() const {
   const LoaderShared& sh = *shared_;
   return Counters{.images = sh.images.load(),
                   .consumer_busy = sh.consumer.busy_ns.load(),
+                  .stepped_images = sh.stepped_images.load(),
                   .consumer_wait = sh.consumer.wait_ns.load(),
                   .steady_wait = sh.steady_wait_ns.load(),
                   .decoded = sh.decode.items.load(),
@@ -170,6 +171,7 @@ void EpochRun::TunerTick(double interval_s) {
   sample.interval_s = interval_s;
   sample.images_consumed = now.images - last_tick_.images;
   sample.consumer_busy_s = double(now.consumer_busy - last_tick_.consumer_busy) * 1e-9;
+  sample.stepped_images = now.stepped_images - last_tick_.stepped_images;
   // The tuner's wait signal leaves out each epoch's first batch (filling, not jitter); the
   // timeline shows every wait.
   sample.consumer_wait_s = double(now.steady_wait - last_tick_.steady_wait) * 1e-9;
@@ -707,6 +709,10 @@ absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interr
                                      absl::Duration poll) {
   const int64_t entered = NowNs();
   shared_->consumer.AddBusy(entered - last_return_ns_);
+  // The step just ended worked on the batch returned last: its images go with that busy time
+  // (counted here, not at the return, so that any window sees matching images and time).
+  shared_->stepped_images.fetch_add(held_images_, std::memory_order_relaxed);
+  held_images_ = 0;
   const int64_t b = consumed_.load(std::memory_order_acquire);
   if (b >= num_batches_) {
     Shutdown();
@@ -762,6 +768,7 @@ absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interr
   shared_->batches.fetch_add(1, std::memory_order_relaxed);
   shared_->images.fetch_add(batch.size_, std::memory_order_relaxed);
   if (b + 1 == num_batches_) Shutdown();  // free the threads as soon as the epoch is done
+  held_images_ = batch.size_;
   last_return_ns_ = NowNs();
   if (!error.ok()) return error;
   const LoaderOptions& o = shared_->options;

@@ -115,6 +115,7 @@ class EpochRun {
                                                                            DecoderState* state);
 
   int64_t last_return_ns_ = 0;  // consumer thread only
+  int64_t held_images_ = 0;     // the last returned batch's images; consumer thread only
 
   const std::shared_ptr<LoaderShared> shared_;
   const int64_t epoch_;
@@ -156,8 +157,9 @@ class EpochRun {
   std::thread tuner_thread_ ABSL_GUARDED_BY(threads_mu_);
   // Counter values at the previous tuning tick.
   struct Counters {
-    int64_t images = 0, consumer_busy = 0, consumer_wait = 0, steady_wait = 0, decoded = 0,
-            decode_busy = 0, reads = 0, read_busy = 0, decode_cpu = 0;
+    int64_t images = 0, consumer_busy = 0, stepped_images = 0, consumer_wait = 0,
+            steady_wait = 0, decoded = 0, decode_busy = 0, reads = 0, read_busy = 0,
+            decode_cpu = 0;
   } last_tick_;
   Counters ReadCounters() const;
   TraceTrack* consumer_track_ = nullptr;

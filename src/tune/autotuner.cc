@@ -28,12 +28,13 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
     Ema(&t_decode_, busy / double(s.decoded));
   }
   if (s.reads > 0) Ema(&t_read_, s.read_busy_s / double(s.reads));
-  if (s.images_consumed > 0) {
-    // Over a window of intervals, not per interval: an interval holds a few batches, and its
-    // edges cut steps from the batches they belong to (+-30% per interval at 3 batches).
-    // A consumer that spends (almost) no time outside Next() would take anything: infinite.
+  if (const int64_t stepped = s.stepped_images >= 0 ? s.stepped_images : s.images_consumed;
+      stepped > 0) {
+    // Over a window of intervals: an interval holds a few steps, and the last one is still
+    // running when it ends. A consumer that spends (almost) no time outside Next() would take
+    // anything: infinite.
     demand_window_[demand_next_ % kDemandWindow] = {
-        s.images_consumed, std::max(s.consumer_busy_s, 1e-6 * double(s.images_consumed))};
+        stepped, std::max(s.consumer_busy_s, 1e-6 * double(stepped))};
     ++demand_next_;
     int64_t images = 0;
     double busy = 0;
@@ -45,12 +46,36 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
   }
   const double rate = double(s.images_consumed) / s.interval_s;
   const double wait_fraction = s.consumer_wait_s / s.interval_s;
+  // Smoothed for the decisions a single batch's wait should not make (an interval holds a few
+  // batches: one short wait is several % of it).
+  wait_ema_ = 0.7 * wait_ema_ + 0.3 * wait_fraction;
   if (settle_ > 0) {
     --settle_;
     return settings_;
   }
   if (probe_.active && StepProbe(s, rate)) return settings_;
-  if (t_decode_ <= 0 || demand_ <= 0) return settings_;
+  ++steady_;
+  if (t_decode_ <= 0) return settings_;
+  if (demand_ <= 0) {
+    // No batch consumed yet (slow storage delays the first one): reads in flight for what the
+    // decoders could take, with a wide margin (the first decodes are the slowest: cold caches,
+    // first touches, so the rate is underestimated); the rest waits for the consumer's figures.
+    if (limits_.tune_io_depth && t_read_ > 0) {
+      const int want = IoDepthFor(double(settings_.workers) / t_decode_, kIoStartMargin);
+      if (want != settings_.io_depth) {
+        const std::string reason = absl::StrFormat(
+            "io_depth %d->%d (%.2f ms/read, before the first batch)", settings_.io_depth, want,
+            t_read_ * 1e3);
+        settings_.io_depth = want;
+        settle_ = 1;
+        steady_ = 0;
+        if (decisions_.size() < kMaxDecisions) {
+          decisions_.push_back(TunerDecision{time_s_, settings_, rate, reason});
+        }
+      }
+    }
+    return settings_;
+  }
 
   TunerSettings next = settings_;
   std::string reason;
@@ -67,7 +92,7 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
       limits_.max_prefetch >= kLeanPrefetch) {
     lean = std::ceil(load - 1e-9) < std::ceil(load * kHeadroom - 1e-9);
   }
-  if (lean_ && wait_fraction > 0.05) {
+  if (lean_ && wait_ema_ > kStarvedWait) {
     lean_failed_ = true;  // the lean setting starved the consumer: back to headroom
     lean = false;
     reason += "lean mode off (the consumer waited); ";
@@ -83,8 +108,23 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
     want = std::clamp(want, 1, limits_.max_workers);
     // A consumer that keeps waiting while decoders are all busy needs every core.
     if (wait_fraction > 0.05 && demand_ > max_capacity) want = limits_.max_workers;
+    // Up only for a real shortfall: when the model is at most kUpDeadBand short and the
+    // consumer does not wait, the ring covers it (the estimates move by a few % from interval
+    // to interval, and a controller that follows them flips a worker on and off).
+    const bool waiting = wait_ema_ > kStarvedWait;
+    if (want > settings_.workers && !waiting &&
+        load <= double(settings_.workers) * (1 + kUpDeadBand)) {
+      want = settings_.workers;
+    }
     if (want > settings_.workers) {
       next.workers = want;
+      if (waiting && demand_ < max_capacity) {
+        // Fewer workers than the headroom asks for starved the consumer: headroom from now on,
+        // no more probes at this demand.
+        lean_failed_ = true;
+        lean = lean_ = false;
+        probe_failed_demand_ = demand_;
+      }
     } else if (want < settings_.workers) {
       next.workers = settings_.workers - 1;  // down one at a time
     }
@@ -95,16 +135,9 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
     }
   }
   if (limits_.tune_io_depth && t_read_ > 0) {
-    const double rate_for_io = std::min(demand_, capacity_per_worker * next.workers);
-    int want = static_cast<int>(std::ceil(rate_for_io * t_read_ * kHeadroom)) + 1;
-    want = std::clamp(want, 1, limits_.max_io_depth);
-    // Move halfway down (reads are cheap to keep in flight), straight up; never for less than
-    // the dead band.
-    if (want < settings_.io_depth) want = std::max(want, (settings_.io_depth + want + 1) / 2);
-    const bool outside_band =
-        std::abs(want - settings_.io_depth) > kIoDeadBand * settings_.io_depth ||
-        (settings_.io_depth <= 2 && want > settings_.io_depth);
-    if (want != settings_.io_depth && outside_band) {
+    const int want =
+        IoDepthFor(std::min(demand_, capacity_per_worker * next.workers), kIoRaiseMargin);
+    if (want != settings_.io_depth) {
       next.io_depth = want;
       reason += absl::StrFormat("io_depth %d->%d (%.2f ms/read); ", settings_.io_depth, want,
                                 t_read_ * 1e3);
@@ -133,8 +166,11 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
   // Probe one worker fewer (see the header): the consumer is the bottleneck and covered, the
   // model keeps w, and w - 1 is within reach at the cost measured with w.
   const bool probe_allowed = probe_failed_demand_ == 0 || demand_ < 0.85 * probe_failed_demand_;
+  // Not before the estimates have had kProbeAfter intervals at the current settings (the first
+  // ones carry the start: threads, first touches of ring slots).
   if (next == settings_ && limits_.tune_workers && limits_.tune_prefetch && !lean_failed_ &&
-      probe_allowed && settings_.workers > 1 && demand_ < max_capacity && wait_fraction <= 0.02 &&
+      probe_allowed && steady_ >= kProbeAfter && settings_.workers > 1 &&
+      demand_ < max_capacity && wait_fraction <= 0.02 &&
       load <= kProbeReach * (settings_.workers - 1) && limits_.max_prefetch >= kLeanPrefetch) {
     probe_ = Probe{};
     probe_.active = true;
@@ -155,12 +191,31 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
   if (!(next == settings_)) {
     settings_ = next;
     settle_ = 1;
+    steady_ = 0;
     if (!reason.empty()) reason.resize(reason.size() - 2);
     if (decisions_.size() < kMaxDecisions) {
       decisions_.push_back(TunerDecision{time_s_, settings_, rate, reason});
     }
   }
   return settings_;
+}
+
+int Autotuner::IoDepthFor(double rate, double raise_margin) const {
+  // Little's law: reads in flight = rate x read time, with headroom, plus one.
+  int want = static_cast<int>(std::ceil(rate * t_read_ * kHeadroom)) + 1;
+  want = std::clamp(want, 1, limits_.max_io_depth);
+  // Move halfway down (reads are cheap to keep in flight), straight up and past the estimate
+  // (kIoRaiseMargin: the estimate grows as the decoders warm up, so one raise covers it
+  // rather than a step every few seconds); never for less than the dead band.
+  const int now = settings_.io_depth;
+  if (want < now) want = std::max(want, (now + want + 1) / 2);
+  const bool outside_band =
+      std::abs(want - now) > kIoDeadBand * now || (now <= 2 && want > now);
+  if (!outside_band) return now;
+  if (want > now) {
+    want = std::min(limits_.max_io_depth, static_cast<int>(std::ceil(want * raise_margin)));
+  }
+  return want;
 }
 
 bool Autotuner::StepProbe(const TunerSample& s, double rate) {
@@ -171,7 +226,7 @@ bool Autotuner::StepProbe(const TunerSample& s, double rate) {
   p.wait_s += s.consumer_wait_s;
   p.interval_s += s.interval_s;
   const double wait_fraction = p.wait_s / std::max(1e-9, p.interval_s);
-  const bool starved = wait_fraction > kProbeTolerance;
+  const bool starved = wait_fraction > kStarvedWait;
   if (!starved && p.measured < kProbeIntervals) return true;
   p.active = false;
   const int fewer = settings_.workers;
@@ -187,6 +242,7 @@ bool Autotuner::StepProbe(const TunerSample& s, double rate) {
         100 * wait_fraction);
   } else {
     probe_failed_demand_ = demand_;
+    lean_failed_ = true;  // w - 1 without headroom is what just failed
     t_decode_ = p.t_decode_from;
     settings_.workers = p.from_workers;
     settle_ = 2;  // the waits the probe caused are not jitter for the ring to absorb
@@ -196,6 +252,8 @@ bool Autotuner::StepProbe(const TunerSample& s, double rate) {
         fewer, p.from_workers, fewer, t * 1e3, demand_, need, 100 * wait_fraction);
   }
   settle_ = std::max(settle_, 1);
+  steady_ = 0;
+  wait_ema_ = 0;  // the probe's waits say nothing about the setting now
   if (decisions_.size() < kMaxDecisions) {
     decisions_.push_back(TunerDecision{time_s_, settings_, rate, reason});
   }

@@ -41,6 +41,8 @@ struct TunerSample {
   double interval_s = 0;
   int64_t images_consumed = 0;
   double consumer_busy_s = 0;  // time the consumer spent outside Next()
+  int64_t stepped_images = -1;  // the images of the steps in consumer_busy_s (-1: take
+                                // images_consumed; counted when a step ends, not at the hand-out)
   double consumer_wait_s = 0;  // time the consumer spent blocked in Next()
   int64_t decoded = 0;
   double decode_busy_s = 0;  // summed over decoder threads (wall clock)
@@ -97,17 +99,24 @@ class Autotuner {
   // io_depth changes only when the model asks for this much more or less (a dead band: reads in
   // flight are cheap, and a controller that chases noise never settles).
   static constexpr double kIoDeadBand = 0.25;
+  static constexpr double kIoRaiseMargin = 1.4;
+  static constexpr double kIoStartMargin = 2.0;  // before the first batch
   static constexpr size_t kMaxDecisions = 1000;
   static constexpr int kLeanPrefetch = 8;
   // A probe for one worker fewer starts when the model, at the current cost, needs at most this
   // many times w - 1 workers, and lasts this many measured intervals.
   static constexpr double kProbeReach = 1.35;
   static constexpr int kProbeIntervals = 4;
-  // Fewer workers are kept when they cover all but this fraction of the demand, and the
-  // consumer waited no more than this: a whole decoder thread saved for at most a 3% slower
+  // Fewer workers are kept when they cover all but this fraction of the demand (and the
+  // consumer was not starved meanwhile): a whole decoder thread saved for at most a 3% slower
   // feed (the deep ring absorbs most of it), and a borderline measurement does not flip.
   static constexpr double kProbeTolerance = 0.03;
   static constexpr int kDemandWindow = 6;  // intervals (1.2 s) over which demand is measured
+  // Workers go up without the consumer waiting only when the model is more than this short.
+  static constexpr double kUpDeadBand = 0.08;
+  // The consumer is starved when it waits more than this fraction of the time (smoothed).
+  static constexpr double kStarvedWait = 0.04;
+  static constexpr int kProbeAfter = 3;  // intervals at the current settings before a probe
 
  private:
   TunerLimits limits_;
@@ -118,6 +127,8 @@ class Autotuner {
   std::pair<int64_t, double> demand_window_[kDemandWindow] = {};  // images, consumer busy s
   int64_t demand_next_ = 0;
   int settle_ = 0;            // intervals to wait after a change
+  int steady_ = 0;            // intervals measured since the last change
+  double wait_ema_ = 0;       // the consumer's wait fraction, smoothed
   bool lean_ = false;         // fewer workers + a deep ring (consumer-bound)
   bool lean_failed_ = false;  // lean mode starved the consumer once: not tried again
   struct Probe {
@@ -133,6 +144,9 @@ class Autotuner {
   // Runs the probe for one interval; returns true while it goes on (or just ended with a
   // decision), in which case Update changes nothing else this interval.
   bool StepProbe(const TunerSample& s, double rate);
+  // The reads in flight for `rate` images/s (Little's law, dead band; a raise goes
+  // `raise_margin` past the estimate).
+  int IoDepthFor(double rate, double raise_margin) const;
 };
 
 }  // namespace feedline

@@ -89,9 +89,10 @@ TEST_CASE("slow storage: many reads in flight, no extra decode threads", "[tune]
   m.t_read = 0.020;  // 20 ms per read, 10x a local SSD and more
   int late = 0;
   TunerSettings s = Run(m, Limits(4), TunerSettings{4, 2, 2}, 30, &late);
-  // 4 decoders give 2000 images/s; Little's law: 2000/s * 20 ms = 40 reads in flight.
+  // 4 decoders give 2000 images/s; Little's law: 2000/s * 20 ms = 40 reads in flight; with the
+  // headroom and the margin a raise adds, at most 40 * 1.15 * 1.4 + 2.
   REQUIRE(s.io_depth >= 40);
-  REQUIRE(s.io_depth <= 64);
+  REQUIRE(s.io_depth <= 67);
   REQUIRE(s.workers == 4);
   REQUIRE(late == 0);
   // The resulting rate is the decode limit.
