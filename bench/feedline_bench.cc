@@ -104,7 +104,9 @@ simulation:
 modes:
   --tune-grid           auto against every fixed setting of workers {1,2,4} x prefetch
                         {2,8} x io depth {1,32} in three regimes: decode-bound, slow
-                        storage, slow consumer (about 39 x (--grid-seconds + 1) seconds)
+                        storage, slow consumer; then auto, the best and the leanest setting
+                        twice more, interleaved, for the ratios (about 57 x
+                        (--grid-seconds + 1) seconds)
   --grid-seconds S      each setting's measurement window (default 6)
   --compare-torch       feedline (from C++ and from Python) against torch's DataLoader and
                         the all-cores full-decode limit, on the same files

@@ -41,9 +41,10 @@ void PrintHeader(const GridRegime& r, const GridOptions& o) {
   std::fflush(stdout);
 }
 
-void PrintConfig(const GridConfig& c) {
+void PrintConfig(const GridConfig& c, const std::string& label = "") {
   const feedline::Stats& st = c.run.stats;
-  std::printf("  %-14s %10.1f %11.3f %7s  %-13s %s\n", c.name().c_str(), c.run.images_per_s(),
+  std::printf("  %-14s %10.1f %11.3f %7s  %-13s %s\n",
+              label.empty() ? c.name().c_str() : label.c_str(), c.run.images_per_s(),
               1e3 * c.run.cpu_seconds_per_image(), FormatCores(c.run.other_cores).c_str(),
               SettingName(st.workers, st.prefetch, st.io_depth).c_str(), st.bottleneck.c_str());
   std::fflush(stdout);
@@ -76,7 +77,7 @@ std::string GridConfig::name() const {
   return is_auto ? "auto" : SettingName(workers, prefetch, io_depth);
 }
 
-void GridRegime::Evaluate() {
+void GridRegime::Choose() {
   best_fixed = leanest = -1;
   for (size_t i = 1; i < configs.size(); ++i) {
     if (best_fixed < 0 ||
@@ -84,7 +85,7 @@ void GridRegime::Evaluate() {
       best_fixed = int(i);
     }
   }
-  if (best_fixed < 0 || configs.empty()) return;
+  if (best_fixed < 0) return;
   const double best = configs[size_t(best_fixed)].run.images_per_s();
   for (size_t i = 1; i < configs.size(); ++i) {
     const WindowResult& run = configs[i].run;
@@ -94,12 +95,41 @@ void GridRegime::Evaluate() {
       leanest = int(i);
     }
   }
-  const WindowResult& a = configs[0].run;
-  auto_vs_best = best > 0 ? a.images_per_s() / best : 0;
-  const double lean_cpu = configs[size_t(leanest)].run.cpu_seconds_per_image();
-  auto_cpu_vs_leanest = lean_cpu > 0 ? a.cpu_seconds_per_image() / lean_cpu : 0;
-  settle_s = a.stats.tuning.empty() ? 0.0 : a.stats.tuning.back().time_s;
-  settle_limit_s = std::max(kSettleSeconds, a.first_epoch_s);
+}
+
+namespace {
+
+double Mean(const std::vector<WindowResult>& runs, double (WindowResult::*figure)() const) {
+  double sum = 0;
+  for (const WindowResult& r : runs) sum += (r.*figure)();
+  return runs.empty() ? 0.0 : sum / double(runs.size());
+}
+
+}  // namespace
+
+void GridRegime::Evaluate() {
+  // Without confirmation rounds, the sweep's own runs.
+  if (auto_runs.empty()) auto_runs.push_back(configs[0].run);
+  if (best_runs.empty()) best_runs.push_back(configs[size_t(best_fixed)].run);
+  if (lean_runs.empty()) lean_runs.push_back(configs[size_t(leanest)].run);
+  auto_images_per_s = Mean(auto_runs, &WindowResult::images_per_s);
+  best_images_per_s = Mean(best_runs, &WindowResult::images_per_s);
+  auto_cpu_per_image = Mean(auto_runs, &WindowResult::cpu_seconds_per_image);
+  lean_cpu_per_image = Mean(lean_runs, &WindowResult::cpu_seconds_per_image);
+  auto_vs_best = best_images_per_s > 0 ? auto_images_per_s / best_images_per_s : 0;
+  auto_cpu_vs_leanest = lean_cpu_per_image > 0 ? auto_cpu_per_image / lean_cpu_per_image : 0;
+  // The latest settle against the shortest first epoch: the strictest reading.
+  settle_s = 0;
+  double first_epoch = -1;
+  std::vector<const WindowResult*> all = {&configs[0].run};
+  for (const WindowResult& r : auto_runs) all.push_back(&r);
+  for (const WindowResult* r : all) {
+    if (!r->stats.tuning.empty()) settle_s = std::max(settle_s, r->stats.tuning.back().time_s);
+    if (r->first_epoch_s >= 0 && (first_epoch < 0 || r->first_epoch_s < first_epoch)) {
+      first_epoch = r->first_epoch_s;
+    }
+  }
+  settle_limit_s = std::max(kSettleSeconds, first_epoch);
 }
 
 absl::StatusOr<GridResult> RunTuneGrid(const GridOptions& options) {
@@ -126,7 +156,7 @@ absl::StatusOr<GridResult> RunTuneGrid(const GridOptions& options) {
       r.consumer_ms = options.consumer_ms;
       if (r.consumer_ms <= 0) {
         const GridRegime& a = grid.regimes.front();
-        const double best = a.configs[size_t(a.best_fixed)].run.images_per_s();
+        const double best = a.best_images_per_s;
         if (best <= 0) return absl::InternalError("regime (a) delivered nothing");
         const double batch_ms = 1e3 * double(options.batch_size) / best;
         r.consumer_ms = kConsumerFactor * batch_ms;
@@ -153,6 +183,25 @@ absl::StatusOr<GridResult> RunTuneGrid(const GridOptions& options) {
       c.run = *std::move(run);
       PrintConfig(c);
     }
+    r.Choose();
+    if (r.best_fixed < 0) return absl::InternalError("no fixed setting ran");
+    // Confirmation rounds (see the header): auto, the best, the leanest, interleaved.
+    for (int round = 0; round < options.confirm_rounds; ++round) {
+      const GridConfig& best = r.configs[size_t(r.best_fixed)];
+      const GridConfig& lean = r.configs[size_t(r.leanest)];
+      std::vector<std::pair<const GridConfig*, std::vector<WindowResult>*>> order = {
+          {&r.configs[0], &r.auto_runs}, {&best, &r.best_runs}};
+      if (r.leanest != r.best_fixed) order.push_back({&lean, &r.lean_runs});
+      for (auto& [config, runs] : order) {
+        absl::StatusOr<WindowResult> run = RunOne(options, r, *config);
+        if (!run.ok()) return run.status();
+        runs->push_back(*std::move(run));
+        GridConfig shown = *config;
+        shown.run = runs->back();
+        PrintConfig(shown, absl::StrCat(config->name(), " #", round + 2));
+      }
+    }
+    if (r.leanest == r.best_fixed) r.lean_runs = r.best_runs;
     r.Evaluate();
     grid.regimes.push_back(std::move(r));
   }
@@ -161,21 +210,22 @@ absl::StatusOr<GridResult> RunTuneGrid(const GridOptions& options) {
 }
 
 void PrintGridSummary(const GridResult& grid) {
-  std::printf("\nSummary (%.0f s in all):\n", grid.seconds);
+  std::printf(
+      "\nSummary (%.0f s in all; means over %d confirmation round(s) after the sweep, which "
+      "chose the best and the leanest setting):\n",
+      grid.seconds, std::max(1, grid.options.confirm_rounds));
   std::printf("  %-16s %9s %-24s %6s %11s %-26s %8s %7s\n", "regime", "auto i/s",
               "best fixed (i/s)", "ratio", "auto ms/img", "leanest within 5% (ms/img)", "CPU rat",
               "settle");
   for (const GridRegime& r : grid.regimes) {
-    const GridConfig& a = r.configs.front();
     const GridConfig& best = r.configs[size_t(r.best_fixed)];
     const GridConfig& lean = r.configs[size_t(r.leanest)];
-    std::printf(
-        "  %-16s %9.1f %-24s %6.3f %11.3f %-26s %8.3f %6.2fs\n",
-        absl::StrCat("(", r.key, ") ", r.name).c_str(), a.run.images_per_s(),
-        absl::StrFormat("%s (%.1f)", best.name(), best.run.images_per_s()).c_str(), r.auto_vs_best,
-        1e3 * a.run.cpu_seconds_per_image(),
-        absl::StrFormat("%s (%.3f)", lean.name(), 1e3 * lean.run.cpu_seconds_per_image()).c_str(),
-        r.auto_cpu_vs_leanest, r.settle_s);
+    std::printf("  %-16s %9.1f %-24s %6.3f %11.3f %-26s %8.3f %6.2fs\n",
+                absl::StrCat("(", r.key, ") ", r.name).c_str(), r.auto_images_per_s,
+                absl::StrFormat("%s (%.1f)", best.name(), r.best_images_per_s).c_str(),
+                r.auto_vs_best, 1e3 * r.auto_cpu_per_image,
+                absl::StrFormat("%s (%.3f)", lean.name(), 1e3 * r.lean_cpu_per_image).c_str(),
+                r.auto_cpu_vs_leanest, r.settle_s);
   }
   std::printf("\nTargets:\n");
   for (const GridRegime& r : grid.regimes) {
@@ -238,13 +288,14 @@ void WriteGridJson(const GridResult& grid, JsonWriter& json) {
     }
     json.EndArray();
     json.Key("best_fixed").String(best.name());
-    json.Key("best_fixed_images_per_s").Number(best.run.images_per_s());
-    json.Key("auto_images_per_s").Number(a.run.images_per_s());
+    json.Key("confirm_rounds").Integer(int64_t(r.auto_runs.size()));
+    json.Key("best_fixed_images_per_s").Number(r.best_images_per_s);
+    json.Key("auto_images_per_s").Number(r.auto_images_per_s);
     json.Key("auto_vs_best_fixed").Number(r.auto_vs_best);
     json.Key("auto_vs_best_fixed_met").Boolean(r.auto_vs_best >= kAutoTarget);
     json.Key("leanest_within_5pct").String(lean.name());
-    json.Key("leanest_cpu_seconds_per_image").Number(lean.run.cpu_seconds_per_image());
-    json.Key("auto_cpu_seconds_per_image").Number(a.run.cpu_seconds_per_image());
+    json.Key("leanest_cpu_seconds_per_image").Number(r.lean_cpu_per_image);
+    json.Key("auto_cpu_seconds_per_image").Number(r.auto_cpu_per_image);
     json.Key("auto_cpu_vs_leanest").Number(r.auto_cpu_vs_leanest);
     if (r.key == "c")
       json.Key("auto_cpu_vs_leanest_met").Boolean(r.auto_cpu_vs_leanest <= kCpuTarget);
@@ -266,7 +317,7 @@ void AddGridPlot(const GridResult& grid, SvgFigure& figure) {
     BarPanel panel;
     panel.title =
         absl::StrFormat("(%s) %s: auto %.0f images/s = %.2fx the best fixed (%s)", r.key, r.name,
-                        r.configs.front().run.images_per_s(), r.auto_vs_best, best.name());
+                        r.auto_images_per_s, r.auto_vs_best, best.name());
     panel.y_label = "images/s";
     for (size_t i = 0; i < r.configs.size(); ++i) {
       const GridConfig& c = r.configs[i];
@@ -283,7 +334,7 @@ void AddGridPlot(const GridResult& grid, SvgFigure& figure) {
       panel.bars.push_back(std::move(bar));
     }
     panel.levels.push_back(
-        PlotLevel{kAutoTarget * best.run.images_per_s(), "0.95x best fixed (target)", "#d62728"});
+        PlotLevel{kAutoTarget * r.best_images_per_s, "0.95x best fixed (target)", "#d62728"});
     figure.Add(std::move(panel));
   }
   for (const GridRegime& r : grid.regimes) {
@@ -303,7 +354,7 @@ void AddGridPlot(const GridResult& grid, SvgFigure& figure) {
       bar.text = absl::StrFormat("%.2f", bar.value);
       panel.bars.push_back(std::move(bar));
     }
-    panel.levels.push_back(PlotLevel{kCpuTarget * 1e3 * lean.run.cpu_seconds_per_image(),
+    panel.levels.push_back(PlotLevel{kCpuTarget * 1e3 * r.lean_cpu_per_image,
                                      "1.15x leanest (target)", "#d62728"});
     figure.Add(std::move(panel));
   }

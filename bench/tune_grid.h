@@ -13,6 +13,12 @@
 // leanest fixed setting within 5% of the best (target in (c): <= 1.15x); and when auto settled
 // (its last tuning event; target: within 2 s or the first epoch).
 //
+// The sweep picks the best and the leanest setting, but the best of twelve noisy windows is
+// biased upwards (the winner's curse: on a shared 2-core VM one window varies by 5-10%). So the
+// ratios come from confirmation rounds run after the sweep: auto, the best and the leanest
+// setting again, interleaved, `confirm_rounds` times, compared by their means. The settle time
+// is the latest over all of auto's runs.
+//
 // Thread safety: runs on the calling thread, one loader at a time.
 #ifndef FEEDLINE_BENCH_TUNE_GRID_H_
 #define FEEDLINE_BENCH_TUNE_GRID_H_
@@ -40,6 +46,7 @@ struct GridOptions {
   double consumer_ms = 0;     // regime (c); 0: twice (a)'s best time per batch
   double seconds = 6;         // each setting's measurement window
   int warmup_batches = 2;
+  int confirm_rounds = 2;     // auto, best and leanest again, interleaved, after the sweep
 };
 
 struct GridConfig {
@@ -56,12 +63,17 @@ struct GridRegime {
   double consumer_ms = 0;
   std::vector<GridConfig> configs;  // [0] is auto
 
-  // Derived once the configs have run (Evaluate()).
+  // Chosen once the sweep has run (Choose()).
   int best_fixed = -1;  // index into configs
   int leanest = -1;     // the least CPU per image among fixed settings within 5% of the best
+  void Choose();
+  // The confirmation rounds: runs of auto, the best and the leanest setting (Evaluate()).
+  std::vector<WindowResult> auto_runs, best_runs, lean_runs;
+  double auto_images_per_s = 0, best_images_per_s = 0;  // means over the rounds
+  double auto_cpu_per_image = 0, lean_cpu_per_image = 0;
   double auto_vs_best = 0;
   double auto_cpu_vs_leanest = 0;
-  double settle_s = 0;        // auto's last tuning event (0: it changed nothing)
+  double settle_s = 0;        // auto's last tuning event, the latest over its runs
   double settle_limit_s = 0;  // max(2 s, auto's first epoch)
   void Evaluate();
 };
