@@ -305,6 +305,16 @@ void WriteGridJson(const GridResult& grid, JsonWriter& json) {
     json.Key("auto_stats").BeginObject();
     WriteStatsJson(a.run.stats, /*timeline=*/false, json);
     json.EndObject();
+    json.Key("auto_confirmation_runs").BeginArray();
+    for (const WindowResult& run : r.auto_runs) {
+      json.BeginObject();
+      json.Key("images_per_s").Number(run.images_per_s());
+      json.Key("cpu_seconds_per_image").Number(run.cpu_seconds_per_image());
+      json.Key("first_epoch_s").Number(run.first_epoch_s);
+      WriteStatsJson(run.stats, /*timeline=*/false, json);
+      json.EndObject();
+    }
+    json.EndArray();
     json.EndObject();
   }
   json.EndArray();

@@ -143,13 +143,13 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
                                 t_read_ * 1e3);
     }
   }
-  if (limits_.tune_prefetch && wait_fraction > 0.02 &&
+  if (limits_.tune_prefetch && wait_ema_ > 0.02 &&
       capacity_per_worker * next.workers >= std::min(demand_, max_capacity) * 1.05 &&
       settings_.prefetch < limits_.max_prefetch) {
     // Production keeps up on average but the consumer still waits: absorb the jitter.
     next.prefetch = settings_.prefetch + 1;
-    reason += absl::StrFormat("prefetch %d->%d (consumer waited %.0f%%); ", settings_.prefetch,
-                              next.prefetch, wait_fraction * 100);
+    reason += absl::StrFormat("prefetch %d->%d (consumer waited %.0f%%, smoothed); ",
+                              settings_.prefetch, next.prefetch, wait_ema_ * 100);
   }
   if (limits_.tune_prefetch && wait_fraction > 0.05 && demand_ > max_capacity) {
     // Decode-bound: every core decodes; a ring a few batches deep keeps them busy across batch
@@ -245,7 +245,7 @@ bool Autotuner::StepProbe(const TunerSample& s, double rate) {
     lean_failed_ = true;  // w - 1 without headroom is what just failed
     t_decode_ = p.t_decode_from;
     settings_.workers = p.from_workers;
-    settle_ = 2;  // the waits the probe caused are not jitter for the ring to absorb
+    settle_ = 3;  // the ring refills: the waits the probe caused are not jitter to absorb
     reason = absl::StrFormat(
         "probe undone: workers %d->%d (with %d: %.2f ms/img, demand %.0f img/s needs %.2f "
         "workers; the consumer waited %.1f%%)",
