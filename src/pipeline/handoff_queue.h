@@ -1,11 +1,10 @@
 // The hand-off between stages: oneTBB's lock-free concurrent_queue for the items, and a
-// semaphore (a futex, no spinning: sleep.h) for the sleep when it is empty.
+// counting semaphore (a futex) for the sleep when it is empty.
 //
 // Why not tbb::concurrent_bounded_queue, which blocks by itself: its pop spins with
 // sched_yield before it sleeps. Measured here (feedline-bench --tune-grid, a slow consumer),
 // idle decoders spinning that way cost 1.5x the CPU per image of an idle-sleeping pipeline,
-// which is exactly the CPU the consumer-bound regime must not burn. std::counting_semaphore
-// spins too (see sleep.h).
+// which is exactly the CPU the consumer-bound regime must not burn.
 //
 // Unbounded: the number of items in circulation (read buffers) bounds it. A null item is the
 // stop sentinel, pushed once per consumer thread.
@@ -17,8 +16,7 @@
 #include <oneapi/tbb/concurrent_queue.h>
 
 #include <cstddef>
-
-#include "pipeline/sleep.h"
+#include <semaphore>
 
 namespace feedline {
 
@@ -46,7 +44,7 @@ class HandoffQueue {
 
  private:
   tbb::concurrent_queue<T> items_;
-  Semaphore available_{0};
+  std::counting_semaphore<> available_{0};
 };
 
 }  // namespace feedline

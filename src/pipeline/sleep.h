@@ -1,13 +1,16 @@
-// Sleeping without spinning, for the threads of a pipeline that must not burn CPU while idle.
+// Sleeping without spinning, for threads parked until something changes.
 //
-// libstdc++'s std::atomic::wait and std::counting_semaphore spin before they sleep (12 pause
-// instructions, then 4 sched_yield calls, per wait). A decoder that waits for a read, or a reader
-// that waits for its batch to be admitted, waits once per image or batch: in the consumer-bound
-// regime that spinning was 12,000 sched_yield calls per 6,000 images (strace -c) and ~15% of
-// the process's CPU. These two primitives go straight to the kernel's futex instead:
-//   Semaphore  POSIX sem_t (glibc: an atomic fast path, futex sleep, no spinning);
-//   WakeWord   a generation counter to sleep on until it changes (futex), with the wake-up
-//              syscall skipped when nobody sleeps.
+// libstdc++'s std::atomic::wait spins before it sleeps (12 pause instructions, then 4
+// sched_yield calls, per wait). Readers parked until their batch is admitted are woken by every
+// consumed batch (notify_all), and there are io_depth of them: tens with slow storage, each
+// spinning through its yields for nothing on every batch. WakeWord goes straight to the
+// kernel's futex instead, and skips the wake-up syscall when nobody sleeps.
+//
+// (The stage hand-off, HandoffQueue, keeps std::counting_semaphore: there the yields pay off,
+// because on few cores they give the CPU to the thread about to produce. Measured with
+// `feedline-bench --source synthetic`: 178-225k samples/s with it, 92-108k with a sem_t that
+// sleeps at once; no difference in the consumer-bound regime.)
+//
 // Linux only (futex), as is the rest of the loader's I/O.
 //
 // Thread safety: all members may be called from any thread.
@@ -15,7 +18,6 @@
 #define FEEDLINE_SRC_PIPELINE_SLEEP_H_
 
 #include <linux/futex.h>
-#include <semaphore.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -25,25 +27,6 @@
 #include <cstdint>
 
 namespace feedline {
-
-class Semaphore {
- public:
-  explicit Semaphore(unsigned initial = 0) { sem_init(&sem_, /*pshared=*/0, initial); }
-  ~Semaphore() { sem_destroy(&sem_); }
-  Semaphore(const Semaphore&) = delete;
-  Semaphore& operator=(const Semaphore&) = delete;
-
-  void release() { sem_post(&sem_); }
-  void acquire() {
-    while (sem_wait(&sem_) != 0) {
-      // EINTR (a signal handler ran): wait again.
-    }
-  }
-  bool try_acquire() { return sem_trywait(&sem_) == 0; }
-
- private:
-  sem_t sem_;
-};
 
 class WakeWord {
  public:
