@@ -586,7 +586,7 @@ bool EpochRun::ProcessSample(ReadItem* item, DecoderState* state) {
     slot->indices[size_t(pos)] = item->sample;
     std::lock_guard<std::mutex> lock(e.mu);
     if (e.error_pos < 0 || pos < e.error_pos) {
-      e.error = st;
+      e.error = absl::Status(st.code(), st.message());  // a copy, not a shared reference
       e.error_pos = pos;
     }
   }
