@@ -20,12 +20,12 @@ namespace {
 
 // One data set for the whole file (75 images in 3 classes).
 const std::string& DataDir() {
-  static t::TempDir* dir = [] {
-    auto* d = new t::TempDir();
-    t::MakeSmallImageFolder(d->path(), 3, 25, 1);
-    return d;
-  }();
-  return dir->path();
+  // Static, so removed at exit (a forked child leaves with _exit and does not remove it).
+  static const struct DataSet {
+    DataSet() { t::MakeSmallImageFolder(dir.path(), 3, 25, 1); }
+    t::TempDir dir;
+  } data;
+  return data.dir.path();
 }
 
 std::unique_ptr<Loader> MakeLoader(LoaderOptions o) {

@@ -29,12 +29,12 @@ constexpr int kPerClass = 7;  // 14 images: batches of 4 give 3 full ones and a 
 
 // One data set for the whole file.
 const std::string& DataDir() {
-  static t::TempDir* dir = [] {
-    auto* d = new t::TempDir();
-    t::MakeSmallImageFolder(d->path(), kClasses, kPerClass, 3);
-    return d;
-  }();
-  return dir->path();
+  // Static, so removed at exit.
+  static const struct DataSet {
+    DataSet() { t::MakeSmallImageFolder(dir.path(), kClasses, kPerClass, 3); }
+    t::TempDir dir;
+  } data;
+  return data.dir.path();
 }
 
 LoaderOptions Small() {
