@@ -28,8 +28,7 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
     Ema(&t_decode_, busy / double(s.decoded));
   }
   if (s.reads > 0) Ema(&t_read_, s.read_busy_s / double(s.reads));
-  if (const int64_t stepped = s.stepped_images >= 0 ? s.stepped_images : s.images_consumed;
-      stepped > 0) {
+  if (const int64_t stepped = s.stepped_images; stepped > 0) {
     // Over a window of intervals: an interval holds a few steps, and the last one is still
     // running when it ends. A consumer that spends (almost) no time outside Next() would take
     // anything: infinite.
@@ -63,15 +62,11 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
     if (limits_.tune_io_depth && t_read_ > 0) {
       const int want = IoDepthFor(double(settings_.workers) / t_decode_, kIoStartMargin);
       if (want != settings_.io_depth) {
-        const std::string reason = absl::StrFormat(
-            "io_depth %d->%d (%.2f ms/read, before the first batch)", settings_.io_depth, want,
-            t_read_ * 1e3);
-        settings_.io_depth = want;
-        settle_ = 1;
-        steady_ = 0;
-        if (decisions_.size() < kMaxDecisions) {
-          decisions_.push_back(TunerDecision{time_s_, settings_, rate, reason});
-        }
+        TunerSettings next = settings_;
+        next.io_depth = want;
+        Decide(next, /*settle=*/1, rate,
+               absl::StrFormat("io_depth %d->%d (%.2f ms/read, before the first batch)",
+                               settings_.io_depth, want, t_read_ * 1e3));
       }
     }
     return settings_;
@@ -169,9 +164,9 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
   // Not before the estimates have had kProbeAfter intervals at the current settings (the first
   // ones carry the start: threads, first touches of ring slots).
   if (next == settings_ && limits_.tune_workers && limits_.tune_prefetch && !lean_failed_ &&
-      probe_allowed && steady_ >= kProbeAfter && settings_.workers > 1 &&
-      demand_ < max_capacity && wait_fraction <= 0.02 &&
-      load <= kProbeReach * (settings_.workers - 1) && limits_.max_prefetch >= kLeanPrefetch) {
+      probe_allowed && steady_ >= kProbeAfter && settings_.workers > 1 && demand_ < max_capacity &&
+      wait_fraction <= 0.02 && load <= kProbeReach * (settings_.workers - 1) &&
+      limits_.max_prefetch >= kLeanPrefetch) {
     probe_ = Probe{};
     probe_.active = true;
     probe_.from_workers = settings_.workers;
@@ -189,13 +184,8 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
   }
 
   if (!(next == settings_)) {
-    settings_ = next;
-    settle_ = 1;
-    steady_ = 0;
     if (!reason.empty()) reason.resize(reason.size() - 2);
-    if (decisions_.size() < kMaxDecisions) {
-      decisions_.push_back(TunerDecision{time_s_, settings_, rate, reason});
-    }
+    Decide(next, /*settle=*/1, rate, std::move(reason));
   }
   return settings_;
 }
@@ -209,8 +199,7 @@ int Autotuner::IoDepthFor(double rate, double raise_margin) const {
   // rather than a step every few seconds); never for less than the dead band.
   const int now = settings_.io_depth;
   if (want < now) want = std::max(want, (now + want + 1) / 2);
-  const bool outside_band =
-      std::abs(want - now) > kIoDeadBand * now || (now <= 2 && want > now);
+  const bool outside_band = std::abs(want - now) > kIoDeadBand * now || (now <= 2 && want > now);
   if (!outside_band) return now;
   if (want > now) {
     want = std::min(limits_.max_io_depth, static_cast<int>(std::ceil(want * raise_margin)));
@@ -230,6 +219,8 @@ bool Autotuner::StepProbe(const TunerSample& s, double rate) {
   if (!starved && p.measured < kProbeIntervals) return true;
   p.active = false;
   const int fewer = settings_.workers;
+  TunerSettings next = settings_;
+  int settle = 1;
   const double t = p.decoded > 0 ? p.decode_s / double(p.decoded) : 0;
   const double need = demand_ * t;  // workers needed at the cost measured with `fewer`
   std::string reason;
@@ -244,20 +235,25 @@ bool Autotuner::StepProbe(const TunerSample& s, double rate) {
     probe_failed_demand_ = demand_;
     lean_failed_ = true;  // w - 1 without headroom is what just failed
     t_decode_ = p.t_decode_from;
-    settings_.workers = p.from_workers;
-    settle_ = 3;  // the ring refills: the waits the probe caused are not jitter to absorb
+    next.workers = p.from_workers;
+    settle = 3;  // the ring refills: the waits the probe caused are not jitter to absorb
     reason = absl::StrFormat(
         "probe undone: workers %d->%d (with %d: %.2f ms/img, demand %.0f img/s needs %.2f "
         "workers; the consumer waited %.1f%%)",
         fewer, p.from_workers, fewer, t * 1e3, demand_, need, 100 * wait_fraction);
   }
-  settle_ = std::max(settle_, 1);
-  steady_ = 0;
   wait_ema_ = 0;  // the probe's waits say nothing about the setting now
-  if (decisions_.size() < kMaxDecisions) {
-    decisions_.push_back(TunerDecision{time_s_, settings_, rate, reason});
-  }
+  Decide(next, settle, rate, std::move(reason));
   return true;
+}
+
+void Autotuner::Decide(const TunerSettings& next, int settle, double rate, std::string reason) {
+  settings_ = next;
+  settle_ = settle;
+  steady_ = 0;
+  if (decisions_.size() < kMaxDecisions) {
+    decisions_.push_back(TunerDecision{time_s_, settings_, rate, std::move(reason)});
+  }
 }
 
 void Autotuner::Fix(Knob knob, int value) {

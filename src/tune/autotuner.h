@@ -41,8 +41,8 @@ struct TunerSample {
   double interval_s = 0;
   int64_t images_consumed = 0;
   double consumer_busy_s = 0;  // time the consumer spent outside Next()
-  int64_t stepped_images = -1;  // the images of the steps in consumer_busy_s (-1: take
-                                // images_consumed; counted when a step ends, not at the hand-out)
+  int64_t stepped_images = 0;  // the images of the steps in consumer_busy_s (counted when a
+                               // step ends, not at the hand-out): the demand's numerator
   double consumer_wait_s = 0;  // time the consumer spent blocked in Next()
   int64_t decoded = 0;
   double decode_busy_s = 0;  // summed over decoder threads (wall clock)
@@ -144,6 +144,8 @@ class Autotuner {
   // Runs the probe for one interval; returns true while it goes on (or just ended with a
   // decision), in which case Update changes nothing else this interval.
   bool StepProbe(const TunerSample& s, double rate);
+  // Applies `next` and records the decision; the next `settle` intervals change nothing.
+  void Decide(const TunerSettings& next, int settle, double rate, std::string reason);
   // The reads in flight for `rate` images/s (Little's law, dead band; a raise goes
   // `raise_margin` past the estimate).
   int IoDepthFor(double rate, double raise_margin) const;

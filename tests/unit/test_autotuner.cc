@@ -36,6 +36,7 @@ TunerSample Simulate(const Machine& m, const TunerSettings& s, double interval =
   TunerSample x;
   x.interval_s = interval;
   x.images_consumed = int64_t(rate * interval);
+  x.stepped_images = x.images_consumed;  // steady state: as many steps end as batches start
   x.consumer_busy_s = std::isinf(m.demand) ? 0.0 : rate * interval / m.demand;
   x.consumer_wait_s = interval - x.consumer_busy_s;
   if (!std::isinf(m.demand) && produced > m.demand) x.consumer_wait_s = 0;
@@ -142,6 +143,7 @@ TEST_CASE("jitter: the ring deepens while production keeps up, within its limit"
   TunerSample x;
   x.interval_s = 0.2;
   x.images_consumed = 100;
+  x.stepped_images = 100;
   x.consumer_busy_s = 0.15;  // demand ~667/s
   x.consumer_wait_s = 0.05;  // 25% waiting...
   x.decoded = 100;
