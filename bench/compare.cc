@@ -164,7 +164,8 @@ absl::StatusOr<PipelineOverhead> EstimatePipelineOverhead(const feedline::Loader
   // With LoaderOptions::synthetic nothing is read or decoded: all the CPU is the pipeline's.
   if (!loader.options().synthetic()) {
     std::vector<std::string> paths;
-    for (const feedline::Sample& s : loader.dataset().samples) {
+    const auto& files = dynamic_cast<const feedline::FileDataset&>(loader.dataset()).files();
+    for (const feedline::Sample& s : files.samples) {
       paths.push_back(s.path);
       if (int64_t(paths.size()) >= kTinyCostSamples) break;
     }
@@ -210,7 +211,7 @@ absl::StatusOr<CompareResult> RunComparison(const CompareOptions& o) {
   r.options = o;
   r.cores = Cores();
   const Clock::time_point start = Clock::now();
-  absl::StatusOr<feedline::Dataset> dataset = feedline::ScanDataset(o.data);
+  absl::StatusOr<feedline::FileList> dataset = feedline::ScanFileList(o.data);
   if (!dataset.ok()) return dataset.status();
   std::vector<std::string> files;
   for (const feedline::Sample& s : dataset->samples) files.push_back(s.path);

@@ -613,7 +613,7 @@ int RunPlain(const BenchFlags& flags, const std::string& data) {
   std::printf(
       "feedline-bench: %s: %zu %s, batch size %lld (%lld batches/epoch), transform %s, "
       "layout %s, device %s, %d cores\n",
-      data.c_str(), loader.dataset().samples.size(), flags.synthetic ? "samples" : "images",
+      data.c_str(), size_t(loader.dataset().size()), flags.synthetic ? "samples" : "images",
       static_cast<long long>(flags.batch_size), static_cast<long long>(loader.num_batches()),
       transform, layout, flags.device.c_str(), feedline::bench::Cores());
   if (flags.synthetic) {

@@ -93,8 +93,15 @@ class ArrayView {
     if (device_ >= 0 && stream_value != -1) {
       // The consumer's stream waits for the copy and conversion (an event, no host wait), and
       // the batch's device buffer is reused only after the work queued there at release.
-      py::gil_scoped_release release;
-      batch_->set_consumer_stream(reinterpret_cast<void*>(stream_value));
+      absl::Status st;
+      {
+        py::gil_scoped_release release;
+        st = batch_->set_consumer_stream(reinterpret_cast<void*>(stream_value));
+      }
+      if (!st.ok()) {
+        throw std::runtime_error(absl::StrCat("feedline: cannot hand the batch to stream ",
+                                              stream_value, ": ", st.message()));
+      }
     }
     auto* owner = new DLPackOwner();
     owner->keep_alive = batch_;
@@ -137,7 +144,12 @@ DLDataType ImageDType(feedline::DType t) {
       return DLDataType{kDLFloat, 16, 1};
     case feedline::DType::kBFloat16:
       return DLDataType{kDLBfloat, 16, 1};
+    case feedline::DType::kInt32:
+      return DLDataType{kDLInt, 32, 1};
+    case feedline::DType::kInt64:
+      return DLDataType{kDLInt, 64, 1};
     case feedline::DType::kUint8:
+    case feedline::DType::kBytes:
       break;
   }
   return DLDataType{kDLUInt, 8, 1};
@@ -264,6 +276,13 @@ py::dict StatsToDict(const feedline::Stats& s) {
 }
 
 }  // namespace
+
+// The image built-in's data set is a FileDataset (classes, samples).
+const feedline::FileList& FilesOf(const feedline::Loader& l) {
+  static const feedline::FileList* none = new feedline::FileList();
+  const auto* files = dynamic_cast<const feedline::FileDataset*>(&l.dataset());
+  return files != nullptr ? files->files() : *none;
+}
 
 PYBIND11_MODULE(_feedline, m) {
   m.doc() = "feedline: a high-throughput image loader (C++ core)";
@@ -404,11 +423,11 @@ PYBIND11_MODULE(_feedline, m) {
       .def("__len__", &feedline::Loader::num_batches)
       .def_property_readonly("num_samples", &feedline::Loader::num_samples)
       .def_property_readonly("classes",
-                             [](const feedline::Loader& l) { return l.dataset().classes; })
+                             [](const feedline::Loader& l) { return FilesOf(l).classes; })
       .def_property_readonly("samples",
                              [](const feedline::Loader& l) {
                                py::list out;
-                               for (const feedline::Sample& s : l.dataset().samples) {
+                               for (const feedline::Sample& s : FilesOf(l).samples) {
                                  out.append(py::make_tuple(s.path, s.label));
                                }
                                return out;

@@ -1,12 +1,20 @@
 // feedline — a batch handed to the consumer.
 //
-// A batch is a view of one slot of the prefetch ring: images (uint8, NCHW or NHWC), labels
-// (int64) and the epoch's sample indices. Copies of a `Batch` share the slot; the slot returns
-// to the ring when the last copy is destroyed, so a batch stays valid for as long as the user
-// holds it, and holding any number of batches never blocks the loader (the ring allocates a
-// replacement slot; the held one is the user's memory until released).
+// A batch is a view of one slot of the prefetch ring: one column per field of the loader's
+// schema (see schema.h), plus the data set index of each sample. Copies of a `Batch` share the
+// slot; the slot returns to the ring when the last copy is destroyed, so a batch stays valid for
+// as long as the user holds it, and holding any number of batches never blocks the loader (the
+// ring allocates a replacement slot; the held one is the user's memory until released).
 //
-// Thread safety: const methods may be called from any thread. The pixels may be written by the
+//   for (absl::StatusOr<feedline::Batch>& batch : *loader) {
+//     feedline::TensorView tokens = batch->field("tokens");   // int32 [B, longest]
+//     const int64_t* lengths = tokens.lengths;                 // each sample's length
+//   }
+//
+// The image built-in's fields are "image" and "label"; `images()`, `labels()`, `image_shape()`
+// and `dtype()` are shorthands for them.
+//
+// Thread safety: const methods may be called from any thread. The memory may be written by the
 // holder (the loader never touches a slot it has handed out).
 #ifndef FEEDLINE_BATCH_H_
 #define FEEDLINE_BATCH_H_
@@ -14,8 +22,11 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <string_view>
+#include <vector>
 
-#include "feedline/options.h"
+#include "absl/status/status.h"
+#include "feedline/schema.h"
 
 namespace feedline {
 
@@ -23,6 +34,30 @@ namespace internal {
 struct BatchSlot;
 struct DeviceBatch;
 }  // namespace internal
+
+// One field of a batch: a dense tensor (fixed shapes, or variable ones padded to the batch's
+// longest) or a ragged one (values back to back, with offsets).
+struct TensorView {
+  void* data = nullptr;  // device memory when device >= 0; null when the batch has no such field
+  DType dtype = DType::kUint8;
+  std::vector<int64_t> shape;  // [B, ...]; ragged: [total elements]
+  int device = -1;             // -1: host memory; N: CUDA device N
+  // Variable fields only (host memory, B entries): each sample's own size in its first variable
+  // dimension (the "lengths" of a padded sequence batch)...
+  const int64_t* lengths = nullptr;
+  // ... each sample's whole shape ([B * rank], row per sample)...
+  const int64_t* sample_shapes = nullptr;
+  // ... and, ragged only, where each sample's elements start ([B + 1], in elements).
+  const int64_t* offsets = nullptr;
+
+  bool ragged() const noexcept { return offsets != nullptr; }
+  int64_t elements() const noexcept {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+  int64_t bytes() const noexcept { return elements() * ElementSize(dtype); }
+};
 
 class Batch {
  public:
@@ -33,32 +68,35 @@ class Batch {
   // Position of this batch in its epoch (0-based) and the epoch it belongs to.
   int64_t index() const noexcept { return index_; }
   int64_t epoch() const noexcept { return epoch_; }
-  Layout layout() const noexcept { return layout_; }
-  DType dtype() const noexcept { return dtype_; }
-  // -1: host memory; N: CUDA device N (images and labels are device pointers).
+  // -1: host memory; N: the fields the copy stage moved are on CUDA device N.
   int device() const noexcept { return device_; }
-  int height() const noexcept { return height_; }
-  int width() const noexcept { return width_; }
 
-  // [size, 3, H, W] for NCHW, [size, H, W, 3] for NHWC.
-  std::array<int64_t, 4> image_shape() const noexcept;
-  int64_t image_bytes() const noexcept {
-    return size_ * 3 * int64_t{height_} * width_ * ElementSize(dtype_);
-  }
+  // The loader's schema (the empty schema for a default-constructed batch).
+  const Schema& schema() const noexcept;
+  int num_fields() const noexcept { return schema().size(); }
+  TensorView field(int i) const;
+  // The field called `name`; a view with null data when there is none.
+  TensorView field(std::string_view name) const;
+  // The data set's sample index of each sample (host memory, size() entries).
+  const int64_t* indices() const noexcept;
 
-  // The image tensor's bytes (dtype() elements; uint8 by default). Device memory when
-  // device() >= 0: then use it on a stream that waited for ready_event().
-  const uint8_t* images() const noexcept;
-  uint8_t* mutable_images() noexcept;
-  const int64_t* labels() const noexcept;   // device memory when device() >= 0
-  const int64_t* indices() const noexcept;  // the data set's sample index of each image (host)
-  // device() >= 0: the cudaEvent_t recorded after the copy and conversion; a consumer stream
+  // Image built-in shorthands: the "image" field ([B, 3, H, W] or [B, H, W, 3]; uint8 unless a
+  // float dtype was asked), and the "label" field (int64 [B]).
+  std::array<int64_t, 4> image_shape() const;
+  DType dtype() const { return field("image").dtype; }
+  int64_t image_bytes() const { return field("image").bytes(); }
+  const uint8_t* images() const { return static_cast<const uint8_t*>(field("image").data); }
+  uint8_t* mutable_images() { return static_cast<uint8_t*>(field("image").data); }
+  const int64_t* labels() const { return static_cast<const int64_t*>(field("label").data); }
+
+  // device() >= 0: the cudaEvent_t recorded after the copy (and conversion); a consumer stream
   // must wait on it (cudaStreamWaitEvent) before reading the batch.
   void* ready_event() const noexcept;
-  // device() >= 0: tells the loader which stream uses the batch, so that its device buffer is
-  // reused only after the work queued there so far (at release) is done. Default: the legacy
-  // default stream.
-  void set_consumer_stream(void* cuda_stream) const noexcept;
+  // device() >= 0: makes `cuda_stream` wait for the batch and remembers it, so that the batch's
+  // device buffer is reused only after the work queued there so far (at release) is done.
+  // Null: the legacy default stream. An error when the CUDA calls fail (then do not use the
+  // batch on that stream).
+  absl::Status set_consumer_stream(void* cuda_stream) const;
 
   // A handle that keeps the batch's memory alive (for zero-copy views such as DLPack).
   std::shared_ptr<const void> keep_alive() const noexcept {
@@ -73,11 +111,7 @@ class Batch {
   int64_t size_ = 0;
   int64_t index_ = 0;
   int64_t epoch_ = 0;
-  Layout layout_ = Layout::kNCHW;
-  DType dtype_ = DType::kUint8;
   int device_ = -1;
-  int height_ = 0;
-  int width_ = 0;
 };
 
 }  // namespace feedline

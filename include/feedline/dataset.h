@@ -1,33 +1,104 @@
-// feedline — data sets: which files, in which order, with which labels.
+// feedline — data sets: the read stage's seam, and the built-in file data sets.
 //
-// A data set is scanned once, when a loader is created. Its sample list is what torchvision's
-// `ImageFolder` (or a list file) gives: `classes` sorted, `samples` as (path, class index),
-// ordered as torchvision orders them, so that sample indices mean the same thing in both.
+// A `Dataset` turns a sample index into a `Record`: the bytes it stores (a file's contents, the
+// members of a WebDataset key) and small metadata (a class label). What the bytes mean is the
+// transform's business (see transform.h); a data set that computes its samples from the index
+// may leave the record empty and let its transform do the work.
 //
-// Thread safety: `Dataset` is an immutable value after `ScanDataset` returns; share it freely.
+//   class Squares : public feedline::Dataset {            // a do-nothing read: all in the
+//    public:                                              // transform
+//     int64_t size() const override { return 1000; }
+//     absl::Status Read(int64_t, feedline::Record*) const override { return absl::OkStatus(); }
+//     uint64_t Fingerprint() const override { return 1000; }
+//   };
+//
+// Contract: `size()` and `Fingerprint()` never change. `Read` is called by many reader threads
+// at once, so it must be thread-safe (const and re-entrant); it replaces the record's contents
+// (the record's buffers are reused across calls: assign, do not append). It returns an error
+// naming the sample and the cause (kNotFound, kDataLoss, ...); an exception thrown from it is
+// caught by the loader and becomes that sample's error too, never a crash. It may block (slow
+// storage); the loader runs as many reads at once as the autotuner's I/O depth says, and fails a
+// read that exceeds `read_timeout_ms`.
+//
+// The built-ins: `FileDataset::Open` (an ImageFolder directory, a list file of "path label"
+// lines, or WebDataset tar shards). `DatasetWrapper` forwards every call to another data set:
+// derive from it to inject latency or faults, or to add metadata.
 #ifndef FEEDLINE_DATASET_H_
 #define FEEDLINE_DATASET_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace feedline {
+
+// One sample as stored. Reused by the loader from sample to sample (capacities are kept).
+struct Record {
+  struct Member {
+    std::string name;  // WebDataset: the member's extension ("jpg", "cls", "json", ...)
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<uint8_t> bytes;   // the sample's main payload (a file: its contents)
+  int64_t label = -1;           // class index, when the data set has classes; else -1
+  std::vector<Member> members;  // named members (WebDataset keys); empty for single files
+
+  // The member called `name`, or null.
+  const std::vector<uint8_t>* member(std::string_view name) const;
+  // Empties the record (keeping the capacity of `bytes`).
+  void Clear();
+};
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  virtual absl::Status Read(int64_t index, Record* record) const = 0;
+  // What names sample `index` in errors: a file, a shard member, or (default) "sample <index>".
+  virtual std::string Describe(int64_t index) const;
+  // A hash of the data set's identity (its files and labels, say): a saved loader state is
+  // refused by a loader whose data set has another fingerprint.
+  virtual uint64_t Fingerprint() const = 0;
+};
+
+// Forwards every call to `target` (not owned unless given as a shared_ptr).
+class DatasetWrapper : public Dataset {
+ public:
+  explicit DatasetWrapper(std::shared_ptr<const Dataset> target) : target_(std::move(target)) {}
+  int64_t size() const override { return target_->size(); }
+  absl::Status Read(int64_t index, Record* record) const override {
+    return target_->Read(index, record);
+  }
+  std::string Describe(int64_t index) const override { return target_->Describe(index); }
+  uint64_t Fingerprint() const override { return target_->Fingerprint(); }
+  const Dataset& target() const { return *target_; }
+
+ private:
+  std::shared_ptr<const Dataset> target_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Files with labels: ImageFolder, list files, WebDataset shards.
 
 struct Sample {
   std::string path;  // as torchvision would give it: the source joined with the relative path
   int64_t label = 0;
 };
 
-struct Dataset {
+// The scanned sample list of a file data set. Its `classes` are sorted, its `samples` are
+// (path, class index) ordered as torchvision's `ImageFolder` (or the list file) orders them,
+// so that sample indices mean the same thing in both.
+struct FileList {
   enum class Kind { kImageFolder, kListFile, kShards };
   Kind kind = Kind::kImageFolder;
   std::string source;
-  std::vector<std::string> classes;  // ImageFolder: sorted class folder names; list file: empty
+  std::vector<std::string> classes;  // ImageFolder: sorted class folder names; else empty
   std::vector<Sample> samples;
-  // A hash of the samples (paths and labels): tells whether a saved state fits this data set.
+  // A hash of the samples (paths and labels).
   uint64_t Fingerprint() const;
 };
 
@@ -38,7 +109,37 @@ const std::vector<std::string>& ImageExtensions();
 // "path label" lines (blank lines and lines starting with '#' are ignored; a path may contain
 // spaces: the label is the last field). Errors: kNotFound (no such source), kInvalidArgument
 // (an empty data set, a class without images, a malformed list line: file and line named).
-absl::StatusOr<Dataset> ScanDataset(const std::string& source);
+absl::StatusOr<FileList> ScanFileList(const std::string& source);
+
+// A data set of labelled files. Records: `bytes` = the file's contents, `label` = its class;
+// for WebDataset shards also every member of the key in `members` (by extension).
+// Thread safety: immutable after Open; Read from any number of threads.
+class FileDataset : public Dataset {
+ public:
+  // `source`: an ImageFolder directory, a list file, or shards (a path ending in ".tar" or a
+  // brace pattern such as "d/train-{000000..000099}.tar"); `shards`, when not empty, takes
+  // precedence. Errors as ScanFileList, and kDataLoss for a malformed shard (file and offset).
+  static absl::StatusOr<std::shared_ptr<FileDataset>> Open(
+      const std::string& source, const std::vector<std::string>& shards = {});
+
+  const FileList& files() const noexcept { return files_; }
+  int64_t size() const override { return int64_t(files_.samples.size()); }
+  std::string Describe(int64_t index) const override;
+  uint64_t Fingerprint() const override { return fingerprint_; }
+
+ protected:
+  explicit FileDataset(FileList files);
+  FileList files_;
+  uint64_t fingerprint_;
+};
+
+// WebDataset shards with named members: a sample is a key and all of its members
+// (`record.members`, named by extension, in shard order: "jpg", "cls", "json", "txt", "npy",
+// ...); `record.label` is the `.cls` member's integer when the key has one, else -1;
+// `record.bytes` is the image member's bytes when there is one. `source` is a ".tar" path or a
+// brace pattern ("d/train-{000000..000099}.tar"); `shards`, when given, takes precedence.
+absl::StatusOr<std::shared_ptr<FileDataset>> OpenWebDataset(
+    const std::string& source, const std::vector<std::string>& shards = {});
 
 }  // namespace feedline
 

@@ -1,5 +1,6 @@
-// feedline — the image loader.
+// feedline — the loader: a data set, a transform, and the pipeline between them.
 //
+// The image built-in (an ImageFolder, list file or WebDataset shards, decoded and cropped):
 //   absl::StatusOr<std::unique_ptr<feedline::Loader>> loader =
 //       feedline::Loader::Create(feedline::LoaderOptions("data/train").batch_size(256));
 //   if (!loader.ok()) return loader.status();
@@ -7,6 +8,12 @@
 //     if (!batch.ok()) return batch.status();   // the file and the cause, at its batch
 //     Train(batch->images(), batch->labels());
 //   }
+//
+// Any data set and transform (see dataset.h, transform.h):
+//   auto loader = feedline::Loader::Create(std::make_shared<MyDataset>(),
+//                                          std::make_shared<MyTransform>(),
+//                                          feedline::LoaderOptions().batch_size(32));
+//   ... batch->field("tokens") ...
 //
 // Each `begin()` (or `StartEpoch()`) starts the next epoch with a fresh permutation, as torch's
 // DataLoader does; `set_epoch` chooses it explicitly. Starting an epoch cancels the previous one
@@ -30,13 +37,16 @@
 #include "feedline/dataset.h"
 #include "feedline/options.h"
 #include "feedline/stats.h"
+#include "feedline/transform.h"
 
 namespace feedline {
 
 class EpochRun;
 class LoaderShared;
+class Loader;
 namespace internal {
-class LoaderTesting;  // src/pipeline/loader_testing.h: a loader over an injected source
+struct EngineParts;  // src/engine/engine_parts.h
+absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOptions options);
 }  // namespace internal
 
 // One pass over the data set. Destroying it stops its workers promptly (mid-epoch too).
@@ -67,9 +77,16 @@ class Epoch {
 
 class Loader {
  public:
-  // Scans the source and validates the options. Errors: kInvalidArgument (an option, naming
-  // it), kNotFound (the source), kResourceExhausted (fixed settings that cannot fit the budget).
+  // The image built-in: scans `options.source()` (or `shards()`) and validates the options.
+  // Errors: kInvalidArgument (an option, naming it), kNotFound (the source), kDataLoss (a
+  // malformed shard), kResourceExhausted (fixed settings that cannot fit the budget).
   static absl::StatusOr<std::unique_ptr<Loader>> Create(LoaderOptions options);
+  // Any data set and transform. Only the engine's options apply (sampling, resources, caching
+  // "bytes", robustness, device; not the image ones). Errors: kInvalidArgument (a null data set
+  // or transform, an empty data set, an invalid schema, an option), kResourceExhausted.
+  static absl::StatusOr<std::unique_ptr<Loader>> Create(
+      std::shared_ptr<const Dataset> dataset, std::shared_ptr<const SampleTransform> transform,
+      LoaderOptions options = LoaderOptions());
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
@@ -77,9 +94,10 @@ class Loader {
   // Starts the next epoch (or the one chosen by set_epoch).
   std::unique_ptr<Epoch> StartEpoch();
 
-  int64_t num_batches() const noexcept;  // batches per epoch for this rank: len(loader)
-  int64_t num_samples() const noexcept;  // samples per epoch for this rank (padding included)
-  const Dataset& dataset() const noexcept;
+  int64_t num_batches() const noexcept;     // batches per epoch for this rank: len(loader)
+  int64_t num_samples() const noexcept;     // samples per epoch for this rank (padding included)
+  const Dataset& dataset() const noexcept;  // as given (the image built-in's: a FileDataset)
+  const Schema& schema() const noexcept;    // the transform's output: the batches' fields
   const LoaderOptions& options() const noexcept;  // with "auto" fields resolved
   void set_epoch(int64_t epoch);
   int64_t next_epoch() const noexcept;  // the epoch that StartEpoch() will start
@@ -138,11 +156,9 @@ class Loader {
   Iterator end() { return Iterator(); }
 
  private:
-  friend class internal::LoaderTesting;
+  friend absl::StatusOr<std::unique_ptr<Loader>> internal::BuildLoader(internal::EngineParts,
+                                                                       LoaderOptions);
   explicit Loader(std::shared_ptr<LoaderShared> shared);
-  // Resolves the options against the opened source (shared->dataset, shared->source).
-  static absl::StatusOr<std::unique_ptr<Loader>> Finish(LoaderOptions options,
-                                                        std::shared_ptr<LoaderShared> shared);
   std::shared_ptr<LoaderShared> shared_;
 };
 

@@ -1,6 +1,8 @@
 // feedline — loader options.
 //
-// One struct holds every option of a loader. Each field documents its default and meaning.
+// One struct holds every option of a loader. Each field documents its default and meaning. The
+// engine's options (sampling, resources, caching, robustness, device) apply to every loader;
+// the groups marked "image built-in" only to `Loader::Create(LoaderOptions)`.
 // Fields that say "auto" (0 for the counts and sizes) are resolved once, when the loader is
 // created; `Loader::options()` returns them resolved, the autotuner then moves them.
 //
@@ -17,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "feedline/schema.h"
+
 namespace feedline {
 
 enum class Transform {
@@ -25,12 +29,6 @@ enum class Transform {
 };
 
 enum class Layout { kNCHW, kNHWC };
-
-// Element type of the images. Float types are normalised: (x / 255 - mean) / std per channel.
-enum class DType { kUint8, kFloat32, kFloat16, kBFloat16 };
-inline constexpr int ElementSize(DType t) {
-  return t == DType::kUint8 ? 1 : t == DType::kFloat32 ? 4 : 2;
-}
 
 enum class Cache {
   kNone,
@@ -71,7 +69,7 @@ class LoaderOptions {
   LoaderOptions() = default;
   explicit LoaderOptions(std::string source) : source_(std::move(source)) {}
 
-  // --- Data ---------------------------------------------------------------------------------
+  // --- Data (image built-in) ----------------------------------------------------------------
   // An ImageFolder directory (one sub-folder per class, torchvision's order), or a list file of
   // "path label" lines (paths relative to the list file's folder). Required.
   FEEDLINE_ARG(std::string, source, "");
@@ -87,7 +85,7 @@ class LoaderOptions {
   FEEDLINE_ARG(int, rank, 0);              // this process's shard (DistributedSampler semantics)
   FEEDLINE_ARG(int, world_size, 1);        // shards; every rank gets the same number of batches
 
-  // --- Transform ----------------------------------------------------------------------------
+  // --- Transform (image built-in) -----------------------------------------------------------
   FEEDLINE_ARG(Transform, transform, Transform::kTrain);
   FEEDLINE_ARG(int, size, 224);         // output height = width
   FEEDLINE_ARG(int, resize_size, 256);  // eval: shorter side before the centre crop
@@ -96,8 +94,9 @@ class LoaderOptions {
   FEEDLINE_ARG(Range, ratio, Range(3.0 / 4.0, 4.0 / 3.0));  // train: crop aspect ratio
   FEEDLINE_ARG(bool, flip, true);                           // train: horizontal flip, p = 0.5
 
-  // --- Output -------------------------------------------------------------------------------
+  // --- Output (image built-in, except `device`) ---------------------------------------------
   FEEDLINE_ARG(Layout, layout, Layout::kNCHW);
+  // uint8, or a float type (float32, float16, bfloat16): normalised, (x / 255 - mean) / std.
   FEEDLINE_ARG(DType, dtype, DType::kUint8);
   using Triple = std::array<double, 3>;
   FEEDLINE_ARG(Triple, mean, (Triple{0.485, 0.456, 0.406}));    // float dtypes: in 0..1 units

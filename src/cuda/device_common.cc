@@ -8,9 +8,11 @@
 
 namespace feedline::cuda {
 
+int CurrentDevice();  // device_cuda.cc; 0 without CUDA
+
 absl::StatusOr<int> ParseDevice(const std::string& device) {
   if (device == "cpu") return -1;
-  if (device == "cuda") return 0;
+  if (device == "cuda") return CurrentDevice();
   int index = 0;
   if (absl::StartsWith(device, "cuda:") && absl::SimpleAtoi(device.substr(5), &index) &&
       index >= 0) {
@@ -23,6 +25,8 @@ absl::StatusOr<int> ParseDevice(const std::string& device) {
 #ifndef FEEDLINE_WITH_CUDA
 
 bool Compiled() { return false; }
+
+int CurrentDevice() { return 0; }
 
 std::vector<DeviceInfo> Devices(std::string* why_none) {
   if (why_none) *why_none = "this build of feedline has no CUDA path (CUDA toolkit not found)";
@@ -38,9 +42,8 @@ absl::Status CheckDevice(int index) {
 
 HostAllocator* PinnedHostAllocator(int) { return nullptr; }
 
-absl::StatusOr<std::unique_ptr<CopyStage>> CopyStage::Create(int device, int64_t, int, DType,
-                                                             Layout, const std::array<double, 3>&,
-                                                             const std::array<double, 3>&) {
+absl::StatusOr<std::unique_ptr<CopyStage>> CopyStage::Create(
+    int device, std::shared_ptr<const internal::SlotLayout>, std::optional<ImageConversion>) {
   return CheckDevice(device);
 }
 

@@ -1,6 +1,7 @@
 // The CUDA implementation of src/cuda/device.h (built when CMake finds the CUDA toolkit).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -25,13 +26,38 @@ absl::Status CudaError(cudaError_t e, absl::string_view what) {
     if (_e != cudaSuccess) return CudaError(_e, #expr); \
   } while (0)
 
+// Selects `device` for the guard's lifetime and restores the caller's current device after:
+// the loader never moves the calling thread's later CUDA work (torch's included) to its GPU.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) : device_(device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    status_ = previous_ == device_ ? cudaSuccess : cudaSetDevice(device_);
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0 && previous_ != device_) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  cudaError_t status() const { return status_; }
+
+ private:
+  int device_;
+  int previous_ = -1;
+  cudaError_t status_ = cudaSuccess;
+};
+
 class PinnedAllocator final : public HostAllocator {
  public:
   explicit PinnedAllocator(int device) : device_(device) {}
   void* Allocate(size_t bytes) override {
-    cudaSetDevice(device_);
+    DeviceGuard guard(device_);
     void* p = nullptr;
-    if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) throw std::bad_alloc();
+    // std::bad_alloc is caught where a slot is opened: the batch fails, the process does not.
+    if (guard.status() != cudaSuccess ||
+        cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
+      throw std::bad_alloc();
+    }
     return p;
   }
   void Free(void* p, size_t) override { cudaFreeHost(p); }
@@ -41,13 +67,13 @@ class PinnedAllocator final : public HostAllocator {
   int device_;
 };
 
-// One device buffer: the uint8 staging copy, the converted images and the labels.
+// One device buffer: a column per field (the image field: its uint8 staging copy and the
+// converted images).
 struct Buffer {
   void* memory = nullptr;
   size_t bytes = 0;
+  std::vector<void*> fields;
   uint8_t* staging = nullptr;
-  void* images = nullptr;
-  int64_t* labels = nullptr;
   cudaEvent_t start = nullptr, ready = nullptr, released = nullptr;
   bool has_release = false;
   bool timed = false;  // start/ready hold a measurement not yet read
@@ -60,7 +86,11 @@ class CudaDeviceBatch final : public internal::DeviceBatch {
   CudaDeviceBatch(CudaCopyStage* stage, std::shared_ptr<CudaCopyStage> keep, Buffer* buffer)
       : stage_(stage), keep_(std::move(keep)), buffer_(buffer) {}
   ~CudaDeviceBatch() override;
+  // Submit failed and took the buffer back: the destructor must not release it again.
+  void Disarm() { buffer_ = nullptr; }
   absl::Status UseOnStream(void* stream) override {
+    DeviceGuard guard(device);  // the event and the stream are this device's
+    FEEDLINE_CUDA_RETURN(guard.status());
     std::lock_guard<std::mutex> lock(mu_);
     stream_ = static_cast<cudaStream_t>(stream);
     FEEDLINE_CUDA_RETURN(cudaStreamWaitEvent(stream_, buffer_->ready, 0));
@@ -75,18 +105,15 @@ class CudaDeviceBatch final : public internal::DeviceBatch {
   cudaStream_t stream_ = nullptr;  // legacy default stream unless told otherwise
 };
 
-class CudaCopyStage final : public CopyStage, public std::enable_shared_from_this<CudaCopyStage> {
+class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
  public:
-  CudaCopyStage(int device, int64_t batch_size, int size, DType dtype, Layout layout,
-                Normalization norm)
-      : device_(device),
-        batch_size_(batch_size),
-        hw_(int64_t(size) * size),
-        dtype_(dtype),
-        layout_(layout),
-        norm_(norm) {}
-  ~CudaCopyStage() override {
-    cudaSetDevice(device_);
+  CudaCopyStage(int device, std::shared_ptr<const internal::SlotLayout> layout,
+                std::optional<ImageConversion> image)
+      : device_(device), layout_ref_(std::move(layout)), layout_(*layout_ref_), image_(image) {
+    if (image_) norm_ = Normalization::From(image_->mean, image_->std);
+  }
+  ~CudaCopyStage() {
+    DeviceGuard guard(device_);
     cudaStreamSynchronize(stream_);
     for (Buffer* b : all_) {
       cudaEventDestroy(b->start);
@@ -99,36 +126,36 @@ class CudaCopyStage final : public CopyStage, public std::enable_shared_from_thi
   }
 
   absl::Status Init() {
-    FEEDLINE_CUDA_RETURN(cudaSetDevice(device_));
+    DeviceGuard guard(device_);
+    FEEDLINE_CUDA_RETURN(guard.status());
     FEEDLINE_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     return absl::OkStatus();
   }
 
+  int device() const { return device_; }
+
   absl::StatusOr<std::shared_ptr<internal::DeviceBatch>> Submit(
-      std::shared_ptr<internal::BatchSlot> slot, int64_t n) override {
-    FEEDLINE_CUDA_RETURN(cudaSetDevice(device_));
+      std::shared_ptr<internal::BatchSlot> slot, int64_t n) {
+    DeviceGuard guard(device_);
+    FEEDLINE_CUDA_RETURN(guard.status());
     absl::StatusOr<Buffer*> buffer = Acquire();
     if (!buffer.ok()) return buffer.status();
     Buffer* b = *buffer;
-    if (b->has_release) FEEDLINE_CUDA_RETURN(cudaStreamWaitEvent(stream_, b->released, 0));
-    FEEDLINE_CUDA_RETURN(cudaEventRecord(b->start, stream_));
-    FEEDLINE_CUDA_RETURN(cudaMemcpyAsync(b->staging, slot->images, size_t(n * hw_ * 3),
-                                         cudaMemcpyHostToDevice, stream_));
-    FEEDLINE_CUDA_RETURN(cudaMemcpyAsync(b->labels, slot->labels.data(),
-                                         size_t(n) * sizeof(int64_t), cudaMemcpyHostToDevice,
-                                         stream_));
-    const int kind = dtype_ == DType::kFloat32    ? kConvertFloat32
-                     : dtype_ == DType::kFloat16  ? kConvertFloat16
-                     : dtype_ == DType::kBFloat16 ? kConvertBFloat16
-                                                  : kConvertUint8;
-    FEEDLINE_CUDA_RETURN(LaunchConvert(b->staging, b->images, n, hw_, layout_ == Layout::kNCHW,
-                                       kind, norm_.scale, norm_.bias, stream_));
-    FEEDLINE_CUDA_RETURN(cudaEventRecord(b->ready, stream_));
-    b->timed = true;
     auto batch = std::make_shared<CudaDeviceBatch>(this, shared_from_this(), b);
-    batch->images = b->images;
-    batch->labels = b->labels;
     batch->device = device_;
+    absl::Status st = Enqueue(*slot, n, b, batch.get());
+    if (!st.ok()) {
+      // The copy may have started: the pinned slot must not go back to the ring while the
+      // device still reads it, so wait for the stream (whatever it says) before giving up.
+      cudaStreamSynchronize(stream_);
+      b->timed = false;
+      b->has_release = false;
+      std::lock_guard<std::mutex> lock(mu_);
+      free_.push_back(b);
+      batch->Disarm();
+      return st;
+    }
+    b->timed = true;
     batch->ready_event = b->ready;
     batch->host = std::move(slot);
     batches_.fetch_add(1);
@@ -136,20 +163,23 @@ class CudaCopyStage final : public CopyStage, public std::enable_shared_from_thi
   }
 
   void Release(Buffer* b, cudaStream_t consumer) {
-    cudaSetDevice(device_);
-    // Reuse only after the consumer's work queued so far, and after our own copy.
-    if (cudaEventRecord(b->released, consumer) == cudaSuccess) b->has_release = true;
+    DeviceGuard guard(device_);
+    // Reuse only after the consumer's work queued so far, and after our own copy. When the
+    // event cannot be recorded, wait for the consumer's stream instead; when even that fails,
+    // the buffer is not reused (freed with the stage).
+    b->has_release = cudaEventRecord(b->released, consumer) == cudaSuccess;
+    if (!b->has_release && cudaStreamSynchronize(consumer) != cudaSuccess) return;
     std::lock_guard<std::mutex> lock(mu_);
     free_.push_back(b);
   }
 
-  int64_t device_bytes() const override {
+  int64_t device_bytes() const {
     std::lock_guard<std::mutex> lock(mu_);
     int64_t total = 0;
     for (Buffer* b : all_) total += int64_t(b->bytes);
     return total;
   }
-  double copy_ms() const override {
+  double copy_ms() const {
     std::lock_guard<std::mutex> lock(mu_);
     double total = copy_ms_;
     for (Buffer* b : all_) {
@@ -161,9 +191,50 @@ class CudaCopyStage final : public CopyStage, public std::enable_shared_from_thi
     }
     return total;
   }
-  int64_t batches() const override { return batches_.load(); }
+  int64_t batches() const { return batches_.load(); }
 
  private:
+  absl::Status Enqueue(const internal::BatchSlot& slot, int64_t n, Buffer* b,
+                       internal::DeviceBatch* batch) {
+    if (b->has_release) FEEDLINE_CUDA_RETURN(cudaStreamWaitEvent(stream_, b->released, 0));
+    FEEDLINE_CUDA_RETURN(cudaEventRecord(b->start, stream_));
+    const Schema& schema = layout_.schema;
+    batch->columns.resize(size_t(schema.size()));
+    for (int f = 0; f < schema.size(); ++f) {
+      const internal::Column& c = slot.columns[size_t(f)];
+      internal::DeviceBatch::Column& out = batch->columns[size_t(f)];
+      int64_t elems = 1;
+      for (int64_t d : c.shape) elems *= d;
+      const size_t bytes = size_t(elems) * size_t(ElementSize(schema.field(f).dtype()));
+      if (image_ && f == image_->field) {
+        const int64_t hw = int64_t(image_->size) * image_->size;
+        FEEDLINE_CUDA_RETURN(cudaMemcpyAsync(b->staging, slot.field_data(f), size_t(n * hw * 3),
+                                             cudaMemcpyHostToDevice, stream_));
+        const DType t = image_->dtype;
+        const int kind = t == DType::kFloat32    ? kConvertFloat32
+                         : t == DType::kFloat16  ? kConvertFloat16
+                         : t == DType::kBFloat16 ? kConvertBFloat16
+                                                 : kConvertUint8;
+        const bool nchw = image_->layout == Layout::kNCHW;
+        FEEDLINE_CUDA_RETURN(LaunchConvert(b->staging, b->fields[size_t(f)], n, hw, nchw, kind,
+                                           norm_.scale, norm_.bias, stream_));
+        const int64_t s = image_->size;
+        out.shape = nchw ? std::vector<int64_t>{n, 3, s, s} : std::vector<int64_t>{n, s, s, 3};
+        out.dtype = t;
+      } else {
+        if (bytes > 0) {
+          FEEDLINE_CUDA_RETURN(cudaMemcpyAsync(b->fields[size_t(f)], slot.field_data(f), bytes,
+                                               cudaMemcpyHostToDevice, stream_));
+        }
+        out.shape = c.shape;
+        out.dtype = schema.field(f).dtype();
+      }
+      out.data = b->fields[size_t(f)];
+    }
+    FEEDLINE_CUDA_RETURN(cudaEventRecord(b->ready, stream_));
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<Buffer*> Acquire() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -180,16 +251,27 @@ class CudaCopyStage final : public CopyStage, public std::enable_shared_from_thi
       }
     }
     auto b = std::make_unique<Buffer>();
-    const size_t staging = size_t(batch_size_ * hw_ * 3);
-    const size_t images = size_t(batch_size_ * hw_ * 3) * size_t(ElementSize(dtype_));
-    const size_t labels = size_t(batch_size_) * sizeof(int64_t);
     auto align = [](size_t x) { return (x + 255) / 256 * 256; };
-    b->bytes = align(staging) + align(images) + labels;
+    const Schema& schema = layout_.schema;
+    const size_t batch = size_t(layout_.batch_size);
+    std::vector<size_t> offsets;
+    size_t at = 0;
+    for (int f = 0; f < schema.size(); ++f) {
+      offsets.push_back(at);
+      size_t bytes = size_t(layout_.fields[size_t(f)].sample_bytes) * batch;
+      if (image_ && f == image_->field) {
+        bytes = size_t(image_->size) * size_t(image_->size) * 3 * batch *
+                size_t(ElementSize(image_->dtype));
+      }
+      at += align(bytes);
+    }
+    const size_t staging_at = at;
+    if (image_) at += align(size_t(image_->size) * size_t(image_->size) * 3 * batch);
+    b->bytes = std::max<size_t>(at, 256);
     FEEDLINE_CUDA_RETURN(cudaMalloc(&b->memory, b->bytes));
-    b->staging = static_cast<uint8_t*>(b->memory);
-    b->images = static_cast<uint8_t*>(b->memory) + align(staging);
-    b->labels = reinterpret_cast<int64_t*>(static_cast<uint8_t*>(b->memory) + align(staging) +
-                                           align(images));
+    auto* base = static_cast<uint8_t*>(b->memory);
+    for (size_t off : offsets) b->fields.push_back(base + off);
+    if (image_) b->staging = base + staging_at;
     FEEDLINE_CUDA_RETURN(cudaEventCreate(&b->start));
     FEEDLINE_CUDA_RETURN(cudaEventCreate(&b->ready));
     FEEDLINE_CUDA_RETURN(cudaEventCreateWithFlags(&b->released, cudaEventDisableTiming));
@@ -199,11 +281,10 @@ class CudaCopyStage final : public CopyStage, public std::enable_shared_from_thi
   }
 
   const int device_;
-  const int64_t batch_size_;
-  const int64_t hw_;
-  const DType dtype_;
-  const Layout layout_;
-  const Normalization norm_;
+  const std::shared_ptr<const internal::SlotLayout> layout_ref_;
+  const internal::SlotLayout& layout_;
+  const std::optional<ImageConversion> image_;
+  Normalization norm_{};
   cudaStream_t stream_ = nullptr;
   mutable std::mutex mu_;
   std::vector<Buffer*> all_;
@@ -213,8 +294,12 @@ class CudaCopyStage final : public CopyStage, public std::enable_shared_from_thi
 };
 
 CudaDeviceBatch::~CudaDeviceBatch() {
-  // The pinned host slot may return to the ring only once the copy from it is done.
-  cudaEventSynchronize(buffer_->ready);
+  if (buffer_ == nullptr) return;  // disarmed: Submit failed and took the buffer back
+  {
+    // The pinned host slot may return to the ring only once the copy from it is done.
+    DeviceGuard guard(device);
+    cudaEventSynchronize(buffer_->ready);
+  }
   host.reset();
   stage_->Release(buffer_, stream_);
 }
@@ -265,19 +350,24 @@ HostAllocator* PinnedHostAllocator(int device) {
   return it->second;
 }
 
-absl::StatusOr<std::unique_ptr<CopyStage>> CopyStage::Create(int device, int64_t batch_size,
-                                                             int size, DType dtype, Layout layout,
-                                                             const std::array<double, 3>& mean,
-                                                             const std::array<double, 3>& std) {
+int CurrentDevice() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  return device;
+}
+
+absl::StatusOr<std::unique_ptr<CopyStage>> CopyStage::Create(
+    int device, std::shared_ptr<const internal::SlotLayout> layout,
+    std::optional<ImageConversion> image) {
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;
   // Owned through a shared_ptr (device batches keep the stage alive); the unique_ptr handed
   // out holds a forwarding shell.
-  auto stage = std::make_shared<CudaCopyStage>(device, batch_size, size, dtype, layout,
-                                               Normalization::From(mean, std));
+  auto stage = std::make_shared<CudaCopyStage>(device, std::move(layout), image);
   if (absl::Status s = stage->Init(); !s.ok()) return s;
   class Shell final : public CopyStage {
    public:
     explicit Shell(std::shared_ptr<CudaCopyStage> s) : s_(std::move(s)) {}
+    int device() const override { return s_->device(); }
     absl::StatusOr<std::shared_ptr<internal::DeviceBatch>> Submit(
         std::shared_ptr<internal::BatchSlot> slot, int64_t n) override {
       return s_->Submit(std::move(slot), n);

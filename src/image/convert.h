@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 
+#include "core/float16.h"
 #include "feedline/options.h"
 
 namespace feedline {
@@ -21,10 +22,6 @@ struct Normalization {
 // elements, same layout).
 void ConvertSample(const uint8_t* src, int64_t pixels, Layout layout, DType dtype,
                    const Normalization& n, void* dst);
-
-// float -> bfloat16 / float16 bits, round to nearest even (NaN stays NaN).
-uint16_t FloatToBFloat16(float f);
-uint16_t FloatToHalf(float f);
 
 }  // namespace feedline
 

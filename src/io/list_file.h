@@ -1,4 +1,4 @@
-// List files ("path label" lines) parsed from memory: the parser behind ScanDataset's list-file
+// List files ("path label" lines) parsed from memory: the parser behind ScanFileList's list-file
 // branch, separate from the file reading so that it can be fuzzed and tested on buffers.
 //
 // Thread safety: a pure function of its arguments; call it from any thread.
@@ -13,12 +13,12 @@
 
 namespace feedline {
 
-// Parses the text of a list file as ScanDataset documents it: one "path label" per line
+// Parses the text of a list file as ScanFileList documents it: one "path label" per line
 // ('\n'-separated; blank lines and lines starting with '#' ignored; the label is the last
 // whitespace-separated field, so paths may contain spaces). Relative paths are joined to the
-// folder of `source_name`, which also names the file in errors and becomes `Dataset::source`.
+// folder of `source_name`, which also names the file in errors and becomes `FileList::source`.
 // Errors: kInvalidArgument for a malformed line (file and line number named) or no samples.
-absl::StatusOr<Dataset> ParseListFile(absl::string_view text, const std::string& source_name);
+absl::StatusOr<FileList> ParseListFile(absl::string_view text, const std::string& source_name);
 
 }  // namespace feedline
 

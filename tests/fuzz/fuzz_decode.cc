@@ -17,10 +17,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "decode/image_decoder.h"
+#include "feedline/random.h"
 #include "fuzz_util.h"
-#include "image/random.h"
-#include "image/transform.h"
+#include "image/decoder.h"
+#include "image/geometry.h"
 
 namespace {
 

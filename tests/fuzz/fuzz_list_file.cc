@@ -1,6 +1,6 @@
 // libFuzzer target: the list file parser (ParseListFile). A parsed data set holds at least one
 // sample, every label is non-negative and every path non-empty, relative ones joined to the
-// list file's folder. The same bytes as a file must give the same result through ScanDataset
+// list file's folder. The same bytes as a file must give the same result through ScanFileList
 // (the file reading in front of the parser).
 #include <cstdint>
 #include <string>
@@ -17,10 +17,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static feedline::fuzz::MemFile* file = new feedline::fuzz::MemFile();
   const absl::string_view text(reinterpret_cast<const char*>(data), size);
 
-  absl::StatusOr<feedline::Dataset> parsed = feedline::ParseListFile(text, "lists/train.txt");
+  absl::StatusOr<feedline::FileList> parsed = feedline::ParseListFile(text, "lists/train.txt");
   if (parsed.ok()) {
     FUZZ_CHECK(!parsed->samples.empty(), "no samples");
-    FUZZ_CHECK(parsed->kind == feedline::Dataset::Kind::kListFile, "kind");
+    FUZZ_CHECK(parsed->kind == feedline::FileList::Kind::kListFile, "kind");
     for (const feedline::Sample& s : parsed->samples) {
       FUZZ_CHECK(s.label >= 0, s.path);
       FUZZ_CHECK(!s.path.empty(), "empty path");
@@ -33,8 +33,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   const std::string& path = file->Write(data, size);
-  absl::StatusOr<feedline::Dataset> scanned = feedline::ScanDataset(path);
-  absl::StatusOr<feedline::Dataset> expected = feedline::ParseListFile(text, path);
+  absl::StatusOr<feedline::FileList> scanned = feedline::ScanFileList(path);
+  absl::StatusOr<feedline::FileList> expected = feedline::ParseListFile(text, path);
   FUZZ_CHECK(scanned.status() == expected.status(),
              absl::StrCat(scanned.status().ToString(), " vs ", expected.status().ToString()));
   if (scanned.ok()) {

@@ -1,9 +1,10 @@
 // libFuzzer target: the WebDataset tar indexer. IndexTarBytes on the input; when it succeeds,
 // every member must lie inside the input on a 512-byte block boundary. The same bytes as a file
-// must give the same index through IndexTar (its pread path), and TarSource::Open on that file
+// must give the same index through IndexTar (its pread path), and TarDataset::Open on that file
 // must group them into samples whose reads return exactly the members' bytes.
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -11,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "feedline/dataset.h"
 #include "fuzz_util.h"
-#include "io/tar_source.h"
+#include "io/tar_dataset.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static feedline::fuzz::MemFile* file = new feedline::fuzz::MemFile();
@@ -37,28 +38,43 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   (void)sink;
 
-  feedline::Dataset dataset;
-  dataset.source = path;
-  absl::StatusOr<std::unique_ptr<feedline::TarSource>> source =
-      feedline::TarSource::Open({path}, &dataset);
-  if (!source.ok()) return 0;  // samples without labels, bad labels, no samples: reported errors
-  FUZZ_CHECK((*source)->size() == int64_t(dataset.samples.size()), "sample count");
-  std::vector<uint8_t> bytes;
-  for (int64_t i = 0; i < (*source)->size(); ++i) {
-    FUZZ_CHECK((*source)->Read(i, &bytes).ok(), (*source)->Describe(i));
-    FUZZ_CHECK(dataset.samples[size_t(i)].label >= 0, (*source)->Describe(i));
-    // The sample's path is "shard:member"; its bytes are that member's.
-    const std::string& sample_path = dataset.samples[size_t(i)].path;
-    const std::string member = sample_path.substr(path.size() + 1);
-    bool found = false;
-    for (const feedline::TarMember& m : *members) {
-      if (m.name == member && size_t(m.size) == bytes.size() &&
-          (bytes.empty() || std::memcmp(data + m.offset, bytes.data(), bytes.size()) == 0)) {
-        found = true;
-        break;
+  absl::StatusOr<std::shared_ptr<feedline::TarDataset>> images =
+      feedline::TarDataset::Open({path}, path, feedline::TarDataset::Mode::kImages);
+  if (images.ok()) {  // else: samples without labels, bad labels, no samples: reported errors
+    const feedline::FileList& files = (*images)->files();
+    FUZZ_CHECK((*images)->size() == int64_t(files.samples.size()), "sample count");
+    feedline::Record record;
+    for (int64_t i = 0; i < (*images)->size(); ++i) {
+      FUZZ_CHECK((*images)->Read(i, &record).ok(), (*images)->Describe(i));
+      FUZZ_CHECK(files.samples[size_t(i)].label >= 0, (*images)->Describe(i));
+      FUZZ_CHECK(record.label == files.samples[size_t(i)].label, (*images)->Describe(i));
+      // The sample's path is "shard:member"; its bytes are that member's.
+      const std::string& sample_path = files.samples[size_t(i)].path;
+      const std::string member = sample_path.substr(path.size() + 1);
+      bool found = false;
+      for (const feedline::TarMember& m : *members) {
+        if (m.name == member && size_t(m.size) == record.bytes.size() &&
+            (record.bytes.empty() ||
+             std::memcmp(data + m.offset, record.bytes.data(), record.bytes.size()) == 0)) {
+          found = true;
+          break;
+        }
       }
+      FUZZ_CHECK(found, sample_path);
     }
-    FUZZ_CHECK(found, sample_path);
+  }
+  // Named members: every member of the shard lands in exactly one sample, with its bytes.
+  absl::StatusOr<std::shared_ptr<feedline::TarDataset>> all =
+      feedline::TarDataset::Open({path}, path, feedline::TarDataset::Mode::kMembers);
+  if (all.ok()) {
+    feedline::Record record;
+    size_t seen = 0;
+    for (int64_t i = 0; i < (*all)->size(); ++i) {
+      FUZZ_CHECK((*all)->Read(i, &record).ok(), (*all)->Describe(i));
+      FUZZ_CHECK(!record.members.empty(), (*all)->Describe(i));
+      seen += record.members.size();
+    }
+    FUZZ_CHECK(seen == members->size(), "members lost or repeated");
   }
   return 0;
 }

@@ -49,7 +49,7 @@ class InputHash {
 };
 
 // An anonymous in-memory file holding `data`, reachable by path as /proc/self/fd/N: the
-// file-based entry points (IndexTar, TarSource, ScanDataset) are checked against the
+// file-based entry points (IndexTar, TarDataset, ScanFileList) are checked against the
 // buffer-based ones on the same bytes. One per process, rewritten per input.
 class MemFile {
  public:

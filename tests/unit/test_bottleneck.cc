@@ -3,8 +3,8 @@
 #include <catch2/catch.hpp>
 #include <string>
 
+#include "engine/bottleneck.h"
 #include "feedline/stats.h"
-#include "pipeline/bottleneck.h"
 
 using feedline::StageStats;
 using feedline::Stats;

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "decode/image_decoder.h"
-#include "image/random.h"
-#include "image/transform.h"
+#include "feedline/random.h"
+#include "image/decoder.h"
+#include "image/geometry.h"
 #include "test_util.h"
 
 using feedline::DecodedRegion;

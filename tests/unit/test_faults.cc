@@ -1,4 +1,4 @@
-// I/O faults through an injected source (EIO, a hung read, files that vanish) and real files
+// I/O faults through an injected data set (EIO, a hung read, files that vanish) and real files
 // changed under a running loader. Whatever storage does, the consumer gets a clear error at the
 // batch of the sample (or a replacement under kSkip), and nothing hangs.
 #include <signal.h>
@@ -14,8 +14,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "feedline/feedline.h"
-#include "io/reader.h"
-#include "pipeline/loader_testing.h"
 #include "test_util.h"
 
 namespace t = feedline::testing;
@@ -25,26 +23,27 @@ using feedline::LoaderOptions;
 namespace {
 
 // Reads real files, failing the samples in `eio` with EIO and blocking forever (until the
-// test ends) on the samples in `hang`.
-class FaultySource final : public feedline::SampleSource {
+// test ends) on the samples in `hang`: a fault-injecting data set through the public seam, as
+// leveldb's FaultInjectionTestEnv wraps its Env.
+class FaultyDataset final : public feedline::DatasetWrapper {
  public:
-  FaultySource(const feedline::Dataset* ds, std::set<int64_t> eio, std::set<int64_t> hang,
-               std::shared_ptr<std::atomic<bool>> release)
-      : files_(ds), eio_(std::move(eio)), hang_(std::move(hang)), release_(std::move(release)) {}
-  int64_t size() const override { return files_.size(); }
-  absl::Status Read(int64_t index, std::vector<uint8_t>* bytes) const override {
+  FaultyDataset(std::shared_ptr<const feedline::Dataset> files, std::set<int64_t> eio,
+                std::set<int64_t> hang, std::shared_ptr<std::atomic<bool>> release)
+      : DatasetWrapper(std::move(files)),
+        eio_(std::move(eio)),
+        hang_(std::move(hang)),
+        release_(std::move(release)) {}
+  absl::Status Read(int64_t index, feedline::Record* record) const override {
     if (eio_.count(index)) {
       return absl::DataLossError(absl::StrCat(Describe(index), ": read: Input/output error"));
     }
     if (hang_.count(index)) {
       while (!release_->load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    return files_.Read(index, bytes);
+    return DatasetWrapper::Read(index, record);
   }
-  std::string Describe(int64_t index) const override { return files_.Describe(index); }
 
  private:
-  feedline::FileSource files_;
   std::set<int64_t> eio_, hang_;
   std::shared_ptr<std::atomic<bool>> release_;
 };
@@ -52,12 +51,13 @@ class FaultySource final : public feedline::SampleSource {
 std::unique_ptr<feedline::Loader> FaultyLoader(const std::string& dir, LoaderOptions o,
                                                std::set<int64_t> eio, std::set<int64_t> hang,
                                                std::shared_ptr<std::atomic<bool>> release) {
-  auto ds = feedline::ScanDataset(dir);
-  REQUIRE(ds.ok());
-  auto loader = feedline::internal::LoaderTesting::CreateWithSource(
-      o.with_source(dir), *ds, [&](const feedline::Dataset* d) {
-        return std::make_unique<FaultySource>(d, eio, hang, release);
-      });
+  auto files = feedline::FileDataset::Open(dir);
+  REQUIRE(files.ok());
+  auto transform = feedline::image::MakeTransform(o);
+  REQUIRE(transform.ok());
+  auto loader = feedline::Loader::Create(
+      std::make_shared<FaultyDataset>(*files, std::move(eio), std::move(hang), release), *transform,
+      o);
   REQUIRE(loader.ok());
   return std::move(*loader);
 }

@@ -7,8 +7,8 @@
 #include <set>
 #include <thread>
 
+#include "engine/batch_slot.h"
 #include "feedline/feedline.h"
-#include "pipeline/batch_slot.h"
 #include "test_util.h"
 
 namespace t = feedline::testing;
@@ -69,7 +69,7 @@ TEST_CASE("exactly once per epoch at every concurrency level", "[pipeline]") {
         std::set<int64_t> distinct(e.indices.begin(), e.indices.end());
         REQUIRE(distinct.size() == 75);
         for (size_t i = 0; i < e.indices.size(); ++i) {
-          REQUIRE(e.labels[i] == loader->dataset().samples[size_t(e.indices[i])].label);
+          REQUIRE(e.labels[i] == t::Files(*loader).samples[size_t(e.indices[i])].label);
         }
       }
     }
@@ -231,7 +231,7 @@ TEST_CASE("a failed sample reaches the consumer at its batch; skip replaces it",
       REQUIRE(b.ok());
       samples += int(b->size());
       for (int64_t i = 0; i < b->size(); ++i) {
-        const std::string& path = loader->dataset().samples[size_t(b->indices()[i])].path;
+        const std::string& path = t::Files(*loader).samples[size_t(b->indices()[i])].path;
         REQUIRE(path != bad);
         REQUIRE(path != text);
       }
@@ -276,7 +276,10 @@ TEST_CASE("slot pool: every slot constructed is destroyed, across threads", "[pi
     const char* name() const override { return "counting"; }
   } alloc;
   {
-    auto pool = std::make_shared<feedline::SlotPool>(&alloc, 1024, 4);
+    auto layout =
+        std::make_shared<const feedline::internal::SlotLayout>(feedline::internal::SlotLayout::Make(
+            feedline::Schema({feedline::Field("x", feedline::DType::kUint8, {256})}), 4));
+    auto pool = std::make_shared<feedline::SlotPool>(&alloc, layout);
     pool->set_keep(3);
     std::vector<std::thread> threads;
     for (int t = 0; t < 4; ++t) {
@@ -284,8 +287,8 @@ TEST_CASE("slot pool: every slot constructed is destroyed, across threads", "[pi
         for (int i = 0; i < 2000; ++i) {
           auto a = pool->Acquire();
           auto b = pool->Acquire();
-          a->images[0] = 1;
-          b->images[1023] = 2;
+          a->field_data(0)[0] = 1;
+          b->field_data(0)[1023] = 2;
         }
       });
     }

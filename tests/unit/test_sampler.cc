@@ -5,9 +5,9 @@
 #include <map>
 #include <set>
 
-#include "image/random.h"
-#include "image/transform.h"
-#include "pipeline/sampler.h"
+#include "engine/sampler.h"
+#include "feedline/random.h"
+#include "image/geometry.h"
 
 using feedline::SamplerConfig;
 

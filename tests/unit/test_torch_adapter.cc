@@ -53,7 +53,7 @@ std::vector<int64_t> Values(const at::Tensor& t) {
 TEST_CASE("tensors have the loader's shapes and types", "[torch]") {
   auto loader = feedline::torch::make_data_loader(DataDir(), Small());
   REQUIRE(loader->size() == 4);  // ceil(14 / 4)
-  const feedline::Dataset& dataset = loader->loader().dataset();
+  const feedline::FileList& dataset = t::Files(loader->loader());
   REQUIRE(dataset.samples.size() == size_t{kClasses * kPerClass});
 
   std::vector<int64_t> sizes;

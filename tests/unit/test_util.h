@@ -6,6 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "feedline/dataset.h"
+#include "feedline/loader.h"
+
 namespace feedline::testing {
 
 // A fresh directory under $TMPDIR, removed (recursively) on destruction.
@@ -33,6 +36,11 @@ int MakeSmallImageFolder(const std::string& dir, int classes, int per_class, uin
 
 // Peak signal-to-noise ratio of two equally sized uint8 buffers, in dB.
 double Psnr(const uint8_t* a, const uint8_t* b, size_t n);
+
+// The file list of an image loader (its data set is a FileDataset).
+inline const FileList& Files(const Loader& loader) {
+  return dynamic_cast<const FileDataset&>(loader.dataset()).files();
+}
 
 }  // namespace feedline::testing
 

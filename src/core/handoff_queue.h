@@ -1,0 +1,52 @@
+// The hand-off between stages: oneTBB's lock-free concurrent_queue for the items, and a
+// counting semaphore (a futex) for the sleep when it is empty.
+//
+// Why not tbb::concurrent_bounded_queue, which blocks by itself: its pop spins with
+// sched_yield before it sleeps. Measured here (feedline-bench --tune-grid, a slow consumer),
+// idle decoders spinning that way cost 1.5x the CPU per image of an idle-sleeping pipeline,
+// which is exactly the CPU the consumer-bound regime must not burn.
+//
+// Unbounded: the number of items in circulation (read buffers) bounds it. A null item is the
+// stop sentinel, pushed once per consumer thread.
+//
+// Thread safety: any number of producers and consumers.
+#ifndef FEEDLINE_SRC_CORE_HANDOFF_QUEUE_H_
+#define FEEDLINE_SRC_CORE_HANDOFF_QUEUE_H_
+
+#include <oneapi/tbb/concurrent_queue.h>
+
+#include <cstddef>
+#include <semaphore>
+
+namespace feedline {
+
+template <typename T>
+class HandoffQueue {
+ public:
+  void push(T item) {
+    items_.push(item);
+    available_.release();
+  }
+  // Blocks until an item is there.
+  void pop(T& item) {
+    available_.acquire();
+    // The release that let us through was made after its push, so an item is there.
+    while (!items_.try_pop(item)) {
+    }
+  }
+  bool try_pop(T& item) {
+    if (!available_.try_acquire()) return false;
+    while (!items_.try_pop(item)) {
+    }
+    return true;
+  }
+  std::ptrdiff_t size() const { return std::ptrdiff_t(items_.unsafe_size()); }
+
+ private:
+  tbb::concurrent_queue<T> items_;
+  std::counting_semaphore<> available_{0};
+};
+
+}  // namespace feedline
+
+#endif  // FEEDLINE_SRC_CORE_HANDOFF_QUEUE_H_

@@ -1,0 +1,63 @@
+// Sleeping without spinning, for threads parked until something changes.
+//
+// libstdc++'s std::atomic::wait spins before it sleeps (12 pause instructions, then 4
+// sched_yield calls, per wait). Readers parked until their batch is admitted are woken by every
+// consumed batch (notify_all), and there are io_depth of them: tens with slow storage, each
+// spinning through its yields for nothing on every batch. WakeWord goes straight to the
+// kernel's futex instead, and skips the wake-up syscall when nobody sleeps.
+//
+// (The stage hand-off, HandoffQueue, keeps std::counting_semaphore: there the yields pay off,
+// because on few cores they give the CPU to the thread about to produce. Measured with
+// `feedline-bench --source synthetic`: 178-225k samples/s with it, 92-108k with a sem_t that
+// sleeps at once; no difference in the consumer-bound regime.)
+//
+// Linux only (futex), as is the rest of the loader's I/O.
+//
+// Thread safety: all members may be called from any thread.
+#ifndef FEEDLINE_SRC_CORE_SLEEP_H_
+#define FEEDLINE_SRC_CORE_SLEEP_H_
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdint>
+
+namespace feedline {
+
+class WakeWord {
+ public:
+  // The current generation; pass it to Wait after checking the condition waited for.
+  uint32_t Load() const { return gen_.load(std::memory_order_acquire); }
+
+  // Sleeps until the generation is no longer `seen` (it may also return early, spuriously).
+  void Wait(uint32_t seen) {
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    if (gen_.load(std::memory_order_seq_cst) == seen) {
+      syscall(SYS_futex, Address(), FUTEX_WAIT_PRIVATE, seen, nullptr, nullptr, 0);
+    }
+    sleepers_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  // A new generation; wakes every sleeper.
+  void WakeAll() {
+    gen_.fetch_add(1, std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+      syscall(SYS_futex, Address(), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+    }
+  }
+
+ private:
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
+                std::atomic<uint32_t>::is_always_lock_free);
+  uint32_t* Address() { return reinterpret_cast<uint32_t*>(&gen_); }
+
+  std::atomic<uint32_t> gen_{0};
+  std::atomic<int> sleepers_{0};
+};
+
+}  // namespace feedline
+
+#endif  // FEEDLINE_SRC_CORE_SLEEP_H_

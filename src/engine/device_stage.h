@@ -1,0 +1,60 @@
+// The copy stage's seam: what the engine asks of a device (the CUDA implementation is in
+// src/cuda/, chosen by the loader wiring; the engine never includes it).
+//
+// Each batch handed out is submitted once, by the consumer thread; the stage enqueues the copy
+// of the slot's fields (and any per-field device work, such as the image conversion) on a
+// stream of its own and returns at once with a `DeviceBatch` whose `ready_event` the consumer's
+// stream waits on. A device batch keeps its host slot until the copy from it is done.
+//
+// Thread safety: `Submit` from the consumer thread; `DeviceBatch` release from any thread;
+// the counters from any thread.
+#ifndef FEEDLINE_SRC_ENGINE_DEVICE_STAGE_H_
+#define FEEDLINE_SRC_ENGINE_DEVICE_STAGE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/batch_slot.h"
+#include "feedline/schema.h"
+
+namespace feedline {
+namespace internal {
+
+// A batch on a device.
+struct DeviceBatch {
+  virtual ~DeviceBatch() = default;
+  struct Column {
+    void* data = nullptr;  // device memory; null: the field stays on the host
+    DType dtype = DType::kUint8;
+    std::vector<int64_t> shape;
+  };
+  std::vector<Column> columns;  // one per field of the schema
+  int device = 0;
+  void* ready_event = nullptr;      // cudaEvent_t
+  std::shared_ptr<BatchSlot> host;  // the pinned slot (indices and lengths stay on the host)
+  // Makes `stream` (a cudaStream_t; null = the legacy default stream) wait for the batch, and
+  // remembers it: the buffer is reused only after the work queued there at release is done.
+  virtual absl::Status UseOnStream(void* stream) = 0;
+};
+
+}  // namespace internal
+
+class DeviceStage {
+ public:
+  virtual ~DeviceStage() = default;
+  virtual int device() const = 0;
+  // Enqueues the copy of the slot's first `n` samples (assembled); returns at once.
+  virtual absl::StatusOr<std::shared_ptr<internal::DeviceBatch>> Submit(
+      std::shared_ptr<internal::BatchSlot> slot, int64_t n) = 0;
+  // Device bytes this stage holds (its buffers).
+  virtual int64_t device_bytes() const = 0;
+  // Time the copies and kernels took, summed (ms), and batches copied.
+  virtual double copy_ms() const = 0;
+  virtual int64_t batches() const = 0;
+};
+
+}  // namespace feedline
+
+#endif  // FEEDLINE_SRC_ENGINE_DEVICE_STAGE_H_

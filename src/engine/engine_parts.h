@@ -1,0 +1,47 @@
+// What the loader wiring (src/loaders/) hands the engine to build a loader: the data set and
+// transform, and the pieces only the wiring knows (the device stage, pinned memory, who uses
+// the cache). The engine itself includes nothing of image/, io/ or cuda/.
+#ifndef FEEDLINE_SRC_ENGINE_ENGINE_PARTS_H_
+#define FEEDLINE_SRC_ENGINE_ENGINE_PARTS_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "core/host_allocator.h"
+#include "core/sample_cache.h"
+#include "engine/batch_slot.h"
+#include "engine/device_stage.h"
+#include "feedline/dataset.h"
+#include "feedline/loader.h"
+#include "feedline/options.h"
+#include "feedline/transform.h"
+
+namespace feedline::internal {
+
+struct EngineParts {
+  std::shared_ptr<const Dataset> dataset;
+  std::shared_ptr<const SampleTransform> transform;
+  // options.device() resolved: -1 CPU, N cuda:N. For N >= 0, `make_device_stage` makes the copy
+  // stage for the slot layout and `allocator` is pinned memory.
+  int device = -1;
+  std::function<absl::StatusOr<std::unique_ptr<DeviceStage>>(std::shared_ptr<const SlotLayout>)>
+      make_device_stage;
+  HostAllocator* allocator = nullptr;  // null: DefaultHostAllocator()
+  // With options.cache() != kNone the engine sizes a cache from the budget. When
+  // `cache_holds_bytes`, the read stage stores records there; otherwise it is handed to
+  // `attach_cache` (the transform's own cache, such as decoded images) and only counted.
+  bool cache_holds_bytes = true;
+  std::function<void(std::shared_ptr<SampleCache>)> attach_cache;
+  // Bytes one read typically holds: the budget's reservation per read in flight.
+  int64_t read_bytes_hint = int64_t{1} << 20;
+};
+
+// Validates the engine's options, resolves "auto", sizes slots from the transform's schema
+// within the memory budget, and makes the loader.
+absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOptions options);
+
+}  // namespace feedline::internal
+
+#endif  // FEEDLINE_SRC_ENGINE_ENGINE_PARTS_H_

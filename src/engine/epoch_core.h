@@ -1,0 +1,104 @@
+// What the stages of one epoch share: the plan (order, batch count), the cancel flag and wake
+// word, and the read items that circulate between the read and map stages.
+//
+// Thread safety: the plan is immutable; `cancelled` and `wake` are atomics; `ItemQueues` is
+// safe from any thread.
+#ifndef FEEDLINE_SRC_ENGINE_EPOCH_CORE_H_
+#define FEEDLINE_SRC_ENGINE_EPOCH_CORE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "core/handoff_queue.h"
+#include "core/sleep.h"
+#include "engine/loader_shared.h"
+#include "feedline/dataset.h"
+
+namespace feedline {
+
+struct EpochCore {
+  EpochCore(std::shared_ptr<LoaderShared> s, int64_t e)
+      : shared(std::move(s)),
+        epoch(e),
+        order(EpochOrder(shared->sampler, e)),
+        batch_size(shared->options.batch_size()),
+        num_batches(BatchesPerRank(shared->sampler)),
+        total_seq(static_cast<int64_t>(order.size())) {}
+
+  const std::shared_ptr<LoaderShared> shared;
+  const int64_t epoch;
+  const std::vector<int64_t> order;  // position in the epoch -> data set index
+  const int64_t batch_size;
+  const int64_t num_batches;
+  const int64_t total_seq;  // samples in the epoch (after drop_last)
+
+  std::atomic<bool> cancelled{false};
+  WakeWord wake;  // a new generation on any change readers/parked threads wait for
+
+  bool is_cancelled() const { return cancelled.load(std::memory_order_acquire); }
+  void Wake() { wake.WakeAll(); }
+  // Parks thread `id` while id >= target; false when cancelled.
+  bool ParkWhileSurplus(int id, const std::atomic<int>& target) {
+    while (true) {
+      const uint32_t gen = wake.Load();
+      if (is_cancelled()) return false;
+      if (id < target.load(std::memory_order_acquire)) return true;
+      wake.Wait(gen);
+    }
+  }
+};
+
+// One sample on its way from the read stage to the map stage.
+struct ReadItem {
+  int64_t seq = 0;            // position in the epoch
+  int64_t sample = 0;         // data set index
+  int attempt = 0;            // replacements tried for this position (on_error = skip)
+  bool skipped_read = false;  // the transform said it needs no record (its own cache)
+  absl::Status status;        // the read's outcome
+  Record record;
+};
+
+// Readers hand filled items to the workers through `ready`; workers hand them back through
+// `free`; replacement reads go through `retry`. All unbounded (never block on push): the number
+// of items bounds them. A null item is the stop sentinel (pushed once per thread on cancel).
+struct ItemQueues {
+  HandoffQueue<ReadItem*> ready;
+  HandoffQueue<ReadItem*> free;
+  HandoffQueue<ReadItem*> retry;
+  std::atomic<int> created{0};
+
+  // A free item, a new one while fewer than `cap` exist, or (blocking) the next one returned.
+  // Null: the stop sentinel.
+  ReadItem* Acquire(int cap) {
+    ReadItem* item = nullptr;
+    if (free.try_pop(item)) return item;
+    if (created.load() < cap) {
+      created.fetch_add(1);
+      auto owned = std::make_unique<ReadItem>();
+      item = owned.get();
+      std::lock_guard<std::mutex> lock(mu);
+      all.push_back(std::move(owned));
+      return item;
+    }
+    free.pop(item);
+    return item;
+  }
+  // Frees every item's buffers (after the threads are joined).
+  void DropBuffers() {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& item : all) item->record = Record();
+  }
+
+ private:
+  std::mutex mu;
+  std::vector<std::unique_ptr<ReadItem>> all ABSL_GUARDED_BY(mu);
+};
+
+}  // namespace feedline
+
+#endif  // FEEDLINE_SRC_ENGINE_EPOCH_CORE_H_

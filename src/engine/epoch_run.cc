@@ -1,0 +1,193 @@
+#include "engine/epoch_run.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace feedline {
+namespace {
+// Bumped in the child after fork(): threads started before it do not exist there.
+std::atomic<uint64_t> g_fork_generation{0};
+void OnForkChild() { g_fork_generation.fetch_add(1, std::memory_order_relaxed); }
+uint64_t ForkGeneration() {
+  static const bool registered = [] {
+    return pthread_atfork(nullptr, nullptr, &OnForkChild) == 0;
+  }();
+  (void)registered;
+  return g_fork_generation.load(std::memory_order_relaxed);
+}
+}  // namespace
+
+EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t start_batch)
+    : core_(std::move(shared), epoch),
+      ring_(&core_, start_batch),
+      replacement_(&core_),
+      read_(&core_, &ring_, &queues_, std::min(start_batch * core_.batch_size, core_.total_seq)),
+      map_(&core_, &ring_, &queues_, &read_, &replacement_),
+      tuning_(&core_, &ring_, &queues_, &read_,
+              [this](const TunerSettings& from, const TunerSettings& to) {
+                if (to.io_depth != from.io_depth) SetIoDepth(to.io_depth);
+                if (to.workers != from.workers) SetWorkers(to.workers);
+                if (to.prefetch != from.prefetch) SetPrefetch(to.prefetch);
+              }),
+      fork_generation_(ForkGeneration()) {
+  LoaderShared& sh = *core_.shared;
+  int64_t expected = 0;
+  sh.start_ns.compare_exchange_strong(expected, NowNs());
+  {
+    std::lock_guard<std::mutex> lock(sh.active_mu);
+    sh.active = this;
+  }
+  last_return_ns_ = NowNs();
+  consumer_track_ = sh.trace->Track("consumer");
+  batch_track_ = sh.trace->Track("batches (open -> handed out)");
+  SetIoDepth(sh.io_depth.load());
+  SetWorkers(sh.workers.load());
+  tuning_.Start();
+}
+
+EpochRun::~EpochRun() {
+  Shutdown();
+  LoaderShared& sh = *core_.shared;
+  std::lock_guard<std::mutex> lock(sh.active_mu);
+  if (sh.active == this) {
+    sh.active = nullptr;
+    const int64_t done = ring_.consumed();
+    if (done < core_.num_batches) {
+      sh.has_partial = true;
+      sh.partial_epoch = core_.epoch;
+      sh.partial_batches = done;
+    }
+  }
+}
+
+bool EpochRun::forked() const { return fork_generation_ != ForkGeneration(); }
+
+void EpochRun::SetWorkers(int n) {
+  n = std::max(1, n);
+  core_.shared->workers.store(n);
+  map_.SetThreads(n);
+  core_.Wake();
+}
+
+void EpochRun::SetIoDepth(int n) {
+  n = std::max(1, n);
+  core_.shared->io_depth.store(n);
+  read_.SetThreads(n);
+  core_.Wake();
+}
+
+void EpochRun::SetPrefetch(int n) {
+  n = std::clamp(n, 1, kMaxPrefetch);
+  core_.shared->prefetch.store(n);
+  core_.shared->KeepSlots(n);
+  core_.Wake();
+}
+
+absl::Status EpochRun::TooManyErrors() {
+  LoaderShared& sh = *core_.shared;
+  const int64_t max = sh.options.max_errors();
+  if (max <= 0 || sh.error_count() <= max) return absl::OkStatus();
+  return absl::DataLossError(
+      absl::StrCat(sh.error_count(), " samples failed, more than max_errors=", max,
+                   " (a broken data set or storage?); the first: ", sh.FirstErrorText()));
+}
+
+absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interrupted,
+                                     absl::Duration poll) {
+  LoaderShared& sh = *core_.shared;
+  const int64_t entered = NowNs();
+  sh.consumer.AddBusy(entered - last_return_ns_);
+  // The step just ended worked on the batch returned last: its samples go with that busy time
+  // (counted here, not at the return, so that any window sees matching samples and time).
+  sh.stepped_images.fetch_add(held_images_, std::memory_order_relaxed);
+  held_images_ = 0;
+  const int64_t b = ring_.consumed();
+  if (b >= core_.num_batches) {
+    Shutdown();
+    last_return_ns_ = NowNs();
+    return absl::OutOfRangeError(absl::StrCat("end of epoch ", core_.epoch));
+  }
+  if (core_.is_cancelled()) return absl::CancelledError("the epoch was cancelled");
+  const auto poll_ns = std::chrono::nanoseconds(absl::ToInt64Nanoseconds(poll));
+  while (!ring_.Ready(b)) {
+    if (core_.is_cancelled()) return absl::CancelledError("the epoch was cancelled");
+    if (absl::Status flood = TooManyErrors(); !flood.ok()) {
+      last_return_ns_ = NowNs();
+      return flood;
+    }
+    if (!ring_.WaitReady(b, poll_ns) && interrupted && !core_.is_cancelled()) {
+      if (absl::Status s = interrupted(); !s.ok()) {
+        sh.AddConsumerWait(b, NowNs() - entered);
+        last_return_ns_ = NowNs();
+        return s;
+      }
+    }
+  }
+  const int64_t got = NowNs();
+  sh.AddConsumerWait(b, got - entered);
+  BatchRing::Taken taken = ring_.Take(b);
+  consumer_track_->Span(TraceTrack::Kind::kWait, entered, got, b);
+  batch_track_->Span(TraceTrack::Kind::kBatch, taken.open_ns, got, b);
+  Batch batch;
+  if (taken.slot != nullptr) sh.pool->MarkHandedOut(taken.slot.get());
+  batch.slot_ = std::move(taken.slot);
+  batch.size_ = taken.count;
+  sh.consumer.AddItem();
+  sh.batches.fetch_add(1, std::memory_order_relaxed);
+  sh.images.fetch_add(batch.size_, std::memory_order_relaxed);
+  if (b + 1 == core_.num_batches) Shutdown();  // free the threads as soon as the epoch is done
+  held_images_ = batch.size_;
+  last_return_ns_ = NowNs();
+  if (!taken.error.ok()) return taken.error;
+  batch.index_ = b;
+  batch.epoch_ = core_.epoch;
+  if (sh.device_stage != nullptr) {
+    absl::StatusOr<std::shared_ptr<internal::DeviceBatch>> on_device =
+        sh.device_stage->Submit(batch.slot_, batch.size_);
+    if (!on_device.ok()) return on_device.status();
+    batch.device_batch_ = *std::move(on_device);
+    batch.device_ = sh.device;
+    batch.slot_.reset();  // the device batch holds it until the copy from it is done
+  }
+  return batch;
+}
+
+void EpochRun::Cancel() {
+  if (core_.cancelled.exchange(true)) return;
+  const int threads = read_.threads() + map_.threads();
+  for (int i = 0; i < threads; ++i) {
+    queues_.ready.push(nullptr);
+    queues_.free.push(nullptr);
+  }
+  queues_.retry.push(nullptr);
+  core_.Wake();
+  ring_.NotifyConsumer();
+}
+
+void EpochRun::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(shutdown_mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  Cancel();
+  std::vector<std::thread> threads;
+  read_.Stop(&threads);
+  map_.Stop(&threads);
+  tuning_.Stop(&threads);
+  for (auto& t : threads) t.join();
+  // Read buffers are freed with the run; keep the accounting honest.
+  queues_.DropBuffers();
+  core_.shared->read_buffer_bytes.fetch_sub(read_.TakeBufferBytes(), std::memory_order_relaxed);
+  // Slots of batches that were opened but never handed out go back to the pool.
+  ring_.ReleaseSlots();
+}
+
+}  // namespace feedline

@@ -1,0 +1,90 @@
+// One epoch of the pipeline: the orchestration of its stages.
+//
+//   ReadStage (readers: records by position, admitted by the ring's bound)
+//     -> MapStage (workers: the transform writes each sample into its slot)
+//     -> BatchRing (in-flight batches; the completing worker assembles the batch)
+//     -> Next() (the consumer, strictly in order; the device stage's copy when there is one)
+//   TuningLoop (watchdog + autotuner, every 200 ms) moves the workers, reads in flight and ring
+//   depth while the epoch runs: threads beyond a target park; new ones start on demand.
+//
+// Locks are std::mutex (pthread) rather than absl::Mutex: Debian's prebuilt Abseil is not
+// instrumented, so ThreadSanitizer could not see absl::Mutex's ordering. They are taken once per
+// batch, never per sample; per-sample hand-offs are lock-free (atomics and the TBB queue).
+//
+// Thread safety: `Next()` is called by one consumer thread; `Cancel()` and the setters may be
+// called from any thread. The destructor cancels and joins every thread it started.
+#ifndef FEEDLINE_SRC_ENGINE_EPOCH_RUN_H_
+#define FEEDLINE_SRC_ENGINE_EPOCH_RUN_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/batch_ring.h"
+#include "engine/epoch_core.h"
+#include "engine/loader_shared.h"
+#include "engine/map_stage.h"
+#include "engine/read_stage.h"
+#include "engine/replacement.h"
+#include "engine/tuning_loop.h"
+#include "feedline/batch.h"
+
+namespace feedline {
+
+class EpochRun {
+ public:
+  static constexpr int kMaxPrefetch = BatchRing::kMaxPrefetch;
+
+  EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t start_batch);
+  ~EpochRun();
+  EpochRun(const EpochRun&) = delete;
+  EpochRun& operator=(const EpochRun&) = delete;
+
+  // The next batch; kOutOfRange at the end; kCancelled after Cancel(). While waiting it calls
+  // `interrupted` every `poll` (if given): a non-OK status from it is returned (the batch
+  // stays queued, so the call can be repeated).
+  absl::StatusOr<Batch> Next(const std::function<absl::Status()>& interrupted = nullptr,
+                             absl::Duration poll = absl::Milliseconds(100));
+  void Cancel();
+
+  void SetWorkers(int n);
+  void SetIoDepth(int n);
+  void SetPrefetch(int n);
+
+  int64_t epoch() const { return core_.epoch; }
+  int64_t num_batches() const { return core_.num_batches; }
+  int64_t consumed() const { return ring_.consumed(); }
+  bool cancelled() const { return core_.is_cancelled(); }
+  // True in a child of fork() made after this run started: its threads are the parent's, and
+  // its locks and condition variables may be held or waited on by them. Such a run must be
+  // leaked, never touched or destroyed (glibc's pthread_cond_destroy would wait forever).
+  bool forked() const;
+
+ private:
+  void Shutdown();
+  absl::Status TooManyErrors();  // max_errors exceeded: the error to give the consumer
+
+  EpochCore core_;
+  BatchRing ring_;
+  ItemQueues queues_;
+  Replacement replacement_;
+  ReadStage read_;
+  MapStage map_;
+  TuningLoop tuning_;
+  const uint64_t fork_generation_;  // the process generation that started the threads
+
+  int64_t last_return_ns_ = 0;  // consumer thread only
+  int64_t held_images_ = 0;     // the last returned batch's samples; consumer thread only
+  TraceTrack* consumer_track_ = nullptr;
+  TraceTrack* batch_track_ = nullptr;
+  std::mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+};
+
+}  // namespace feedline
+
+#endif  // FEEDLINE_SRC_ENGINE_EPOCH_RUN_H_

@@ -1,0 +1,59 @@
+// The map stage: worker threads that run the transform on each record and write the sample
+// straight into its place in its batch slot.
+//
+// A failure (the read's, the transform's status, an exception from user code, a sample that
+// does not fit its field) becomes the sample's error, named by the data set's Describe(); under
+// on_error = skip the position is given a replacement sample (read by the retry reader), under
+// raise the error is the batch's. The worker that completes a batch assembles it (variable
+// fields packed in place) and wakes the consumer.
+//
+// Thread safety: SetThreads and Stop from any thread.
+#ifndef FEEDLINE_SRC_ENGINE_MAP_STAGE_H_
+#define FEEDLINE_SRC_ENGINE_MAP_STAGE_H_
+
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "engine/batch_ring.h"
+#include "engine/epoch_core.h"
+#include "engine/read_stage.h"
+#include "engine/replacement.h"
+#include "feedline/transform.h"
+
+namespace feedline {
+
+class MapStage {
+ public:
+  MapStage(EpochCore* core, BatchRing* ring, ItemQueues* queues, ReadStage* read,
+           Replacement* replacement)
+      : core_(core), ring_(ring), queues_(queues), read_(read), replacement_(replacement) {}
+
+  // Starts worker threads up to `n` (surplus ones park).
+  void SetThreads(int n);
+  int threads();
+  // After cancellation: moves the threads to `join`.
+  void Stop(std::vector<std::thread>* join);
+
+ private:
+  void WorkerLoop(int id);
+  // Maps one record into its slot; true when the item was sent for a replacement read instead
+  // of completing its sample.
+  bool ProcessSample(ReadItem* item, SampleTransform::WorkerState* state,
+                     std::vector<uint8_t>* scratch);
+
+  EpochCore* const core_;
+  BatchRing* const ring_;
+  ItemQueues* const queues_;
+  ReadStage* const read_;
+  Replacement* const replacement_;
+  std::mutex mu_;
+  std::vector<std::thread> workers_ ABSL_GUARDED_BY(mu_);
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace feedline
+
+#endif  // FEEDLINE_SRC_ENGINE_MAP_STAGE_H_

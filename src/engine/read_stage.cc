@@ -1,0 +1,225 @@
+#include "engine/read_stage.h"
+
+#include <algorithm>
+#include <exception>
+#include <limits>
+#include <new>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace feedline {
+
+// One reader thread's state, shared with the watchdog. A read that outlives the timeout is
+// abandoned: the watchdog fails its sample and starts a replacement thread; the stuck thread,
+// when (if) its read returns, sees the abandonment and exits, touching nothing but this record
+// and the loader's shared state, both of which it keeps alive.
+struct ReadStage::ReaderState {
+  enum : int { kIdle = 0, kReading = 1, kAbandoned = 2 };
+  std::atomic<int> phase{kIdle};
+  std::atomic<int64_t> started_ns{0};
+  ReadItem* item = nullptr;  // the item being read (published by the phase store)
+  Record record;             // reads land here, then move into the item
+};
+
+namespace {
+
+int64_t Capacity(const Record& r) {
+  int64_t n = int64_t(r.bytes.capacity());
+  for (const Record::Member& m : r.members) n += int64_t(m.bytes.capacity());
+  return n;
+}
+
+// A data set's Read, with exceptions turned into the sample's error.
+absl::Status SafeRead(const Dataset& d, int64_t index, Record* record) {
+  try {
+    return d.Read(index, record);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("out of memory while reading");
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("the data set's Read threw: ", e.what()));
+  } catch (...) {
+    return absl::InternalError("the data set's Read threw a non-standard exception");
+  }
+}
+
+}  // namespace
+
+ReadStage::ReadStage(EpochCore* core, BatchRing* ring, ItemQueues* queues, int64_t start_seq)
+    : core_(core), ring_(ring), queues_(queues), next_seq_(start_seq) {}
+
+void ReadStage::SetThreads(int n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopped_ || core_->is_cancelled()) return;
+  while (static_cast<int>(readers_.size()) < n) StartReader(static_cast<int>(readers_.size()));
+}
+
+int ReadStage::threads() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(readers_.size());
+}
+
+void ReadStage::StartReader(int id) {
+  auto state = std::make_shared<ReaderState>();
+  Reader r{std::thread([this, id, state, keep = core_->shared] { ReaderLoop(id, state); }), state};
+  if (id < static_cast<int>(readers_.size())) {
+    readers_[size_t(id)] = std::move(r);
+  } else {
+    readers_.push_back(std::move(r));
+  }
+}
+
+void ReadStage::StartRetryReader() {
+  auto state = std::make_shared<ReaderState>();
+  retry_reader_ =
+      Reader{std::thread([this, state, keep = core_->shared] { RetryLoop(state); }), state};
+}
+
+void ReadStage::Resubmit(ReadItem* item) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (retry_reader_.state == nullptr && !stopped_ && !core_->is_cancelled()) StartRetryReader();
+  }
+  queues_->retry.push(item);
+}
+
+void ReadStage::AbandonStuckReads(int64_t older_than_ns, const char* why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t id = 0; id <= readers_.size(); ++id) {
+    const bool retry = id == readers_.size();  // the last one checked is the retry reader
+    Reader& reader = retry ? retry_reader_ : readers_[id];
+    if (reader.state == nullptr) continue;
+    ReaderState& st = *reader.state;
+    if (st.phase.load(std::memory_order_acquire) != ReaderState::kReading ||
+        st.started_ns.load(std::memory_order_relaxed) > older_than_ns) {
+      continue;
+    }
+    int expected = ReaderState::kReading;
+    if (!st.phase.compare_exchange_strong(expected, ReaderState::kAbandoned,
+                                          std::memory_order_acq_rel)) {
+      continue;  // it just finished
+    }
+    ReadItem* item = st.item;
+    const double waited_ms = double(NowNs() - st.started_ns.load()) * 1e-6;
+    item->record.Clear();
+    item->status = absl::DeadlineExceededError(
+        absl::StrCat(core_->shared->dataset->Describe(item->sample), ": read did not complete in ",
+                     absl::StrFormat("%.0f", waited_ms), " ms (", why, ")"));
+    queues_->ready.push(item);
+    reader.thread.detach();  // it keeps what it touches alive; see ReaderState
+    if (!stopped_ && !core_->is_cancelled()) {
+      if (retry) {
+        StartRetryReader();
+      } else {
+        StartReader(int(id));
+      }
+    }
+  }
+}
+
+void ReadStage::Stop(std::vector<std::thread>* join) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+  }
+  AbandonStuckReads(std::numeric_limits<int64_t>::max(), "the epoch was stopped");
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& r : readers_) {
+    if (r.thread.joinable()) join->push_back(std::move(r.thread));
+  }
+  if (retry_reader_.thread.joinable()) join->push_back(std::move(retry_reader_.thread));
+  readers_.clear();
+}
+
+void ReadStage::ReaderLoop(int id, std::shared_ptr<ReaderState> state) {
+  LoaderShared& sh = *core_->shared;
+  TraceTrack* track = sh.trace->Track(absl::StrCat("reader ", id));
+  while (core_->ParkWhileSurplus(id, sh.io_depth)) {
+    const int64_t seq = next_seq_.fetch_add(1, std::memory_order_relaxed);
+    if (seq >= core_->total_seq) return;
+    const int64_t t0 = NowNs();
+    const int64_t b = seq / core_->batch_size;
+    if (!ring_->WaitAdmitted(b)) return;
+    ring_->EnsureOpen(b);
+    // Reads in flight plus map lookahead: enough for every reader and worker to hold one.
+    ReadItem* item = queues_->Acquire(sh.io_depth.load() + 2 * sh.workers.load());
+    if (item == nullptr || core_->is_cancelled()) return;
+    sh.read.AddWait(NowNs() - t0);
+    item->seq = seq;
+    item->sample = core_->order[size_t(seq)];
+    item->attempt = 0;
+    if (!ReadInto(item, state.get(), track)) return;  // abandoned
+  }
+}
+
+void ReadStage::RetryLoop(std::shared_ptr<ReaderState> state) {
+  TraceTrack* track = core_->shared->trace->Track("retry reader");
+  while (true) {
+    ReadItem* item = nullptr;
+    queues_->retry.pop(item);
+    if (item == nullptr || core_->is_cancelled()) return;
+    if (!ReadInto(item, state.get(), track)) return;  // abandoned
+  }
+}
+
+bool ReadStage::ReadInto(ReadItem* item, ReaderState* state, TraceTrack* track) {
+  LoaderShared& sh = *core_->shared;
+  const int64_t t1 = NowNs();
+  item->skipped_read = false;
+  if (sh.transform->SkipsRead(item->sample)) {  // the transform has what it needs
+    item->skipped_read = true;
+    item->record.Clear();
+    item->status = absl::OkStatus();
+    queues_->ready.push(item);
+    return true;
+  }
+  SampleCache* cache = sh.cache_holds_bytes ? sh.cache.get() : nullptr;
+  if (cache != nullptr) {
+    std::shared_ptr<const SampleCache::Entry> hit = cache->Get(item->sample);
+    if (hit != nullptr) {
+      cache->CountHit();
+      item->record.bytes.assign(hit->data.begin(), hit->data.end());
+      item->record.label = hit->label;
+      item->record.members = hit->members;
+      item->status = absl::OkStatus();
+      queues_->ready.push(item);
+      return true;
+    }
+    cache->CountMiss();
+  }
+  // Buffers move between the item and the reader's state; their total capacity is what the run
+  // holds in reads, so the change is (item's new capacity) - (state's old capacity).
+  const int64_t before = Capacity(state->record);
+  std::swap(state->record, item->record);
+  state->item = item;
+  const int64_t sample = item->sample;  // after the publish below, the item may be taken away
+  state->started_ns.store(t1, std::memory_order_relaxed);
+  state->phase.store(ReaderState::kReading, std::memory_order_release);
+  absl::Status status = SafeRead(*sh.dataset, sample, &state->record);
+  int expected = ReaderState::kReading;
+  if (!state->phase.compare_exchange_strong(expected, ReaderState::kIdle,
+                                            std::memory_order_acq_rel)) {
+    return false;  // abandoned by the watchdog: the run may be gone; touch nothing of it
+  }
+  std::swap(item->record, state->record);
+  item->status = std::move(status);
+  if (item->status.ok() && cache != nullptr && !cache->full()) {
+    auto entry = std::make_shared<SampleCache::Entry>();
+    entry->data = item->record.bytes;
+    entry->label = item->record.label;
+    entry->members = item->record.members;
+    cache->Put(item->sample, std::move(entry));
+  }
+  const int64_t delta = Capacity(item->record) - before;
+  sh.read_buffer_bytes.fetch_add(delta, std::memory_order_relaxed);
+  buffer_bytes_.fetch_add(delta, std::memory_order_relaxed);
+  const int64_t t2 = NowNs();
+  sh.read.AddBusy(t2 - t1);
+  sh.read.AddItem();
+  track->Span(TraceTrack::Kind::kRead, t1, t2, item->sample);
+  queues_->ready.push(item);
+  return true;
+}
+
+}  // namespace feedline

@@ -1,0 +1,43 @@
+#include "engine/sampler.h"
+
+#include <cstddef>
+#include <numeric>
+#include <utility>
+
+#include "feedline/random.h"
+
+namespace feedline {
+
+int64_t SamplesPerRank(const SamplerConfig& c) {
+  const int64_t n = c.dataset_size, w = c.world_size;
+  if (c.drop_last && n % w != 0) return (n - w + w - 1) / w;  // ceil((n - w) / w)
+  return (n + w - 1) / w;
+}
+
+int64_t BatchesPerRank(const SamplerConfig& c) {
+  const int64_t s = SamplesPerRank(c);
+  return c.drop_last ? s / c.batch_size : (s + c.batch_size - 1) / c.batch_size;
+}
+
+std::vector<int64_t> EpochOrder(const SamplerConfig& c, int64_t epoch) {
+  const int64_t n = c.dataset_size;
+  std::vector<int64_t> perm(static_cast<size_t>(n));
+  std::iota(perm.begin(), perm.end(), int64_t{0});
+  if (c.shuffle) {
+    SampleRng rng(c.seed, static_cast<uint64_t>(epoch), 0, kRngShuffle);
+    for (int64_t i = n - 1; i > 0; --i) {
+      std::swap(perm[size_t(i)], perm[size_t(rng.Below(uint64_t(i) + 1))]);
+    }
+  }
+  const int64_t per_rank = SamplesPerRank(c);
+  const int64_t total = per_rank * c.world_size;
+  std::vector<int64_t> mine;
+  mine.reserve(size_t(per_rank));
+  for (int64_t pos = c.rank; pos < total; pos += c.world_size) {
+    mine.push_back(perm[size_t(pos % n)]);  // pos >= n: padding repeats from the start
+  }
+  if (c.drop_last) mine.resize(size_t(mine.size() / size_t(c.batch_size) * size_t(c.batch_size)));
+  return mine;
+}
+
+}  // namespace feedline

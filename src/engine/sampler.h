@@ -1,0 +1,34 @@
+// The sampler: which sample indices this rank reads in an epoch, in which order.
+//
+// Order = a permutation from (seed, epoch) when shuffling, else 0..n-1; then
+// DistributedSampler's split: padded by repeating from the start (drop_last = false) or
+// truncated (drop_last = true) to a multiple of world_size, and rank r takes positions
+// r, r + world_size, ... — every rank gets the same number of samples, hence of batches.
+#ifndef FEEDLINE_SRC_ENGINE_SAMPLER_H_
+#define FEEDLINE_SRC_ENGINE_SAMPLER_H_
+
+#include <cstdint>
+#include <vector>
+
+namespace feedline {
+
+struct SamplerConfig {
+  int64_t dataset_size = 0;
+  int64_t batch_size = 1;
+  bool shuffle = true;
+  uint64_t seed = 0;
+  bool drop_last = false;
+  int rank = 0;
+  int world_size = 1;
+};
+
+// Samples per epoch for one rank (padding included).
+int64_t SamplesPerRank(const SamplerConfig& c);
+// Batches per epoch for one rank.
+int64_t BatchesPerRank(const SamplerConfig& c);
+// The rank's sample indices for `epoch`, truncated to whole batches when drop_last.
+std::vector<int64_t> EpochOrder(const SamplerConfig& c, int64_t epoch);
+
+}  // namespace feedline
+
+#endif  // FEEDLINE_SRC_ENGINE_SAMPLER_H_

@@ -1,0 +1,243 @@
+#include "image/decoder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <csetjmp>
+#include <cstdio>
+#include <cstring>
+
+// jpeglib.h needs FILE and size_t declared first.
+#include <jerror.h>
+#include <jpeglib.h>
+#include <spng.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace feedline {
+
+namespace {
+
+bool IsJpeg(const uint8_t* d, size_t n) {
+  return n >= 3 && d[0] == 0xFF && d[1] == 0xD8 && d[2] == 0xFF;
+}
+bool IsPng(const uint8_t* d, size_t n) {
+  static const uint8_t kSig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  return n >= 8 && std::memcmp(d, kSig, 8) == 0;
+}
+
+bool HasEndOfImage(const uint8_t* d, size_t n) {
+  for (size_t i = n; i >= 2; --i) {  // almost always found in the last two bytes
+    if (d[i - 1] == 0xD9 && d[i - 2] == 0xFF) return true;
+  }
+  return false;
+}
+
+absl::Status UnknownFormat(size_t n) {
+  if (n == 0) return absl::DataLossError("empty file");
+  return absl::InvalidArgumentError(
+      "not a JPEG or PNG image (unrecognised content; other formats are not supported)");
+}
+
+absl::Status TooLarge(int64_t w, int64_t h, int64_t max_pixels) {
+  return absl::ResourceExhaustedError(absl::StrCat("image of ", w, "x", h, " = ", w * h,
+                                                   " pixels exceeds max_image_pixels (", max_pixels,
+                                                   "): refused before decoding"));
+}
+
+}  // namespace
+
+// libjpeg reports errors through a callback that must not return: it longjmps back into
+// the decode call, which turns the message into a status. Only C objects and members live
+// across the setjmp, so no destructor is skipped.
+struct ImageDecoder::Jpeg {
+  struct ErrorManager {
+    jpeg_error_mgr pub;
+    jmp_buf jump;
+    char message[JMSG_LENGTH_MAX];
+  };
+  jpeg_decompress_struct cinfo;
+  ErrorManager err;
+  std::vector<JSAMPROW> rows;
+
+  static void ErrorExit(j_common_ptr c) {
+    auto* e = reinterpret_cast<ErrorManager*>(c->err);
+    (*c->err->format_message)(c, e->message);
+    std::longjmp(e->jump, 1);
+  }
+  // Warnings: a file that ends early is an error (PIL refuses truncated files too); the other
+  // warnings (extraneous bytes, corrupt entropy data) leave a decodable image, as in PIL.
+  static void EmitMessage(j_common_ptr c, int level) {
+    if (level < 0 && c->err->msg_code == JWRN_JPEG_EOF) ErrorExit(c);
+    if (level < 0) c->err->num_warnings++;
+  }
+
+  Jpeg() {
+    cinfo.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = &ErrorExit;
+    err.pub.emit_message = &EmitMessage;
+    err.message[0] = '\0';
+    jpeg_create_decompress(&cinfo);
+  }
+  ~Jpeg() { jpeg_destroy_decompress(&cinfo); }
+};
+
+ImageDecoder::ImageDecoder() : jpeg_(std::make_unique<Jpeg>()) {}
+ImageDecoder::~ImageDecoder() = default;
+
+absl::StatusOr<ImageHeader> ImageDecoder::ReadHeader(const uint8_t* data, size_t size) {
+  if (IsPng(data, size)) {
+    if (size < 24) return absl::DataLossError("PNG header truncated");
+    auto be32 = [&](size_t o) {
+      return (uint32_t{data[o]} << 24) | (uint32_t{data[o + 1]} << 16) |
+             (uint32_t{data[o + 2]} << 8) | uint32_t{data[o + 3]};
+    };
+    if (std::memcmp(data + 12, "IHDR", 4) != 0) return absl::DataLossError("PNG: IHDR missing");
+    ImageHeader h{ImageFormat::kPng, static_cast<int>(be32(16)), static_cast<int>(be32(20))};
+    if (h.width <= 0 || h.height <= 0) return absl::DataLossError("PNG: invalid dimensions");
+    return h;
+  }
+  if (!IsJpeg(data, size)) return UnknownFormat(size);
+  jpeg_decompress_struct& cinfo = jpeg_->cinfo;
+  if (setjmp(jpeg_->err.jump)) {
+    jpeg_abort_decompress(&cinfo);
+    return absl::DataLossError(absl::StrCat("corrupt JPEG: ", jpeg_->err.message));
+  }
+  jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
+  jpeg_read_header(&cinfo, TRUE);
+  ImageHeader h{ImageFormat::kJpeg, static_cast<int>(cinfo.image_width),
+                static_cast<int>(cinfo.image_height)};
+  jpeg_abort_decompress(&cinfo);
+  return h;
+}
+
+absl::StatusOr<DecodedRegion> ImageDecoder::Decode(const uint8_t* data, size_t size,
+                                                   const Rect& roi, int min_w, int min_h,
+                                                   int64_t max_pixels, bool allow_dct_scaling) {
+  if (IsPng(data, size)) return DecodePng(data, size, max_pixels);
+  if (!IsJpeg(data, size)) return UnknownFormat(size);
+  // Decoding stops after the region's last row, so a truncated file could decode without error
+  // when the region misses the lost part: refuse it whatever the region (PIL does too). Entropy
+  // data cannot hold FF D9, so a file without it anywhere lost its end.
+  if (!HasEndOfImage(data, size)) {
+    return absl::DataLossError("corrupt JPEG: premature end of data (no end-of-image marker)");
+  }
+
+  jpeg_decompress_struct& cinfo = jpeg_->cinfo;
+  if (setjmp(jpeg_->err.jump)) {
+    jpeg_abort_decompress(&cinfo);
+    return absl::DataLossError(absl::StrCat("corrupt JPEG: ", jpeg_->err.message));
+  }
+  jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
+  jpeg_read_header(&cinfo, TRUE);
+  const int64_t W = cinfo.image_width, H = cinfo.image_height;
+  if (W * H > max_pixels) {
+    jpeg_abort_decompress(&cinfo);
+    return TooLarge(W, H, max_pixels);
+  }
+  const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+  cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
+
+  // The smallest DCT scale that keeps the region at least min_w x min_h.
+  const double rx = std::clamp(roi.x, 0.0, double(W)), ry = std::clamp(roi.y, 0.0, double(H));
+  const double rw = std::clamp(roi.w, 1.0, double(W) - rx),
+               rh = std::clamp(roi.h, 1.0, double(H) - ry);
+  unsigned num = 8;  // the scale is num / 8
+  if (allow_dct_scaling && dct_scaling_ != DctScaling::kNone) {
+    for (unsigned n = 1; n < 8; ++n) {
+      if (dct_scaling_ == DctScaling::kPowersOfTwo && (n & (n - 1)) != 0) continue;
+      if (rw * n / 8 >= min_w && rh * n / 8 >= min_h) {
+        num = n;
+        break;
+      }
+    }
+  }
+  cinfo.scale_num = num;
+  cinfo.scale_denom = 8;
+  jpeg_start_decompress(&cinfo);
+
+  const double sx = double(cinfo.output_width) / double(W);
+  const double sy = double(cinfo.output_height) / double(H);
+  JDIMENSION x0 = static_cast<JDIMENSION>(std::floor(rx * sx));
+  JDIMENSION x1 =
+      std::min<JDIMENSION>(cinfo.output_width, static_cast<JDIMENSION>(std::ceil((rx + rw) * sx)));
+  JDIMENSION y0 = static_cast<JDIMENSION>(std::floor(ry * sy));
+  JDIMENSION y1 =
+      std::min<JDIMENSION>(cinfo.output_height, static_cast<JDIMENSION>(std::ceil((ry + rh) * sy)));
+  if (x1 <= x0) x1 = std::min<JDIMENSION>(x0 + 1, cinfo.output_width);
+  if (y1 <= y0) y1 = std::min<JDIMENSION>(y0 + 1, cinfo.output_height);
+  JDIMENSION xoff = x0, cw = x1 - x0;
+  if (cw < cinfo.output_width) jpeg_crop_scanline(&cinfo, &xoff, &cw);  // aligns to iMCUs
+  if (y0 > 0) jpeg_skip_scanlines(&cinfo, y0);
+
+  const int comps = cinfo.output_components;  // 3 (RGB) or 4 (CMYK)
+  const JDIMENSION rows = y1 - y0;
+  const size_t row_bytes = size_t{cw} * comps;
+  pixels_.resize(row_bytes * rows);
+  jpeg_->rows.resize(rows);
+  for (JDIMENSION r = 0; r < rows; ++r) jpeg_->rows[r] = pixels_.data() + r * row_bytes;
+  while (cinfo.output_scanline < y1) {
+    JDIMENSION at = cinfo.output_scanline - y0;
+    jpeg_read_scanlines(&cinfo, jpeg_->rows.data() + at, rows - at);
+  }
+  const bool adobe_inverted = cinfo.saw_Adobe_marker;
+  jpeg_abort_decompress(&cinfo);  // stop after the region's last row
+
+  if (cmyk) {
+    // CMYK -> RGB as PIL converts (R = (255 - C)(255 - K) / 255). Adobe writes inverted
+    // values (stored = 255 - ink), which libjpeg hands back as stored.
+    const size_t n = size_t{cw} * rows;
+    uint8_t* p = pixels_.data();
+    for (size_t i = 0; i < n; ++i) {
+      int c = p[4 * i], m = p[4 * i + 1], y = p[4 * i + 2], k = p[4 * i + 3];
+      if (!adobe_inverted) c = 255 - c, m = 255 - m, y = 255 - y, k = 255 - k;
+      p[3 * i] = static_cast<uint8_t>((c * k + 127) / 255);
+      p[3 * i + 1] = static_cast<uint8_t>((m * k + 127) / 255);
+      p[3 * i + 2] = static_cast<uint8_t>((y * k + 127) / 255);
+    }
+  }
+  DecodedRegion out;
+  out.pixels = pixels_.data();
+  out.width = static_cast<int>(cw);
+  out.height = static_cast<int>(rows);
+  out.stride = size_t{cw} * 3;
+  out.scale_x = sx;
+  out.scale_y = sy;
+  out.origin_x = xoff;
+  out.origin_y = y0;
+  return out;
+}
+
+absl::StatusOr<DecodedRegion> ImageDecoder::DecodePng(const uint8_t* data, size_t size,
+                                                      int64_t max_pixels) {
+  spng_ctx* ctx = spng_ctx_new(0);
+  if (ctx == nullptr) return absl::ResourceExhaustedError("PNG: out of memory");
+  struct Free {
+    spng_ctx* c;
+    ~Free() { spng_ctx_free(c); }
+  } free_ctx{ctx};
+  // Ancillary chunks are not needed; bound their memory so a hostile file cannot balloon it.
+  spng_set_crc_action(ctx, SPNG_CRC_USE, SPNG_CRC_USE);
+  spng_set_chunk_limits(ctx, 1 << 24, 1 << 26);
+  int rc = spng_set_png_buffer(ctx, data, size);
+  spng_ihdr ihdr;
+  if (rc == 0) rc = spng_get_ihdr(ctx, &ihdr);
+  if (rc != 0) return absl::DataLossError(absl::StrCat("corrupt PNG: ", spng_strerror(rc)));
+  if (int64_t{ihdr.width} * ihdr.height > max_pixels) {
+    return TooLarge(ihdr.width, ihdr.height, max_pixels);
+  }
+  size_t out_size = 0;
+  rc = spng_decoded_image_size(ctx, SPNG_FMT_RGB8, &out_size);
+  if (rc != 0) return absl::DataLossError(absl::StrCat("corrupt PNG: ", spng_strerror(rc)));
+  pixels_.resize(out_size);
+  rc = spng_decode_image(ctx, pixels_.data(), out_size, SPNG_FMT_RGB8, 0);
+  if (rc != 0) return absl::DataLossError(absl::StrCat("corrupt PNG: ", spng_strerror(rc)));
+  DecodedRegion out;
+  out.pixels = pixels_.data();
+  out.width = static_cast<int>(ihdr.width);
+  out.height = static_cast<int>(ihdr.height);
+  out.stride = size_t{ihdr.width} * 3;
+  return out;
+}
+
+}  // namespace feedline

@@ -1,0 +1,226 @@
+#include "image/geometry.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <opencv2/core.hpp>
+#include <opencv2/imgproc.hpp>
+
+namespace feedline {
+namespace {
+
+// The decoder workers are the parallelism: OpenCV's own thread pool (TBB in Debian's build)
+// would oversubscribe the cores and hide work from the stage counters.
+void DisableOpenCvThreads() {
+  static const bool done = [] {
+    cv::setNumThreads(0);
+    return true;
+  }();
+  (void)done;
+}
+
+// Python's round(): half to even. std::nearbyint uses the current rounding mode, which is
+// round-to-nearest-even unless someone changed it; state it explicitly to not depend on that.
+// 64-bit: eval geometry of thin images exceeds int.
+int64_t PyRound64(double v) {
+  double r = std::round(v);
+  if (std::fabs(v - std::trunc(v)) == 0.5) r = 2.0 * std::round(v / 2.0);
+  return static_cast<int64_t>(r);
+}
+
+// Crop sizes (bounded by the image's sides).
+int PyRound(double v) { return static_cast<int>(PyRound64(v)); }
+
+// Resamples `src` to exactly `dst`'s size, one filter per axis direction:
+//  * shrinking by more than kAreaAbove: area averaging (antialiased, as PIL's filters are);
+//  * shrinking by less, or enlarging: bilinear, 5-7x faster than OpenCV's area averaging at
+//    fractional ratios. The decoder's DCT scaling (eighths) leaves the crop less than 8/7 larger
+//    than the output in the common case, where bilinear aliases no more than PIL's triangle
+//    filter blurs; measured against torchvision in tests/python/test_eval.py.
+// When the axes disagree (one shrinks a lot, the other not), x then y in two passes.
+constexpr double kAreaAbove = 1.5;
+
+int FilterFor(int from, int to) {
+  return double(from) > kAreaAbove * double(to) ? cv::INTER_AREA : cv::INTER_LINEAR;
+}
+
+void Resample(const cv::Mat& src, cv::Mat& dst, std::vector<uint8_t>* tmp_storage) {
+  const int sw = src.cols, sh = src.rows, dw = dst.cols, dh = dst.rows;
+  if (sw == dw && sh == dh) {
+    src.copyTo(dst);
+    return;
+  }
+  const int fx = FilterFor(sw, dw), fy = FilterFor(sh, dh);
+  if (fx != fy) {
+    tmp_storage->resize(size_t(dw) * sh * 3);
+    cv::Mat mid(sh, dw, CV_8UC3, tmp_storage->data());
+    cv::resize(src, mid, mid.size(), 0, 0, fx);
+    cv::resize(mid, dst, dst.size(), 0, 0, fy);
+    return;
+  }
+  cv::resize(src, dst, dst.size(), 0, 0, fx);
+}
+
+// Writes an HWC image (possibly a non-contiguous window) to `dst` in `layout`, mirrored when
+// `flip` (which needs `tmp`).
+void Store(const cv::Mat& hwc, bool flip, Layout layout, uint8_t* dst, std::vector<uint8_t>* tmp) {
+  const int w = hwc.cols, h = hwc.rows;
+  cv::Mat src = hwc;
+  if (layout == Layout::kNHWC) {
+    cv::Mat out(h, w, CV_8UC3, dst);
+    if (flip) {
+      cv::flip(src, out, 1);
+    } else if (src.data != out.data) {
+      src.copyTo(out);
+    }
+    return;
+  }
+  if (flip) {
+    tmp->resize(size_t(w) * h * 3);
+    cv::Mat flipped(h, w, CV_8UC3, tmp->data());
+    cv::flip(src, flipped, 1);
+    src = flipped;
+  }
+  const size_t plane = size_t(w) * h;
+  cv::Mat planes[3] = {cv::Mat(h, w, CV_8UC1, dst), cv::Mat(h, w, CV_8UC1, dst + plane),
+                       cv::Mat(h, w, CV_8UC1, dst + 2 * plane)};
+  cv::split(src, planes);
+}
+
+cv::Mat RegionMat(const DecodedRegion& r) {
+  return cv::Mat(r.height, r.width, CV_8UC3, const_cast<uint8_t*>(r.pixels), r.stride);
+}
+
+}  // namespace
+
+CropBox RandomResizedCropBox(int width, int height, std::pair<double, double> scale,
+                             std::pair<double, double> ratio, SampleRng& rng) {
+  const double area = double(height) * double(width);
+  const double log_r0 = std::log(ratio.first), log_r1 = std::log(ratio.second);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target_area = area * rng.Uniform(scale.first, scale.second);
+    const double aspect = std::exp(rng.Uniform(log_r0, log_r1));
+    const int w = PyRound(std::sqrt(target_area * aspect));
+    const int h = PyRound(std::sqrt(target_area / aspect));
+    if (0 < w && w <= width && 0 < h && h <= height) {
+      CropBox box;
+      box.top = static_cast<int>(rng.Below(uint64_t(height - h + 1)));
+      box.left = static_cast<int>(rng.Below(uint64_t(width - w + 1)));
+      box.height = h;
+      box.width = w;
+      return box;
+    }
+  }
+  // torchvision's fallback: the central crop with the ratio clamped to the allowed range.
+  const double in_ratio = double(width) / double(height);
+  const double rmin = std::min(ratio.first, ratio.second),
+               rmax = std::max(ratio.first, ratio.second);
+  int w = width, h = height;
+  if (in_ratio < rmin) {
+    h = PyRound(w / rmin);
+  } else if (in_ratio > rmax) {
+    w = PyRound(h * rmax);
+  }
+  return CropBox{(height - h) / 2, (width - w) / 2, h, w};
+}
+
+EvalGeometry ComputeEvalGeometry(int width, int height, int resize_size, int size) {
+  EvalGeometry g;
+  const bool portrait = width <= height;
+  const int64_t s = portrait ? width : height, l = portrait ? height : width;
+  const int64_t new_long = static_cast<int64_t>(double(resize_size) * double(l) / double(s));
+  g.resized_w = portrait ? resize_size : new_long;
+  g.resized_h = portrait ? new_long : resize_size;
+  // torchvision's CenterCrop: a side shorter than the crop is first zero-padded by
+  // (crop - side) // 2 before (the rest after), then the window is taken at round((side -
+  // crop) / 2), half to even.
+  auto offset = [size](int64_t side) {
+    return side < size ? -((size - side) / 2) : PyRound64((double(side) - size) / 2.0);
+  };
+  g.crop_top = offset(g.resized_h);
+  g.crop_left = offset(g.resized_w);
+  return g;
+}
+
+void ResampleInto(const DecodedRegion& region, const Rect& src, int out_w, int out_h, bool flip,
+                  Layout layout, uint8_t* dst, ResampleScratch* scratch) {
+  DisableOpenCvThreads();
+  // The rectangle in decoded coordinates, rounded to whole decoded pixels.
+  int x0 = static_cast<int>(std::lround(src.x * region.scale_x - region.origin_x));
+  int y0 = static_cast<int>(std::lround(src.y * region.scale_y - region.origin_y));
+  int x1 = static_cast<int>(std::lround((src.x + src.w) * region.scale_x - region.origin_x));
+  int y1 = static_cast<int>(std::lround((src.y + src.h) * region.scale_y - region.origin_y));
+  x0 = std::clamp(x0, 0, region.width - 1);
+  y0 = std::clamp(y0, 0, region.height - 1);
+  x1 = std::clamp(x1, x0 + 1, region.width);
+  y1 = std::clamp(y1, y0 + 1, region.height);
+  cv::Mat roi = RegionMat(region)(cv::Rect(x0, y0, x1 - x0, y1 - y0));
+  const bool direct = layout == Layout::kNHWC && !flip;
+  if (!direct) scratch->a.resize(size_t(out_w) * out_h * 3);
+  cv::Mat resized(out_h, out_w, CV_8UC3, direct ? dst : scratch->a.data());
+  Resample(roi, resized, &scratch->b);
+  if (!direct) Store(resized, flip, layout, dst, &scratch->b);
+}
+
+void ResizeWhole(const DecodedRegion& region, int w, int h, std::vector<uint8_t>* out) {
+  DisableOpenCvThreads();
+  out->resize(size_t(w) * size_t(h) * 3);
+  cv::Mat dst(h, w, CV_8UC3, out->data());
+  std::vector<uint8_t> tmp;
+  Resample(RegionMat(region), dst, &tmp);
+}
+
+void ResizeThenCropInto(const DecodedRegion& region, const EvalGeometry& g, int width, int height,
+                        int out_w, int out_h, Layout layout, uint8_t* dst,
+                        ResampleScratch* scratch) {
+  DisableOpenCvThreads();
+  // The crop window in resized coordinates, and the part of it inside the resized image; the
+  // rest (CenterCrop larger than the resized image) is zero padding, as in torchvision.
+  const int64_t wx0 = g.crop_left, wy0 = g.crop_top;
+  const int64_t ix0 = std::max<int64_t>(wx0, 0), iy0 = std::max<int64_t>(wy0, 0);
+  const int64_t ix1 = std::min<int64_t>(wx0 + out_w, g.resized_w);
+  const int64_t iy1 = std::min<int64_t>(wy0 + out_h, g.resized_h);
+  const bool inside = ix0 == wx0 && iy0 == wy0 && ix1 == wx0 + out_w && iy1 == wy0 + out_h;
+  const bool empty = ix1 <= ix0 || iy1 <= iy0;
+  const int within_w = empty ? 0 : int(ix1 - ix0), within_h = empty ? 0 : int(iy1 - iy0);
+  const cv::Rect within(int(ix0 - wx0), int(iy0 - wy0), within_w, within_h);
+
+  // Padding is rare (CenterCrop larger than the resized image); the window is assembled here.
+  std::vector<uint8_t> padded;
+  auto padded_window = [&]() {
+    padded.assign(size_t(out_w) * out_h * 3, 0);
+    return cv::Mat(out_h, out_w, CV_8UC3, padded.data());
+  };
+  if (empty) {
+    padded_window();
+  } else if (g.resized_w * g.resized_h > 16 * int64_t{out_w} * out_h) {
+    // A resized image much larger than the window (extreme aspect ratios, or a crop far smaller
+    // than the resize): map the visible part of the window back to the source and resample only
+    // that, so memory and time follow the output, not the resized image.
+    const double fx = double(width) / double(g.resized_w);
+    const double fy = double(height) / double(g.resized_h);
+    const Rect src{double(ix0) * fx, double(iy0) * fy, within_w * fx, within_h * fy};
+    if (inside) {
+      ResampleInto(region, src, out_w, out_h, /*flip=*/false, layout, dst, scratch);
+      return;
+    }
+    std::vector<uint8_t> part(size_t(within_w) * within_h * 3);
+    ResampleInto(region, src, within_w, within_h, /*flip=*/false, Layout::kNHWC, part.data(),
+                 scratch);
+    cv::Mat(within_h, within_w, CV_8UC3, part.data()).copyTo(padded_window()(within));
+  } else {
+    // Exact: resize the whole image as torchvision does, then crop (and pad).
+    scratch->a.resize(size_t(g.resized_w) * size_t(g.resized_h) * 3);
+    cv::Mat resized(int(g.resized_h), int(g.resized_w), CV_8UC3, scratch->a.data());
+    Resample(RegionMat(region), resized, &scratch->b);
+    const cv::Rect visible(int(ix0), int(iy0), within_w, within_h);
+    if (inside) {
+      Store(resized(visible), /*flip=*/false, layout, dst, nullptr);
+      return;
+    }
+    resized(visible).copyTo(padded_window()(within));
+  }
+  Store(cv::Mat(out_h, out_w, CV_8UC3, padded.data()), /*flip=*/false, layout, dst, nullptr);
+}
+
+}  // namespace feedline

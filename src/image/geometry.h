@@ -1,0 +1,65 @@
+// Geometry of torchvision's transforms, and resampling into a batch slot.
+//
+// `RandomResizedCropBox` reproduces torchvision's `RandomResizedCrop.get_params` (10 attempts,
+// then the centre-crop fallback) with feedline's counter-based generator. `EvalGeometry`
+// reproduces `Resize(resize_size)` (shorter side) + `CenterCrop(size)`.
+//
+// Resampling uses OpenCV's imgproc: area averaging when shrinking (antialiased, as PIL's
+// bilinear filter is in torchvision), bilinear when enlarging, one axis at a time when the two
+// axes go different ways.
+#ifndef FEEDLINE_SRC_IMAGE_GEOMETRY_H_
+#define FEEDLINE_SRC_IMAGE_GEOMETRY_H_
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "feedline/options.h"
+#include "feedline/random.h"
+#include "image/decoder.h"
+
+namespace feedline {
+
+struct CropBox {
+  int top = 0, left = 0, height = 0, width = 0;  // torchvision's (i, j, h, w)
+};
+
+CropBox RandomResizedCropBox(int width, int height, std::pair<double, double> scale,
+                             std::pair<double, double> ratio, SampleRng& rng);
+
+// Resize(resize_size) output size (torchvision: the shorter side becomes resize_size, the
+// other is int(resize_size * long / short)), and the CenterCrop offsets into it.
+// 64-bit: a thin image's resized long side can exceed what an int holds.
+struct EvalGeometry {
+  int64_t resized_w = 0, resized_h = 0;
+  int64_t crop_top = 0, crop_left = 0;
+};
+EvalGeometry ComputeEvalGeometry(int width, int height, int resize_size, int size);
+
+// Per-thread scratch for resampling, reused across samples.
+struct ResampleScratch {
+  std::vector<uint8_t> a, b;
+};
+
+// Resamples the original-image rectangle `src` (as covered by `region`) to out_w x out_h and
+// writes it to `dst` in `layout` (NHWC: out_h rows of out_w*3 bytes; NCHW: three planes of
+// out_h*out_w), mirrored horizontally when `flip`.
+void ResampleInto(const DecodedRegion& region, const Rect& src, int out_w, int out_h, bool flip,
+                  Layout layout, uint8_t* dst, ResampleScratch* scratch);
+
+// Resamples the whole decoded region to w x h (area averaging) into `out` (RGB HWC).
+void ResizeWhole(const DecodedRegion& region, int w, int h, std::vector<uint8_t>* out);
+
+// Resizes the whole decoded image (of an original width x height) to resized_w x resized_h,
+// then writes the out_w x out_h window at (crop_left, crop_top) to `dst` (Resize + CenterCrop
+// with torchvision's rounding). Crop windows that reach past the resized image are
+// zero-padded, as torchvision pads. When the resized image would be much larger than the window
+// (thin images: 1 x 65500 resizes to 256 x 16.7M), only the window's source region is
+// resampled, so memory stays bounded by the output.
+void ResizeThenCropInto(const DecodedRegion& region, const EvalGeometry& g, int width, int height,
+                        int out_w, int out_h, Layout layout, uint8_t* dst,
+                        ResampleScratch* scratch);
+
+}  // namespace feedline
+
+#endif  // FEEDLINE_SRC_IMAGE_GEOMETRY_H_

@@ -1,0 +1,74 @@
+// The image classification built-in as a SampleTransform: decode only the pixels the crop
+// needs (libjpeg-turbo ROI + DCT scaling; PNG by libspng), RandomResizedCrop + flip or
+// Resize + CenterCrop with torchvision's semantics, straight into the sample's place in the
+// batch slot, then the dtype/layout conversion on the CPU (or uint8 NHWC for a GPU to convert).
+//
+// Fields: "image" (uint8 or a float dtype; [3, S, S] NCHW or [S, S, 3] NHWC) and "label"
+// (int64 []). With a decoded cache attached, images are kept at a bounded resolution (shorter
+// side <= kDecodedCacheScale * size) and later epochs crop from them without reading or
+// decoding.
+//
+// Thread safety: const after AttachCache (called once, before the loader runs); Apply from any
+// number of workers, each with its own WorkerState.
+#ifndef FEEDLINE_SRC_IMAGE_IMAGE_TRANSFORM_H_
+#define FEEDLINE_SRC_IMAGE_IMAGE_TRANSFORM_H_
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+#include "core/sample_cache.h"
+#include "feedline/options.h"
+#include "feedline/transform.h"
+#include "image/convert.h"
+
+namespace feedline {
+
+struct ImageTransformConfig {
+  Transform kind = Transform::kTrain;
+  int size = 224;
+  int resize_size = 256;
+  std::pair<double, double> scale{0.08, 1.0};
+  std::pair<double, double> ratio{3.0 / 4.0, 4.0 / 3.0};
+  bool flip = true;
+  Layout layout = Layout::kNCHW;  // what is written into the slot
+  DType dtype = DType::kUint8;    // idem (normalised when a float type)
+  Normalization norm{};
+  int64_t max_image_pixels = 178956970;
+  bool synthetic = false;  // benchmarks: fill each sample with a constant from its index
+
+  // The image built-in's options, for a host (CPU) slot or, when `for_device`, for a GPU that
+  // converts uint8 NHWC itself.
+  static ImageTransformConfig From(const LoaderOptions& o, bool for_device);
+};
+
+class ImageTransform final : public SampleTransform {
+ public:
+  static constexpr int kImage = 0;  // field indices
+  static constexpr int kLabel = 1;
+
+  explicit ImageTransform(ImageTransformConfig config);
+  const Schema& schema() const override { return schema_; }
+  std::unique_ptr<WorkerState> NewWorkerState() const override;
+  absl::Status Apply(const Record& record, const SampleContext& context, WorkerState* state,
+                     SampleWriter& out) const override;
+  bool SkipsRead(int64_t index) const override;
+
+  // The decoded cache (options.cache() == kDecoded); before the loader runs.
+  void AttachCache(std::shared_ptr<SampleCache> cache) { cache_ = std::move(cache); }
+  const ImageTransformConfig& config() const { return config_; }
+
+ private:
+  struct State;
+  absl::StatusOr<std::shared_ptr<const SampleCache::Entry>> DecodeForCache(const Record& record,
+                                                                           int64_t index,
+                                                                           State* state) const;
+  const ImageTransformConfig config_;
+  const Schema schema_;
+  const int64_t sample_bytes_;
+  std::shared_ptr<SampleCache> cache_;
+};
+
+}  // namespace feedline
+
+#endif  // FEEDLINE_SRC_IMAGE_IMAGE_TRANSFORM_H_

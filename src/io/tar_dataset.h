@@ -1,0 +1,81 @@
+// WebDataset tar shards: samples grouped by key inside POSIX tar files.
+//
+// A shard holds members `key.ext`; a sample is a key and its members (named by extension: `jpg`,
+// `cls`, `json`, `txt`, `npy`, ...). For the image built-in a sample is a key with an image
+// (`jpg`, `jpeg` or `png`) and a label (`cls`: the integer as text). Sample index = position in
+// shard order (shards in the order given, samples in the order their first member appears).
+// Each shard is indexed once, by walking its 512-byte headers (ustar, GNU long names, pax path
+// records); reads are then `pread`s of the members' byte ranges on a descriptor kept open per
+// shard.
+//
+// Thread safety: after `Open`, `Read` may be called from any number of threads.
+#ifndef FEEDLINE_SRC_IO_TAR_DATASET_H_
+#define FEEDLINE_SRC_IO_TAR_DATASET_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "feedline/dataset.h"
+#include "io/file_dataset.h"
+
+namespace feedline {
+
+// Expands one brace range: "d/train-{000000..000009}.tar" -> 10 paths (zero padding kept).
+// A pattern without braces is returned as is. kInvalidArgument for malformed ranges.
+absl::StatusOr<std::vector<std::string>> ExpandBraces(const std::string& pattern);
+
+// True when `source` names tar shards (a brace pattern or a path ending in ".tar").
+bool LooksLikeShards(const std::string& source);
+
+struct TarMember {
+  std::string name;
+  int64_t offset = 0;  // of the member's data in the file
+  int64_t size = 0;
+};
+
+// Lists the members (regular files) of one tar file. kDataLoss names the file and the offset
+// of a malformed header or a member that runs past the end.
+absl::StatusOr<std::vector<TarMember>> IndexTar(const std::string& path);
+// The same over a buffer (for the fuzzer).
+absl::StatusOr<std::vector<TarMember>> IndexTarBytes(const uint8_t* data, size_t size,
+                                                     const std::string& name);
+
+class TarDataset final : public FileDataset {
+ public:
+  enum class Mode {
+    kImages,   // the image built-in: keys with an image (jpg/jpeg/png) and a .cls label; a
+               // record's bytes are the image (keys without an image are skipped)
+    kMembers,  // every key; a record's members are all of the key's, by extension; label from
+               // .cls when present (else -1); bytes = the image member when there is one
+  };
+  // Indexes the shards (`source` names the data set in errors). Errors: kDataLoss (a malformed
+  // shard: file and offset), kNotFound, kInvalidArgument (a bad .cls, no samples).
+  static absl::StatusOr<std::shared_ptr<TarDataset>> Open(const std::vector<std::string>& shards,
+                                                          const std::string& source, Mode mode);
+  ~TarDataset() override;
+  absl::Status Read(int64_t index, Record* record) const override;
+
+ private:
+  struct Span {
+    std::string ext;
+    int64_t offset = 0, size = 0;
+  };
+  struct Entry {
+    int shard = 0;
+    std::string key;
+    std::vector<Span> members;
+    int image = -1;  // index in members
+  };
+  TarDataset(FileList files, Mode mode) : FileDataset(std::move(files)), mode_(mode) {}
+  const Mode mode_;
+  std::vector<std::string> shards_;
+  std::vector<int> fds_;
+  std::vector<Entry> entries_;
+};
+
+}  // namespace feedline
+
+#endif  // FEEDLINE_SRC_IO_TAR_DATASET_H_
