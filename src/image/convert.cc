@@ -65,6 +65,10 @@ void ConvertSample(const uint8_t* src, int64_t pixels, Layout layout, DType dtyp
       Convert(src, pixels, layout, n, [out](int64_t i, float v) { out[i] = FloatToBFloat16(v); });
       return;
     }
+    case DType::kInt32:
+    case DType::kInt64:
+    case DType::kBytes:
+      break;  // not image types: refused by image::ValidateOptions
   }
 }
 

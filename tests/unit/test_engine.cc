@@ -1,0 +1,406 @@
+// The generic engine through its public seams: an in-memory data set and user transforms with
+// fixed, padded and ragged fields, at several worker counts, with real threads. No images.
+// Also built and run under ThreadSanitizer and AddressSanitizer by .ci/run (the shape checks
+// and in-place assembly must never write past a field).
+#include <algorithm>
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "feedline/feedline.h"
+
+using feedline::Batch;
+using feedline::Collate;
+using feedline::Dim;
+using feedline::DType;
+using feedline::Field;
+using feedline::Loader;
+using feedline::LoaderOptions;
+using feedline::Record;
+using feedline::SampleContext;
+using feedline::SampleTransform;
+using feedline::SampleWriter;
+using feedline::Schema;
+using feedline::TensorView;
+
+namespace {
+
+// Records are "documents": index i has bytes of length 1 + i % 9, value (i + k) % 251.
+class Documents final : public feedline::Dataset {
+ public:
+  explicit Documents(int64_t n) : n_(n) {}
+  int64_t size() const override { return n_; }
+  absl::Status Read(int64_t index, Record* record) const override {
+    reads.fetch_add(1);
+    record->Clear();
+    const int64_t len = 1 + index % 9;
+    record->bytes.resize(size_t(len));
+    for (int64_t k = 0; k < len; ++k) record->bytes[size_t(k)] = uint8_t((index + k) % 251);
+    record->label = index % 5;
+    return absl::OkStatus();
+  }
+  uint64_t Fingerprint() const override { return uint64_t(n_) * 31 + 7; }
+  mutable std::atomic<int64_t> reads{0};
+
+ private:
+  int64_t n_;
+};
+
+// Fields: "x" float32 [3] fixed (index-derived and a deterministic random draw), "tokens"
+// int32 [<=9] padded with -1, "raw" bytes [<=9] ragged, "grid" int64 [<=3, <=4] padded with 7
+// (two variable dimensions), "label" int64 [].
+class DocTransform final : public SampleTransform {
+ public:
+  const Schema& schema() const override { return schema_; }
+  absl::Status Apply(const Record& record, const SampleContext& ctx, WorkerState*,
+                     SampleWriter& out) const override {
+    float* x = out.Fixed<float>(0);
+    feedline::SampleRng rng = ctx.rng(1);
+    x[0] = float(ctx.index());
+    x[1] = float(rng.Uniform());
+    x[2] = float(ctx.epoch());
+    const int64_t n = int64_t(record.bytes.size());
+    absl::StatusOr<int32_t*> tokens = out.Shaped<int32_t>(1, {n});
+    if (!tokens.ok()) return tokens.status();
+    for (int64_t k = 0; k < n; ++k) (*tokens)[k] = int32_t(record.bytes[size_t(k)]) * 10;
+    if (absl::Status s = out.Write(2, {n}, record.bytes.data()); !s.ok()) return s;
+    const int64_t rows = 1 + ctx.index() % 3, cols = 1 + ctx.index() % 4;
+    absl::StatusOr<int64_t*> grid = out.Shaped<int64_t>(3, {rows, cols});
+    if (!grid.ok()) return grid.status();
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) (*grid)[r * cols + c] = ctx.index() * 100 + r * 10 + c;
+    }
+    *out.Fixed<int64_t>(4) = record.label;
+    return absl::OkStatus();
+  }
+
+ private:
+  Schema schema_{Field("x", DType::kFloat32, {3}),
+                 Field("tokens", DType::kInt32, {Dim::UpTo(9)}).pad_value(-1),
+                 Field("raw", DType::kBytes, {Dim::UpTo(9)}).collate(Collate::kRagged),
+                 Field("grid", DType::kInt64, {Dim::UpTo(3), Dim::UpTo(4)}).pad_value(7),
+                 Field("label", DType::kInt64, {})};
+};
+
+std::unique_ptr<Loader> Make(std::shared_ptr<const feedline::Dataset> d,
+                             std::shared_ptr<const SampleTransform> t, LoaderOptions o) {
+  auto loader = Loader::Create(std::move(d), std::move(t), std::move(o));
+  REQUIRE(loader.ok());
+  return std::move(*loader);
+}
+
+// Checks every field of every sample of a batch against what DocTransform writes; returns the
+// batch's bytes (all fields) for comparisons across runs.
+std::string CheckBatch(const Batch& b) {
+  const int64_t n = b.size();
+  std::string bytes;
+  REQUIRE(b.num_fields() == 5);
+  const TensorView x = b.field("x"), tokens = b.field("tokens"), raw = b.field("raw"),
+                   grid = b.field("grid"), label = b.field(4);
+  REQUIRE(x.shape == std::vector<int64_t>{n, 3});
+  REQUIRE(label.shape == std::vector<int64_t>{n});
+  REQUIRE(x.lengths == nullptr);
+  REQUIRE(tokens.lengths != nullptr);
+  REQUIRE(raw.ragged());
+  int64_t longest = 0, rows = 0, cols = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t idx = b.indices()[i];
+    longest = std::max(longest, 1 + idx % 9);
+    rows = std::max(rows, 1 + idx % 3);
+    cols = std::max(cols, 1 + idx % 4);
+  }
+  REQUIRE(tokens.shape == std::vector<int64_t>{n, longest});
+  REQUIRE(grid.shape == std::vector<int64_t>{n, rows, cols});
+  const auto* xv = static_cast<const float*>(x.data);
+  const auto* tv = static_cast<const int32_t*>(tokens.data);
+  const auto* rv = static_cast<const uint8_t*>(raw.data);
+  const auto* gv = static_cast<const int64_t*>(grid.data);
+  const auto* lv = static_cast<const int64_t*>(label.data);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t idx = b.indices()[i], len = 1 + idx % 9;
+    REQUIRE(xv[i * 3] == float(idx));
+    REQUIRE(xv[i * 3 + 2] == float(b.epoch()));
+    REQUIRE(lv[i] == idx % 5);
+    REQUIRE(tokens.lengths[i] == len);
+    for (int64_t k = 0; k < longest; ++k) {
+      const int32_t want = k < len ? int32_t((idx + k) % 251) * 10 : -1;
+      REQUIRE(tv[i * longest + k] == want);
+    }
+    REQUIRE(raw.offsets[i + 1] - raw.offsets[i] == len);
+    for (int64_t k = 0; k < len; ++k) REQUIRE(rv[raw.offsets[i] + k] == uint8_t((idx + k) % 251));
+    const int64_t r_i = 1 + idx % 3, c_i = 1 + idx % 4;
+    REQUIRE(grid.sample_shapes[i * 2] == r_i);
+    REQUIRE(grid.sample_shapes[i * 2 + 1] == c_i);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t want = r < r_i && c < c_i ? idx * 100 + r * 10 + c : 7;
+        REQUIRE(gv[(i * rows + r) * cols + c] == want);
+      }
+    }
+  }
+  REQUIRE(raw.shape == std::vector<int64_t>{raw.offsets[n]});
+  for (int f = 0; f < b.num_fields(); ++f) {
+    const TensorView v = b.field(f);
+    bytes.append(static_cast<const char*>(v.data), size_t(v.bytes()));
+  }
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("user data set + transform: fixed, padded, ragged and 2-d padded fields", "[engine]") {
+  auto docs = std::make_shared<Documents>(103);
+  auto transform = std::make_shared<DocTransform>();
+  std::map<int, std::vector<std::string>> by_workers;
+  for (int workers : {1, 2, 4}) {
+    auto loader =
+        Make(docs, transform, LoaderOptions().batch_size(8).workers(workers).seed(3).io_depth(2));
+    REQUIRE(loader->schema().size() == 5);
+    REQUIRE(loader->num_batches() == 13);
+    std::multiset<int64_t> seen;
+    for (auto& b : *loader) {
+      REQUIRE(b.ok());
+      by_workers[workers].push_back(CheckBatch(*b));
+      for (int64_t i = 0; i < b->size(); ++i) seen.insert(b->indices()[i]);
+    }
+    REQUIRE(seen.size() == 103);
+    REQUIRE(std::set<int64_t>(seen.begin(), seen.end()).size() == 103);
+  }
+  // The same seed gives the same bytes (the RNG field included) for any worker count.
+  REQUIRE(by_workers[1] == by_workers[2]);
+  REQUIRE(by_workers[1] == by_workers[4]);
+}
+
+TEST_CASE("shuffle(false) keeps the data set's order; batches in order", "[engine]") {
+  auto loader = Make(std::make_shared<Documents>(20), std::make_shared<DocTransform>(),
+                     LoaderOptions().batch_size(6).shuffle(false).workers(3));
+  int64_t next = 0;
+  int64_t position = 0;
+  for (auto& b : *loader) {
+    REQUIRE(b.ok());
+    REQUIRE(b->index() == position++);
+    for (int64_t i = 0; i < b->size(); ++i) REQUIRE(b->indices()[i] == next++);
+  }
+  REQUIRE(next == 20);
+}
+
+namespace {
+
+// Fails in every way user code can: a status, a C++ exception, a non-standard throw, a shape
+// beyond the field's maximum, a fixed dimension that differs, a field left unwritten.
+class Failing final : public SampleTransform {
+ public:
+  const Schema& schema() const override { return schema_; }
+  absl::Status Apply(const Record&, const SampleContext& ctx, WorkerState*,
+                     SampleWriter& out) const override {
+    const int64_t i = ctx.index();
+    *out.Fixed<int64_t>(1) = i;
+    switch (i) {
+      case 3:
+        return absl::DataLossError("bad record");
+      case 5:
+        throw std::runtime_error("boom in user code");
+      case 7:
+        throw 42;
+      case 9: {
+        absl::StatusOr<float*> v = out.Shaped<float>(0, {5});  // max 4
+        if (!v.ok()) return v.status();
+        (*v)[4] = 1;  // never reached: no overrun
+        return absl::OkStatus();
+      }
+      case 11: {
+        absl::StatusOr<void*> v = out.Shaped(2, std::vector<int64_t>{3, 3});  // [2, <=3]
+        return v.status();
+      }
+      case 13:
+        return absl::OkStatus();  // field 0 left unwritten
+      default:
+        break;
+    }
+    absl::StatusOr<float*> v = out.Shaped<float>(0, {1 + i % 4});
+    if (!v.ok()) return v.status();
+    for (int64_t k = 0; k <= i % 4; ++k) (*v)[k] = float(i);
+    absl::StatusOr<void*> m = out.Shaped(2, std::vector<int64_t>{2, 1});
+    if (!m.ok()) return m.status();
+    std::memset(*m, 1, 2);
+    return absl::OkStatus();
+  }
+
+ private:
+  Schema schema_{Field("v", DType::kFloat32, {Dim::UpTo(4)}), Field("i", DType::kInt64, {}),
+                 Field("m", DType::kUint8, {2, Dim::UpTo(3)})};
+};
+
+}  // namespace
+
+TEST_CASE("errors from user code become the sample's error at its batch; skip replaces",
+          "[engine]") {
+  const std::map<int64_t, std::string> expected = {
+      {3, "sample 3: bad record"},
+      {5, "sample 5: the transform threw: boom in user code"},
+      {7, "sample 7: the transform threw a non-standard exception"},
+      {9, "sample 9: field 'v': a sample of shape [5] does not fit v: float32 [<=4]"},
+      {11, "sample 11: field 'm': a sample of shape [3, 3] does not fit m: uint8 [2, <=3]"},
+      {13, "sample 13: the transform did not write field 'v'"},
+  };
+  auto docs = std::make_shared<Documents>(16);
+  auto failing = std::make_shared<Failing>();
+  SECTION("raise: each failed batch says which sample and why; the epoch goes on") {
+    auto loader = Make(docs, failing, LoaderOptions().batch_size(1).shuffle(false).workers(2));
+    auto epoch = loader->StartEpoch();
+    for (int64_t b = 0; b < 16; ++b) {
+      absl::StatusOr<Batch> batch = epoch->Next();
+      auto it = expected.find(b);
+      if (it == expected.end()) {
+        REQUIRE(batch.ok());
+        const TensorView v = batch->field("v");
+        REQUIRE(v.lengths[0] == 1 + b % 4);
+        REQUIRE(static_cast<const float*>(v.data)[0] == float(b));
+      } else {
+        REQUIRE_FALSE(batch.ok());
+        REQUIRE(std::string(batch.status().message()) == it->second);
+      }
+    }
+    REQUIRE(absl::IsOutOfRange(epoch->Next().status()));
+    REQUIRE(loader->stats().error_count == 6);
+  }
+  SECTION("skip: replaced by good samples, counted") {
+    auto loader = Make(docs, failing,
+                       LoaderOptions().batch_size(4).workers(2).on_error(feedline::OnError::kSkip));
+    int64_t n = 0;
+    for (auto& b : *loader) {
+      REQUIRE(b.ok());
+      for (int64_t i = 0; i < b->size(); ++i) {
+        REQUIRE(expected.count(b->indices()[i]) == 0);
+        REQUIRE(static_cast<const int64_t*>(b->field("i").data)[i] == b->indices()[i]);
+      }
+      n += b->size();
+    }
+    REQUIRE(n == 16);
+    REQUIRE(loader->stats().error_count == 6);
+  }
+}
+
+namespace {
+
+class ThrowingDataset final : public feedline::DatasetWrapper {
+ public:
+  using DatasetWrapper::DatasetWrapper;
+  absl::Status Read(int64_t index, Record* record) const override {
+    if (index == 2) throw std::out_of_range("no such row");
+    return DatasetWrapper::Read(index, record);
+  }
+  std::string Describe(int64_t index) const override { return absl::StrCat("row ", index); }
+};
+
+}  // namespace
+
+TEST_CASE("a data set's Read that throws fails its sample, named by Describe", "[engine]") {
+  auto loader = Make(std::make_shared<ThrowingDataset>(std::make_shared<Documents>(6)),
+                     std::make_shared<DocTransform>(),
+                     LoaderOptions().batch_size(2).shuffle(false).workers(1));
+  auto epoch = loader->StartEpoch();
+  REQUIRE(epoch->Next().ok());
+  absl::StatusOr<Batch> b = epoch->Next();
+  REQUIRE_FALSE(b.ok());
+  REQUIRE(std::string(b.status().message()) == "row 2: the data set's Read threw: no such row");
+  REQUIRE(epoch->Next().ok());
+}
+
+TEST_CASE("bad schemas, data sets and options are refused with the reason", "[engine]") {
+  class Fixed final : public SampleTransform {
+   public:
+    explicit Fixed(Schema s) : schema_(std::move(s)) {}
+    const Schema& schema() const override { return schema_; }
+    absl::Status Apply(const Record&, const SampleContext&, WorkerState*,
+                       SampleWriter&) const override {
+      return absl::OkStatus();
+    }
+    Schema schema_;
+  };
+  auto docs = std::make_shared<Documents>(4);
+  auto refused = [&](Schema s) {
+    auto loader = Loader::Create(docs, std::make_shared<Fixed>(std::move(s)), LoaderOptions());
+    REQUIRE_FALSE(loader.ok());
+    REQUIRE(absl::IsInvalidArgument(loader.status()));
+    return std::string(loader.status().message());
+  };
+  REQUIRE(refused(Schema()) == "schema: no fields");
+  REQUIRE(refused(Schema({Field("a", DType::kUint8, {1}), Field("a", DType::kUint8, {1})})) ==
+          "schema: field 'a' twice");
+  REQUIRE(refused(Schema({Field("a", DType::kUint8, {0})})).find("must be >= 1") !=
+          std::string::npos);
+  REQUIRE(refused(Schema({Field("a", DType::kUint8, {4}).collate(Collate::kRagged)}))
+              .find("ragged needs a variable dimension") != std::string::npos);
+  REQUIRE(refused(Schema({Field("a", DType::kFloat32, {1 << 20, 1 << 20})})).find("above 1 GiB") !=
+          std::string::npos);
+  auto ok_transform = std::make_shared<DocTransform>();
+  REQUIRE(absl::IsInvalidArgument(Loader::Create(nullptr, ok_transform).status()));
+  REQUIRE(absl::IsInvalidArgument(Loader::Create(docs, nullptr).status()));
+  REQUIRE(absl::IsInvalidArgument(
+      Loader::Create(std::make_shared<Documents>(0), ok_transform).status()));
+  REQUIRE(absl::IsInvalidArgument(
+      Loader::Create(docs, ok_transform, LoaderOptions().cache(feedline::Cache::kDecoded))
+          .status()));
+  REQUIRE(absl::IsFailedPrecondition(
+      Loader::Create(docs, ok_transform, LoaderOptions().device("cuda:0")).status()));
+  // The slot is sized from the schema: a budget that cannot hold one batch says so.
+  auto big = Loader::Create(docs, ok_transform,
+                            LoaderOptions().batch_size(1 << 20).memory_budget(64 << 20));
+  REQUIRE(absl::IsResourceExhausted(big.status()));
+}
+
+TEST_CASE("bytes cache, resume and held batches work for user data sets", "[engine]") {
+  auto docs = std::make_shared<Documents>(40);
+  auto transform = std::make_shared<DocTransform>();
+  SECTION("cache = bytes: the second epoch reads nothing, same bytes") {
+    auto loader =
+        Make(docs, transform, LoaderOptions().batch_size(8).cache(feedline::Cache::kBytes));
+    loader->set_epoch(0);
+    std::vector<std::string> first;
+    for (auto& b : *loader) first.push_back(CheckBatch(*b));
+    const int64_t reads = docs->reads.load();
+    REQUIRE(reads == 40);
+    loader->set_epoch(0);
+    std::vector<std::string> again;
+    for (auto& b : *loader) again.push_back(CheckBatch(*b));
+    REQUIRE(docs->reads.load() == reads);
+    REQUIRE(again == first);
+  }
+  SECTION("state / LoadState resume exactly") {
+    auto a = Make(docs, transform, LoaderOptions().batch_size(8).seed(5).workers(2));
+    std::vector<std::string> whole;
+    for (auto& b : *a) whole.push_back(CheckBatch(*b));
+    auto c = Make(docs, transform, LoaderOptions().batch_size(8).seed(5).workers(1));
+    {
+      auto epoch = c->StartEpoch();
+      REQUIRE(epoch->Next().ok());
+      REQUIRE(epoch->Next().ok());
+    }
+    const Loader::State st = c->state();
+    REQUIRE(st.batches_done == 2);
+    auto d = Make(docs, transform, LoaderOptions().batch_size(8).seed(5).workers(3));
+    REQUIRE(d->LoadState(st).ok());
+    std::vector<std::string> rest;
+    for (auto& b : *d) rest.push_back(CheckBatch(*b));
+    REQUIRE(rest == std::vector<std::string>(whole.begin() + 2, whole.end()));
+  }
+  SECTION("held batches stay intact; they outlive their loader") {
+    std::vector<Batch> held;
+    std::vector<std::string> copies;
+    {
+      auto loader = Make(docs, transform, LoaderOptions().batch_size(4).prefetch(2));
+      for (auto& b : *loader) {
+        held.push_back(*b);
+        copies.push_back(CheckBatch(*b));
+      }
+    }
+    for (size_t i = 0; i < held.size(); ++i) REQUIRE(CheckBatch(held[i]) == copies[i]);
+  }
+}
