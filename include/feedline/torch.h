@@ -20,8 +20,9 @@
 // belongs to, naming the file and the cause. After such a throw the epoch goes on: incrementing
 // the iterator again yields the next batch (a range-for loop is left by the exception).
 //
-// The tensors are CPU tensors (the LibTorch this adapter is built against may be CPU-only);
-// move them with `.to(device, /*non_blocking=*/true)`.
+// The tensors are CPU tensors unless the loader's device is a GPU (`LoaderOptions::device`);
+// then data and target are CUDA tensors that the legacy default stream waits for (this
+// adapter is built against a CPU-only LibTorch here, without c10::cuda's current stream).
 //
 // This header includes only <ATen/core/Tensor.h>, the tensor type: `at::Tensor` *is*
 // `torch::Tensor`. Include <torch/torch.h> (or <torch/types.h>) for the operations. Note that
@@ -49,17 +50,24 @@
 namespace feedline::torch {
 
 // One batch as tensors; the field names follow `torch::data::Example` (`data`, `target`).
+// Images: data = the "image" field, target = "label". A `torch::data` dataset (torch_data.h):
+// its examples' data and target, stacked. Any other schema: the fields "data" and "target"
+// (else the first two fields).
 struct Batch {
-  at::Tensor data;       // uint8 [B, 3, H, W] (Layout::kNCHW) or [B, H, W, 3] (Layout::kNHWC)
-  at::Tensor target;     // int64 [B]: class labels
-  at::Tensor index;      // int64 [B]: each image's sample index in the data set (loader.dataset())
-  int64_t epoch = 0;     // the epoch the batch belongs to
-  int64_t position = 0;  // the batch's position in its epoch, 0-based
+  at::Tensor data;            // images: uint8 [B, 3, H, W] (Layout::kNCHW) or [B, H, W, 3] (kNHWC)
+  at::Tensor target;          // images: int64 [B], the class labels
+  at::Tensor index;           // int64 [B]: each sample's index in the data set (loader.dataset())
+  at::Tensor lengths;         // int64 [B] when `data` has a variable dimension (padded); else empty
+  at::Tensor target_lengths;  // the same for `target`
+  int64_t epoch = 0;          // the epoch the batch belongs to
+  int64_t position = 0;       // the batch's position in its epoch, 0-based
 };
 
 // Zero-copy tensor views of `batch` (which must come from a loader: non-empty). The views keep
 // the batch's slot alive; `batch` itself may be dropped.
 Batch to_torch(const ::feedline::Batch& batch);
+// One field of `batch` as a zero-copy tensor ([B, ...]; ragged fields: their values, [total]).
+at::Tensor to_tensor(const ::feedline::Batch& batch, int field);
 
 // A `feedline::Loader` with a `torch::data`-like face: a range-for gives `Batch`es.
 class DataLoader {
@@ -93,6 +101,7 @@ class DataLoader {
 
   // `loader` must not be null.
   explicit DataLoader(std::unique_ptr<Loader> loader);
+  virtual ~DataLoader() = default;
 
   // Starts the next epoch (the one `set_epoch` chose, else the one after the last) and fetches
   // its first batch: throws `feedline::Error` if that batch failed.
@@ -113,6 +122,7 @@ class DataLoader {
 
 // Scans `source` (ImageFolder directory or list file; it replaces `options.source()`) and
 // makes a loader. Throws `feedline::Error` (kNotFound, kInvalidArgument, kResourceExhausted).
+// For `torch::data` datasets, see feedline/torch_data.h.
 std::unique_ptr<DataLoader> make_data_loader(std::string source, LoaderOptions options = {});
 
 }  // namespace feedline::torch

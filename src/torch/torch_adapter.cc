@@ -3,10 +3,14 @@
 #include <torch/types.h>
 
 #include <array>
+#include <cstring>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "feedline/torch.h"
+#include "feedline/torch_data.h"
 
 namespace feedline::torch {
 namespace {
@@ -25,7 +29,7 @@ at::Tensor View(const std::shared_ptr<const ::feedline::Batch>& holder, const vo
       const_cast<void*>(bytes), sizes, [keep = holder](void*) mutable { keep.reset(); }, options);
 }
 
-at::ScalarType ImageType(::feedline::DType t) {
+at::ScalarType ScalarType(::feedline::DType t) {
   switch (t) {
     case ::feedline::DType::kFloat32:
       return at::kFloat;
@@ -33,36 +37,171 @@ at::ScalarType ImageType(::feedline::DType t) {
       return at::kHalf;
     case ::feedline::DType::kBFloat16:
       return at::kBFloat16;
+    case ::feedline::DType::kInt32:
+      return at::kInt;
+    case ::feedline::DType::kInt64:
+      return at::kLong;
     case ::feedline::DType::kUint8:
+    case ::feedline::DType::kBytes:
       break;
   }
   return at::kByte;
 }
 
+// Every field of a batch as a view; `holder` is shared by the views.
+at::Tensor FieldView(const std::shared_ptr<const ::feedline::Batch>& holder, int field) {
+  const TensorView v = holder->field(field);
+  return View(holder, v.data, v.shape, ScalarType(v.dtype), v.device);
+}
+
+at::Tensor LengthsView(const std::shared_ptr<const ::feedline::Batch>& holder, int field) {
+  const TensorView v = holder->field(field);
+  if (v.lengths == nullptr || v.ragged()) return at::Tensor();
+  return View(holder, v.lengths, {holder->size()}, at::kLong, -1);
+}
+
 }  // namespace
 
 Batch to_torch(const ::feedline::Batch& batch) {
-  if (batch.images() == nullptr) {
+  const Schema& schema = batch.schema();
+  if (schema.size() == 0) {
     throw Error(absl::StatusCode::kInvalidArgument,
                 "feedline::torch::to_torch: an empty batch (not one from a loader)");
   }
   auto holder = std::make_shared<const ::feedline::Batch>(batch);
-  const std::array<int64_t, 4> shape = batch.image_shape();
-  const int64_t n = batch.size();
-  Batch out;
-  const int device = batch.device();
-  if (device >= 0) {
+  if (batch.device() >= 0) {
     // A CUDA-enabled LibTorch's default current stream is the legacy default stream: make it
     // wait for the copy (Debian's LibTorch is CPU-only, so no c10::cuda stream API here).
-    batch.set_consumer_stream(nullptr);
+    if (absl::Status s = batch.set_consumer_stream(nullptr); !s.ok()) throw Error(s);
   }
-  out.data = View(holder, batch.images(), shape, ImageType(batch.dtype()), device);
-  out.target = View(holder, batch.labels(), {n}, at::kLong, device);
-  out.index = View(holder, batch.indices(), {n}, at::kLong, -1);
+  int data = schema.Find("image"), target = schema.Find("label");
+  if (data < 0) {
+    data = schema.Find("data");
+    target = schema.Find("target");
+  }
+  if (data < 0) data = 0;
+  if (target < 0 && schema.size() > 1) target = data == 0 ? 1 : 0;
+  Batch out;
+  out.data = FieldView(holder, data);
+  out.lengths = LengthsView(holder, data);
+  if (target >= 0) {
+    out.target = FieldView(holder, target);
+    out.target_lengths = LengthsView(holder, target);
+  }
+  out.index = View(holder, batch.indices(), {batch.size()}, at::kLong, -1);
   out.epoch = batch.epoch();
   out.position = batch.index();
   return out;
 }
+
+at::Tensor to_tensor(const ::feedline::Batch& batch, int field) {
+  if (field < 0 || field >= batch.num_fields()) {
+    throw Error(absl::StatusCode::kInvalidArgument,
+                absl::StrCat("feedline::torch::to_tensor: no field #", field));
+  }
+  return FieldView(std::make_shared<const ::feedline::Batch>(batch), field);
+}
+
+// ---------------------------------------------------------------------------------------------
+// torch::data datasets (torch_data.h)
+
+LoaderOptions FromTorchOptions(const ::torch::data::DataLoaderOptions& o) {
+  LoaderOptions out;
+  out.batch_size(int64_t(o.batch_size()));
+  out.workers(o.workers() == 0 ? kAuto : int(o.workers()));
+  out.drop_last(o.drop_last());
+  return out;
+}
+
+namespace detail {
+namespace {
+
+absl::StatusOr<DType> FromScalarType(at::ScalarType t) {
+  switch (t) {
+    case at::kByte:
+      return DType::kUint8;
+    case at::kFloat:
+      return DType::kFloat32;
+    case at::kHalf:
+      return DType::kFloat16;
+    case at::kBFloat16:
+      return DType::kBFloat16;
+    case at::kInt:
+      return DType::kInt32;
+    case at::kLong:
+      return DType::kInt64;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensors of type ", c10::toString(t),
+                       " have no feedline dtype (uint8, int32, int64, float16, bfloat16, "
+                       "float32): convert them in get(), e.g. .to(torch::kFloat)"));
+  }
+}
+
+Field MakeField(const std::string& name, const at::Tensor& t, const std::vector<Dim>& declared,
+                double pad) {
+  if (!t.defined()) {
+    throw Error(absl::StatusCode::kInvalidArgument,
+                absl::StrCat("feedline::torch::make_data_loader: get(0).", name, " is undefined"));
+  }
+  absl::StatusOr<DType> dtype = FromScalarType(t.scalar_type());
+  if (!dtype.ok()) {
+    throw Error(dtype.status().code(), absl::StrCat("feedline::torch::make_data_loader: ", name,
+                                                    ": ", dtype.status().message()));
+  }
+  std::vector<Dim> shape;
+  if (declared.empty()) {
+    for (int64_t d : t.sizes()) shape.push_back(Dim(d));
+  } else {
+    shape = declared;
+  }
+  return Field(name, *dtype, std::move(shape)).pad_value(pad);
+}
+
+}  // namespace
+
+Schema ExampleSchema(const at::Tensor& data, const at::Tensor& target, const ExampleSpec& spec) {
+  Schema schema({MakeField("data", data, spec.data_shape, spec.data_pad_value),
+                 MakeField("target", target, spec.target_shape, spec.target_pad_value)});
+  if (absl::Status s = schema.Validate(); !s.ok()) throw Error(s);
+  return schema;
+}
+
+absl::Status WriteTensor(const at::Tensor& t, int field, SampleWriter& out) {
+  const Field& f = out.schema().field(field);
+  if (!t.defined()) return absl::InvalidArgumentError(absl::StrCat(f.name(), ": undefined"));
+  if (!t.device().is_cpu()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(f.name(), ": a ", t.device().str(), " tensor; get() must return CPU tensors"));
+  }
+  absl::StatusOr<DType> dtype = FromScalarType(t.scalar_type());
+  if (!dtype.ok() || *dtype != f.dtype()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("field '", f.name(), "': a ", c10::toString(t.scalar_type()),
+                     " tensor where the field is ", DTypeName(f.dtype())));
+  }
+  const at::Tensor dense = t.contiguous();
+  const std::vector<int64_t> shape(dense.sizes().begin(), dense.sizes().end());
+  return out.Write(field, shape, dense.data_ptr());
+}
+
+std::unique_ptr<Loader> CreateLoader(std::shared_ptr<const Dataset> dataset,
+                                     std::shared_ptr<const SampleTransform> transform,
+                                     LoaderOptions options) {
+  absl::StatusOr<std::unique_ptr<Loader>> loader =
+      Loader::Create(std::move(dataset), std::move(transform), std::move(options));
+  if (!loader.ok()) throw Error(loader.status());
+  return *std::move(loader);
+}
+
+uint64_t Fingerprint(const char* type_name, int64_t size) {
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a over the type's name and the size
+  for (const char* p = type_name; *p != 0; ++p) h = (h ^ uint8_t(*p)) * 1099511628211ULL;
+  for (int i = 0; i < 8; ++i) h = (h ^ uint8_t(uint64_t(size) >> (8 * i))) * 1099511628211ULL;
+  return h;
+}
+
+}  // namespace detail
 
 // ---------------------------------------------------------------------------------------------
 // DataLoader
