@@ -43,6 +43,9 @@
 #include "svg_plot.h"
 #include "synthetic_images.h"
 #include "tune_grid.h"
+#ifdef FEEDLINE_BENCH_TORCH
+#include "dataset_compare.h"
+#endif
 
 namespace {
 
@@ -110,8 +113,15 @@ modes:
   --grid-seconds S      each setting's measurement window (default 6)
   --compare-torch       feedline (from C++ and from Python) against torch's DataLoader and
                         the all-cores full-decode limit, on the same files
+  --compare-dataset     a C++ user data set (torch::data::Dataset: float tensors computed
+                        from the index, a cheap and a costly variant) through feedline vs
+                        torch::data::make_data_loader with its best worker count (needs
+                        the LibTorch adapter; batch 64 unless --batch-size)
+  --dataset-variant cheap|costly|both
+                        which of --compare-dataset's variants to run (default both)
   --torch-workers LIST  the DataLoader worker counts to try, e.g. 1,2,4 (default: 1, 2,
-                        4, ... up to twice the cores)
+                        4, ... up to twice the cores; with --compare-dataset also 0, the
+                        main thread)
   --python PATH         the interpreter for the Python contenders (default: the one CMake
                         found, else /usr/bin/python3)
 
@@ -142,6 +152,8 @@ struct BenchFlags {
   bool tune_grid = false;
   double grid_seconds = 6;
   bool compare_torch = false;
+  bool compare_dataset = false;
+  std::string dataset_variant = "both";
   std::vector<int> torch_workers;  // empty: the default list
   std::string python;
   std::string json;
@@ -187,8 +199,9 @@ constexpr absl::string_view kValueFlags[] = {
     "--data",     "--batch-size",    "--epochs",        "--workers", "--prefetch",
     "--io-depth", "--transform",     "--layout",        "--device",  "--seed",
     "--json",     "--io-latency-ms", "--consumer-ms",   "--plot",    "--trace",
-    "--source",   "--grid-seconds",  "--torch-workers", "--python"};
-constexpr absl::string_view kSwitches[] = {"--quiet", "--tune-grid", "--compare-torch"};
+    "--source",   "--grid-seconds",  "--torch-workers", "--python",  "--dataset-variant"};
+constexpr absl::string_view kSwitches[] = {"--quiet", "--tune-grid", "--compare-torch",
+                                           "--compare-dataset"};
 
 // Accepts "--flag value" and "--flag=value".
 absl::StatusOr<BenchFlags> ParseFlags(int argc, char** argv) {
@@ -204,6 +217,7 @@ absl::StatusOr<BenchFlags> ParseFlags(int argc, char** argv) {
       if (arg == "--quiet") flags.quiet = true;
       if (arg == "--tune-grid") flags.tune_grid = true;
       if (arg == "--compare-torch") flags.compare_torch = true;
+      if (arg == "--compare-dataset") flags.compare_dataset = true;
       continue;
     }
     if (arg.substr(0, 2) != "--") {
@@ -228,6 +242,10 @@ absl::StatusOr<BenchFlags> ParseFlags(int argc, char** argv) {
     if (name == "--data") {
       if (value.empty()) return BadValue(name, value, "a directory or list file");
       flags.data = std::string(value);
+    } else if (name == "--dataset-variant") {
+      if (value != "cheap" && value != "costly" && value != "both")
+        return BadValue(name, value, "cheap, costly or both");
+      flags.dataset_variant = std::string(value);
     } else if (name == "--source") {
       if (value != "files" && value != "synthetic")
         return BadValue(name, value, "files or synthetic");
@@ -320,8 +338,21 @@ absl::Status CheckCombinations(const BenchFlags& f) {
     }
     return absl::OkStatus();
   };
-  if (f.tune_grid && f.compare_torch) {
-    return absl::InvalidArgumentError("--tune-grid and --compare-torch are separate runs");
+  if (int(f.tune_grid) + int(f.compare_torch) + int(f.compare_dataset) > 1) {
+    return absl::InvalidArgumentError(
+        "--tune-grid, --compare-torch and --compare-dataset are separate runs");
+  }
+  if (f.compare_dataset) {
+    for (const char* flag : {"--data", "--source", "--workers", "--prefetch", "--io-depth",
+                             "--transform", "--layout", "--device", "--io-latency-ms",
+                             "--consumer-ms", "--plot", "--trace", "--python", "--seed"}) {
+      if (f.given.count(flag) > 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--compare-dataset: ", flag,
+            " does not apply (the data set is computed; feedline runs with its defaults)"));
+      }
+    }
+    return absl::OkStatus();
   }
   if (f.tune_grid) {
     if (absl::Status s =
@@ -339,6 +370,10 @@ absl::Status CheckCombinations(const BenchFlags& f) {
         !s.ok()) {
       return s;
     }
+  } else if (absl::Status s = refuse("a run without --compare-dataset", {"--dataset-variant"},
+                                     "it chooses the data set's variant");
+             !f.compare_dataset && !s.ok()) {
+    return s;
   } else if (absl::Status s = refuse("a run without --tune-grid", {"--grid-seconds"},
                                      "it sets the grid's window");
              !s.ok()) {
@@ -357,7 +392,8 @@ absl::Status CheckCombinations(const BenchFlags& f) {
       return s;
     }
   } else if (absl::Status s =
-                 refuse("a run without --compare-torch", {"--torch-workers", "--python"},
+                 refuse("a run without --compare-torch or --compare-dataset",
+                        {"--torch-workers", "--python"},
                         "only the comparison "
                         "runs Python");
              !s.ok()) {
@@ -542,6 +578,40 @@ int RunGrid(const BenchFlags& flags, const std::string& data) {
   feedline::bench::AddGridPlot(*grid, figure);
   if (absl::Status s = WritePlot(flags, figure); !s.ok()) return Fail(s);
   return 0;
+}
+
+int RunDatasetCompare(const BenchFlags& flags) {
+#ifdef FEEDLINE_BENCH_TORCH
+  feedline::bench::DatasetCompareOptions options;
+  options.batch_size = flags.given.count("--batch-size") ? flags.batch_size : 64;
+  options.epochs = flags.epochs;
+  options.quiet = flags.quiet;
+  options.variant = flags.dataset_variant;
+  if (flags.torch_workers.empty()) {
+    options.torch_workers.push_back(0);
+    for (int w : DefaultTorchWorkers()) options.torch_workers.push_back(w);
+  } else {
+    options.torch_workers = flags.torch_workers;
+  }
+  absl::StatusOr<std::vector<feedline::bench::DatasetVariantResult>> results =
+      feedline::bench::RunDatasetComparison(options);
+  if (!results.ok()) return Fail(results.status());
+  if (!flags.json.empty()) {
+    feedline::bench::JsonWriter json;
+    json.BeginObject();
+    json.Key("mode").String("compare_dataset");
+    json.Key("batch_size").Integer(options.batch_size);
+    json.Key("epochs").Integer(options.epochs);
+    json.Key("cores").Integer(feedline::bench::Cores());
+    feedline::bench::WriteDatasetJson(*results, json);
+    if (absl::Status s = FinishJson(flags, json); !s.ok()) return Fail(s);
+  }
+  return 0;
+#else
+  (void)flags;
+  return Fail(absl::FailedPreconditionError(
+      "--compare-dataset: this feedline-bench was built without the LibTorch adapter"));
+#endif
 }
 
 int RunCompare(const BenchFlags& flags, const std::string& data) {
@@ -740,6 +810,7 @@ int main(int argc, char** argv) {
     flags.batch_size = kGridDefaultBatch;
   }
 
+  if (flags.compare_dataset) return RunDatasetCompare(flags);
   std::string data = flags.data;
   if (flags.synthetic) {
     absl::StatusOr<std::string> tiny = EnsureTinyData();
