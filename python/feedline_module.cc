@@ -231,6 +231,7 @@ py::dict StatsToDict(const feedline::Stats& s) {
   d["workers"] = s.workers;
   d["prefetch"] = s.prefetch;
   d["io_depth"] = s.io_depth;
+  d["chunk"] = s.chunk;
   d["bytes_in_use"] = s.bytes_in_use;
   d["memory_budget"] = s.memory_budget;
   d["slots_allocated"] = s.slots_allocated;

@@ -63,6 +63,10 @@ class Dataset {
   // A hash of the data set's identity (its files and labels, say): a saved loader state is
   // refused by a loader whose data set has another fingerprint.
   virtual uint64_t Fingerprint() const = 0;
+  // True when Read only clears the record (the samples are computed by the transform from the
+  // index): then there is no read stage, and the workers claim positions themselves — no
+  // reader threads, no hand-off between stages. Default false.
+  virtual bool empty_records() const { return false; }
 };
 
 // Forwards every call to `target` (not owned unless given as a shared_ptr).
@@ -75,6 +79,7 @@ class DatasetWrapper : public Dataset {
   }
   std::string Describe(int64_t index) const override { return target_->Describe(index); }
   uint64_t Fingerprint() const override { return target_->Fingerprint(); }
+  bool empty_records() const override { return target_->empty_records(); }
   const Dataset& target() const { return *target_; }
 
  private:

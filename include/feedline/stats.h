@@ -64,6 +64,7 @@ struct Stats {
   int workers = 0;           // decoder threads now
   int prefetch = 0;          // ring depth now (batches in flight)
   int io_depth = 0;          // reads in flight now
+  int chunk = 1;             // samples per hand-off between the read and map stages now
   int64_t bytes_in_use = 0;  // ring slots + read buffers the loader owns now
   int64_t memory_budget = 0;
   int64_t slots_allocated = 0;    // ring slots alive now (batches the user holds included)

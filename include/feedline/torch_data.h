@@ -89,6 +89,7 @@ class EmptyRecords final : public Dataset {
     return absl::OkStatus();
   }
   uint64_t Fingerprint() const override { return fingerprint_; }
+  bool empty_records() const override { return true; }
 
  private:
   int64_t size_;
@@ -99,6 +100,14 @@ template <typename D>
 std::vector<::torch::data::Example<>> GetOne(D& dataset, size_t index) {
   return dataset.get_batch(c10::ArrayRef<size_t>(&index, 1));
 }
+
+// Whether D has get(size_t) returning an Example<> (a Dataset<Self>; a MapDataset has only
+// get_batch, which applies its transforms).
+template <typename D, typename = void>
+struct HasGet : std::false_type {};
+template <typename D>
+struct HasGet<D, std::void_t<decltype(std::declval<D&>().get(size_t{0}))>>
+    : std::is_same<decltype(std::declval<D&>().get(size_t{0})), ::torch::data::Example<>> {};
 
 // get(i) on a worker's own copy of the dataset, written into the slot.
 template <typename D>
@@ -114,13 +123,19 @@ class ExampleTransform final : public SampleTransform {
                      SampleWriter& out) const override {
     auto* own = static_cast<State*>(state);
     if (own == nullptr) return absl::InternalError("no copy of the dataset for this worker");
-    std::vector<::torch::data::Example<>> examples = GetOne(own->dataset, size_t(ctx.index()));
-    if (examples.size() != 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("get_batch of one index gave ", examples.size(), " examples"));
+    if constexpr (HasGet<D>::value) {  // no vector of one example per sample
+      const ::torch::data::Example<> example = own->dataset.get(size_t(ctx.index()));
+      if (absl::Status s = WriteTensor(example.data, 0, out); !s.ok()) return s;
+      return WriteTensor(example.target, 1, out);
+    } else {
+      std::vector<::torch::data::Example<>> examples = GetOne(own->dataset, size_t(ctx.index()));
+      if (examples.size() != 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("get_batch of one index gave ", examples.size(), " examples"));
+      }
+      if (absl::Status s = WriteTensor(examples[0].data, 0, out); !s.ok()) return s;
+      return WriteTensor(examples[0].target, 1, out);
     }
-    if (absl::Status s = WriteTensor(examples[0].data, 0, out); !s.ok()) return s;
-    return WriteTensor(examples[0].target, 1, out);
   }
 
  private:

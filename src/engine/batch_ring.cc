@@ -61,8 +61,8 @@ void BatchRing::Fail(InFlight& e, int64_t pos, const absl::Status& st) {
   }
 }
 
-void BatchRing::CompleteSample(InFlight& e, std::vector<uint8_t>* scratch) {
-  if (e.remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+void BatchRing::CompleteSamples(InFlight& e, int64_t n, std::vector<uint8_t>* scratch) {
+  if (e.remaining.fetch_sub(n, std::memory_order_acq_rel) != n) return;
   // The last sample (the acq_rel count orders every other worker's writes before this): nobody
   // else touches the slot now. Assemble, then publish.
   if (e.slot != nullptr) internal::AssembleBatch(e.slot.get(), e.count, scratch);

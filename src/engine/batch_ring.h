@@ -53,8 +53,8 @@ class BatchRing {
 
   // Records a failed sample (the first failed position's error is the batch's).
   void Fail(InFlight& e, int64_t pos, const absl::Status& st);
-  // One sample of `e` is done; the last one assembles the batch and wakes the consumer.
-  void CompleteSample(InFlight& e, std::vector<uint8_t>* scratch);
+  // `n` samples of `e` are done; the last ones assemble the batch and wake the consumer.
+  void CompleteSamples(InFlight& e, int64_t n, std::vector<uint8_t>* scratch);
 
   bool Ready(int64_t b) {
     const InFlight& e = at(b);

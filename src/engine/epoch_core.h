@@ -54,13 +54,29 @@ struct EpochCore {
 };
 
 // One sample on its way from the read stage to the map stage.
-struct ReadItem {
+struct ReadEntry {
   int64_t seq = 0;            // position in the epoch
   int64_t sample = 0;         // data set index
   int attempt = 0;            // replacements tried for this position (on_error = skip)
   bool skipped_read = false;  // the transform said it needs no record (its own cache)
   absl::Status status;        // the read's outcome
   Record record;
+};
+
+// The unit of hand-off: a run of consecutive positions of one batch (a chunk), read by one
+// reader and mapped by one worker. Chunks are one sample long when samples are costly or reads
+// slow (every read in flight on its own), and longer when samples are cheap, so that the
+// per-hand-off costs (a queue push and pop, a wake-up, clock reads) are paid once per chunk;
+// see LoaderShared::chunk. Entries keep their buffers from chunk to chunk.
+struct ReadItem {
+  std::vector<ReadEntry> entries;  // the first `count` are in use
+  int count = 0;
+  bool retry = false;  // a single replacement read (on_error = skip), from the retry pool
+  ReadEntry& first() { return entries[0]; }
+  void Resize(int n) {
+    if (int(entries.size()) < n) entries.resize(size_t(n));
+    count = n;
+  }
 };
 
 // Readers hand filled items to the workers through `ready`; workers hand them back through
@@ -88,15 +104,35 @@ struct ItemQueues {
     free.pop(item);
     return item;
   }
+  // A single-entry item for a replacement read; from the retry pool (failures are rare: the
+  // pool holds as many as were ever in flight at once).
+  ReadItem* AcquireRetry() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!retry_free.empty()) {
+      ReadItem* item = retry_free.back();
+      retry_free.pop_back();
+      return item;
+    }
+    auto owned = std::make_unique<ReadItem>();
+    owned->retry = true;
+    ReadItem* item = owned.get();
+    all.push_back(std::move(owned));
+    return item;
+  }
+  void ReleaseRetry(ReadItem* item) {
+    std::lock_guard<std::mutex> lock(mu);
+    retry_free.push_back(item);
+  }
   // Frees every item's buffers (after the threads are joined).
   void DropBuffers() {
     std::lock_guard<std::mutex> lock(mu);
-    for (auto& item : all) item->record = Record();
+    for (auto& item : all) item->entries = std::vector<ReadEntry>();
   }
 
  private:
   std::mutex mu;
   std::vector<std::unique_ptr<ReadItem>> all ABSL_GUARDED_BY(mu);
+  std::vector<ReadItem*> retry_free ABSL_GUARDED_BY(mu);
 };
 
 }  // namespace feedline

@@ -111,6 +111,7 @@ Stats LoaderShared::Snapshot() {
   s.workers = workers.load();
   s.prefetch = prefetch.load();
   s.io_depth = io_depth.load();
+  s.chunk = chunk.load();
   auto stage = [](const char* name, const StageCounters& c, int threads) {
     StageStats st;
     st.name = name;
@@ -261,6 +262,7 @@ absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOpt
     shared->dataset = std::make_shared<SimulatedLatencyDataset>(
         std::move(parts.dataset), options.simulated_read_latency_ms());
   }
+  shared->inline_reads = shared->dataset->empty_records();
   shared->layout =
       std::make_shared<const SlotLayout>(SlotLayout::Make(schema, options.batch_size()));
   shared->device = parts.device;

@@ -55,12 +55,37 @@ class LoaderShared {
   std::shared_ptr<SlotPool> pool;
   int device = -1;  // -1: CPU; N: cuda:N
   std::unique_ptr<DeviceStage> device_stage;
+  // dataset->empty_records(): no read stage; the workers claim positions themselves.
+  bool inline_reads = false;
   uint64_t dataset_fingerprint = 0;
 
   // Tuning targets, applied to the running epoch and to the next ones.
   std::atomic<int> workers{1};
   std::atomic<int> prefetch{2};
   std::atomic<int> io_depth{1};
+  // Samples per hand-off between the stages (a chunk; see ReadItem): 1 until the workers have
+  // measured what a sample costs, then enough for ~kChunkWorkNs of work, at most a share of a
+  // batch such that every worker gets two chunks of it. Epochs of cheap samples may last less
+  // than a tuning interval, so the workers set it themselves, after every item (UpdateChunk).
+  std::atomic<int> chunk{1};
+  static constexpr int64_t kChunkWorkNs = 50000;
+  static constexpr int kMaxChunk = 64;
+  // `map_ns`: a worker's smoothed map time per sample; the read time per sample (latency
+  // included) is the read stage's average so far.
+  void UpdateChunk(double map_ns) {
+    const int64_t reads = read.items.load(std::memory_order_relaxed);
+    const double read_ns =
+        reads > 0 ? double(read.busy_ns.load(std::memory_order_relaxed)) / double(reads) : 0.0;
+    const double sample_ns = map_ns + read_ns;
+    const int64_t most = std::max<int64_t>(
+        1, std::min<int64_t>(kMaxChunk, options.batch_size() / (2 * int64_t(workers.load()))));
+    const int next =
+        sample_ns > 0 ? int(std::clamp<double>(double(kChunkWorkNs) / sample_ns, 1.0, double(most)))
+                      : 1;
+    if (chunk.load(std::memory_order_relaxed) != next) {
+      chunk.store(next, std::memory_order_relaxed);
+    }
+  }
   int cores = 1;
   int64_t budget = 0;  // == options.memory_budget(), resolved
 

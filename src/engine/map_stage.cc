@@ -1,5 +1,7 @@
 #include "engine/map_stage.h"
 
+#include <pthread.h>
+
 #include <exception>
 #include <memory>
 #include <new>
@@ -58,6 +60,7 @@ void MapStage::Stop(std::vector<std::thread>* join) {
 
 void MapStage::WorkerLoop(int id) {
   LoaderShared& sh = *core_->shared;
+  pthread_setname_np(pthread_self(), "feedline-map");  // for top, perf, gdb
   TraceTrack* track = sh.trace->Track(absl::StrCat("worker ", id));
   std::unique_ptr<SampleTransform::WorkerState> state;
   try {
@@ -66,6 +69,11 @@ void MapStage::WorkerLoop(int id) {
     state.reset();  // Apply gets null and reports what it misses
   }
   std::vector<uint8_t> scratch;  // batch assembly
+  if (sh.inline_reads) {
+    InlineLoop(id, state.get(), &scratch, track);
+    return;
+  }
+  double map_ns = 0;  // smoothed time per sample
   while (core_->ParkWhileSurplus(id, sh.workers)) {
     ReadItem* item = nullptr;
     const int64_t t0 = NowNs();
@@ -73,62 +81,134 @@ void MapStage::WorkerLoop(int id) {
     if (item == nullptr || core_->is_cancelled()) return;
     const int64_t t1 = NowNs();
     sh.map.AddWait(t1 - t0);
-    const int64_t sample = item->sample;
+    const int64_t first = item->first().sample;
+    const int n = item->count;
     const int64_t cpu0 = ThreadCpuNs();
-    if (!ProcessSample(item, state.get(), &scratch)) queues_->free.push(item);  // else: retried
+    ProcessItem(item, state.get(), &scratch);  // gives the item back (or on for a retry)
     const int64_t t2 = NowNs();
+    map_ns = map_ns == 0 ? double(t2 - t1) / n : 0.8 * map_ns + 0.2 * double(t2 - t1) / n;
+    sh.UpdateChunk(map_ns);
     sh.map.AddCpu(ThreadCpuNs() - cpu0);
     sh.map.AddBusy(t2 - t1);
-    sh.map.AddItem();
-    track->Span(TraceTrack::Kind::kDecode, t1, t2, sample);
+    sh.map.items.fetch_add(n, std::memory_order_relaxed);
+    track->Span(TraceTrack::Kind::kDecode, t1, t2, first);
   }
 }
 
-bool MapStage::ProcessSample(ReadItem* item, SampleTransform::WorkerState* state,
-                             std::vector<uint8_t>* scratch) {
+void MapStage::InlineLoop(int id, SampleTransform::WorkerState* state,
+                          std::vector<uint8_t>* scratch, TraceTrack* track) {
   LoaderShared& sh = *core_->shared;
-  const int64_t b = item->seq / core_->batch_size, pos = item->seq % core_->batch_size;
+  ReadItem item;      // this worker's own: nothing is handed off
+  double map_ns = 0;  // smoothed time per sample (reads included)
+  while (core_->ParkWhileSurplus(id, sh.workers)) {
+    int64_t seq = 0, end = 0;
+    if (!read_->Claim(&seq, &end)) return;
+    const int64_t t0 = NowNs();
+    if (!ring_->WaitAdmitted(seq / core_->batch_size)) return;
+    ring_->EnsureOpen(seq / core_->batch_size);
+    const int64_t t1 = NowNs();
+    sh.map.AddWait(t1 - t0);
+    const int64_t cpu0 = ThreadCpuNs();
+    item.Resize(int(end - seq));
+    for (int k = 0; k < item.count; ++k) {
+      ReadEntry& e = item.entries[size_t(k)];
+      e.seq = seq + k;
+      e.sample = core_->order[size_t(seq + k)];
+      e.attempt = 0;
+      read_->ReadInline(&e);
+    }
+    ProcessItem(&item, state, scratch);
+    const int64_t t2 = NowNs();
+    map_ns = map_ns == 0 ? double(t2 - t1) / item.count
+                         : 0.8 * map_ns + 0.2 * double(t2 - t1) / item.count;
+    sh.UpdateChunk(map_ns);
+    sh.map.AddCpu(ThreadCpuNs() - cpu0);
+    sh.map.AddBusy(t2 - t1);
+    sh.map.items.fetch_add(item.count, std::memory_order_relaxed);
+    track->Span(TraceTrack::Kind::kDecode, t1, t2, item.first().sample);
+  }
+}
+
+void MapStage::ProcessItem(ReadItem* item, SampleTransform::WorkerState* state,
+                           std::vector<uint8_t>* scratch) {
+  const bool inline_reads = core_->shared->inline_reads;
+  LoaderShared& sh = *core_->shared;
+  // Every entry of an item is in the same batch.
+  const int64_t b = item->first().seq / core_->batch_size;
   BatchRing::InFlight& e = ring_->at(b);
   internal::BatchSlot* slot = e.slot.get();  // null: the batch failed already (no memory)
-  absl::Status st;
-  if (slot == nullptr) {
-    st = absl::OkStatus();
-  } else if (!item->status.ok()) {
-    st = absl::Status(item->status.code(), item->status.message());  // a copy: see BatchRing::Fail
-  } else {
-    SampleWriter writer = sh.layout->Writer(slot, pos);
-    const SampleContext ctx(sh.options.seed(), core_->epoch, item->sample, item->seq);
-    st = SafeApply(*sh.transform, item->record, ctx, state, writer);
-    if (st.ok()) st = internal::SlotLayout::CheckWritten(writer);
-  }
-  if (!st.ok()) {
-    const std::string name = sh.dataset->Describe(item->sample);
-    st = WithName(st, name);
-    if (replacement_->MarkBad(item->sample)) {
-      sh.RecordError(SampleError{name, std::string(st.message()), item->sample, core_->epoch});
+  int64_t completed = 0;
+  for (int k = 0; k < item->count; ++k) {
+    ReadEntry& entry = item->entries[size_t(k)];
+    const int64_t pos = entry.seq % core_->batch_size;
+    absl::Status st;
+  map_entry:  // again after an inline replacement read
+    if (slot == nullptr) {
+      st = absl::OkStatus();
+    } else if (!entry.status.ok()) {
+      // A copy: see BatchRing::Fail.
+      st = absl::Status(entry.status.code(), entry.status.message());
+    } else {
+      SampleWriter writer = sh.layout->Writer(slot, pos);
+      const SampleContext ctx(sh.options.seed(), core_->epoch, entry.sample, entry.seq);
+      st = SafeApply(*sh.transform, entry.record, ctx, state, writer);
+      if (st.ok()) st = internal::SlotLayout::CheckWritten(writer);
     }
-    if (sh.options.on_error() == OnError::kSkip && item->attempt < Replacement::kAttempts) {
-      // Replace it by another sample of this epoch, chosen from (seed, epoch, position,
-      // attempt) so the run stays reproducible. The read goes through the retry reader, under
-      // the read timeout like every read.
-      const int64_t r = replacement_->Pick(item->seq, item->sample, &item->attempt);
-      if (r >= 0) {
-        item->sample = r;
-        item->status = absl::OkStatus();
-        read_->Resubmit(item);
-        return true;
+    if (!st.ok()) {
+      const std::string name = sh.dataset->Describe(entry.sample);
+      st = WithName(st, name);
+      if (replacement_->MarkBad(entry.sample)) {
+        sh.RecordError(SampleError{name, std::string(st.message()), entry.sample, core_->epoch});
+      }
+      if (sh.options.on_error() == OnError::kSkip && entry.attempt < Replacement::kAttempts) {
+        // Replace it by another sample of this epoch, chosen from (seed, epoch, position,
+        // attempt) so the run stays reproducible. The read goes through the retry reader,
+        // under the read timeout like every read.
+        const int64_t r = replacement_->Pick(entry.seq, entry.sample, &entry.attempt);
+        if (r >= 0 && inline_reads) {  // no read stage: read the replacement here
+          entry.sample = r;
+          read_->ReadInline(&entry);
+          goto map_entry;
+        }
+        if (r >= 0) {
+          ReadItem* retry = item->retry ? item : queues_->AcquireRetry();
+          if (retry != item) {
+            retry->Resize(1);
+            ReadEntry& moved = retry->first();
+            moved.seq = entry.seq;
+            moved.attempt = entry.attempt;
+            std::swap(moved.record, entry.record);
+          }
+          retry->first().sample = r;
+          retry->first().status = absl::OkStatus();
+          if (retry == item) {
+            // A retry item is the only entry: it goes on, and this worker is done with it.
+            if (completed > 0) ring_->CompleteSamples(e, completed, scratch);
+            read_->Resubmit(retry);
+            return;
+          }
+          read_->Resubmit(retry);
+          continue;  // its position completes when the replacement is mapped
+        }
       }
     }
-  }
-  if (slot != nullptr) {
-    slot->indices[size_t(pos)] = item->sample;
-    if (!st.ok()) {
-      internal::ClearSample(slot, pos);
-      ring_->Fail(e, pos, st);
+    if (slot != nullptr) {
+      slot->indices[size_t(pos)] = entry.sample;
+      if (!st.ok()) {
+        internal::ClearSample(slot, pos);
+        ring_->Fail(e, pos, st);
+      }
     }
+    ++completed;
   }
-  ring_->CompleteSample(e, scratch);
-  return false;
+  // Give the item back before completing: once the batch completes the epoch may end, and the
+  // item must be in its queue by then. (Inline, the item is the worker's own.)
+  if (item->retry) {
+    queues_->ReleaseRetry(item);
+  } else if (!inline_reads) {
+    queues_->free.push(item);
+  }
+  if (completed > 0) ring_->CompleteSamples(e, completed, scratch);
 }
 
 }  // namespace feedline

@@ -1,5 +1,6 @@
 // The map stage: worker threads that run the transform on each record and write the sample
-// straight into its place in its batch slot.
+// straight into its place in its batch slot. For data sets with empty records (computed from
+// the index) there is no read stage: the workers claim chunks of positions themselves.
 //
 // A failure (the read's, the transform's status, an exception from user code, a sample that
 // does not fit its field) becomes the sample's error, named by the data set's Describe(); under
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "core/trace.h"
 #include "engine/batch_ring.h"
 #include "engine/epoch_core.h"
 #include "engine/read_stage.h"
@@ -39,10 +41,13 @@ class MapStage {
 
  private:
   void WorkerLoop(int id);
-  // Maps one record into its slot; true when the item was sent for a replacement read instead
-  // of completing its sample.
-  bool ProcessSample(ReadItem* item, SampleTransform::WorkerState* state,
-                     std::vector<uint8_t>* scratch);
+  // Without a read stage: claim a chunk, read and map it in this thread.
+  void InlineLoop(int id, SampleTransform::WorkerState* state, std::vector<uint8_t>* scratch,
+                  TraceTrack* track);
+  // Maps every entry of an item into its slot, sends failed ones for a replacement read (skip)
+  // and gives the item back (to the free queue, or the retry pool).
+  void ProcessItem(ReadItem* item, SampleTransform::WorkerState* state,
+                   std::vector<uint8_t>* scratch);
 
   EpochCore* const core_;
   BatchRing* const ring_;

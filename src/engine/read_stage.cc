@@ -1,5 +1,7 @@
 #include "engine/read_stage.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <exception>
 #include <limits>
@@ -19,8 +21,9 @@ struct ReadStage::ReaderState {
   enum : int { kIdle = 0, kReading = 1, kAbandoned = 2 };
   std::atomic<int> phase{kIdle};
   std::atomic<int64_t> started_ns{0};
-  ReadItem* item = nullptr;  // the item being read (published by the phase store)
-  Record record;             // reads land here, then move into the item
+  ReadItem* item = nullptr;  // the item being read and the entry (published by the phase store)
+  int entry = 0;
+  Record record;  // reads land here, then move into the entry
 };
 
 namespace {
@@ -51,7 +54,7 @@ ReadStage::ReadStage(EpochCore* core, BatchRing* ring, ItemQueues* queues, int64
 
 void ReadStage::SetThreads(int n) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (stopped_ || core_->is_cancelled()) return;
+  if (stopped_ || core_->is_cancelled() || core_->shared->inline_reads) return;
   while (static_cast<int>(readers_.size()) < n) StartReader(static_cast<int>(readers_.size()));
 }
 
@@ -102,10 +105,20 @@ void ReadStage::AbandonStuckReads(int64_t older_than_ns, const char* why) {
     }
     ReadItem* item = st.item;
     const double waited_ms = double(NowNs() - st.started_ns.load()) * 1e-6;
-    item->record.Clear();
-    item->status = absl::DeadlineExceededError(
-        absl::StrCat(core_->shared->dataset->Describe(item->sample), ": read did not complete in ",
-                     absl::StrFormat("%.0f", waited_ms), " ms (", why, ")"));
+    // The entries before the stuck one were read; it and the ones after it fail.
+    const std::string stuck =
+        core_->shared->dataset->Describe(item->entries[size_t(st.entry)].sample);
+    for (int k = st.entry; k < item->count; ++k) {
+      ReadEntry& e = item->entries[size_t(k)];
+      e.record.Clear();
+      e.status = k == st.entry
+                     ? absl::DeadlineExceededError(
+                           absl::StrCat(stuck, ": read did not complete in ",
+                                        absl::StrFormat("%.0f", waited_ms), " ms (", why, ")"))
+                     : absl::DeadlineExceededError(absl::StrCat(
+                           core_->shared->dataset->Describe(e.sample), ": not read: ", stuck,
+                           " before it in the same chunk did not complete (", why, ")"));
+    }
     queues_->ready.push(item);
     reader.thread.detach();  // it keeps what it touches alive; see ReaderState
     if (!stopped_ && !core_->is_cancelled()) {
@@ -132,12 +145,31 @@ void ReadStage::Stop(std::vector<std::thread>* join) {
   readers_.clear();
 }
 
+bool ReadStage::Claim(int64_t* seq_out, int64_t* end_out) {
+  const int64_t bs = core_->batch_size;
+  const int64_t chunk = std::max(1, core_->shared->chunk.load(std::memory_order_relaxed));
+  int64_t seq = next_seq_.load(std::memory_order_relaxed), end = 0;
+  do {
+    if (seq >= core_->total_seq) return false;
+    end = std::min({seq + chunk, (seq / bs + 1) * bs, core_->total_seq});
+  } while (!next_seq_.compare_exchange_weak(seq, end, std::memory_order_relaxed));
+  *seq_out = seq;
+  *end_out = end;
+  return true;
+}
+
+void ReadStage::ReadInline(ReadEntry* e) {
+  e->skipped_read = false;
+  e->status = SafeRead(*core_->shared->dataset, e->sample, &e->record);
+}
+
 void ReadStage::ReaderLoop(int id, std::shared_ptr<ReaderState> state) {
   LoaderShared& sh = *core_->shared;
+  pthread_setname_np(pthread_self(), "feedline-read");  // for top, perf, gdb
   TraceTrack* track = sh.trace->Track(absl::StrCat("reader ", id));
   while (core_->ParkWhileSurplus(id, sh.io_depth)) {
-    const int64_t seq = next_seq_.fetch_add(1, std::memory_order_relaxed);
-    if (seq >= core_->total_seq) return;
+    int64_t seq = 0, end = 0;
+    if (!Claim(&seq, &end)) return;
     const int64_t t0 = NowNs();
     const int64_t b = seq / core_->batch_size;
     if (!ring_->WaitAdmitted(b)) return;
@@ -146,9 +178,13 @@ void ReadStage::ReaderLoop(int id, std::shared_ptr<ReaderState> state) {
     ReadItem* item = queues_->Acquire(sh.io_depth.load() + 2 * sh.workers.load());
     if (item == nullptr || core_->is_cancelled()) return;
     sh.read.AddWait(NowNs() - t0);
-    item->seq = seq;
-    item->sample = core_->order[size_t(seq)];
-    item->attempt = 0;
+    item->Resize(int(end - seq));
+    for (int k = 0; k < item->count; ++k) {
+      ReadEntry& e = item->entries[size_t(k)];
+      e.seq = seq + k;
+      e.sample = core_->order[size_t(seq + k)];
+      e.attempt = 0;
+    }
     if (!ReadInto(item, state.get(), track)) return;  // abandoned
   }
 }
@@ -166,58 +202,64 @@ void ReadStage::RetryLoop(std::shared_ptr<ReaderState> state) {
 bool ReadStage::ReadInto(ReadItem* item, ReaderState* state, TraceTrack* track) {
   LoaderShared& sh = *core_->shared;
   const int64_t t1 = NowNs();
-  item->skipped_read = false;
-  if (sh.transform->SkipsRead(item->sample)) {  // the transform has what it needs
-    item->skipped_read = true;
-    item->record.Clear();
-    item->status = absl::OkStatus();
-    queues_->ready.push(item);
-    return true;
-  }
   SampleCache* cache = sh.cache_holds_bytes ? sh.cache.get() : nullptr;
-  if (cache != nullptr) {
-    std::shared_ptr<const SampleCache::Entry> hit = cache->Get(item->sample);
-    if (hit != nullptr) {
-      cache->CountHit();
-      item->record.bytes.assign(hit->data.begin(), hit->data.end());
-      item->record.label = hit->label;
-      item->record.members = hit->members;
-      item->status = absl::OkStatus();
-      queues_->ready.push(item);
-      return true;
+  int64_t read = 0;  // entries read from the data set (not from a cache)
+  for (int k = 0; k < item->count; ++k) {
+    ReadEntry& e = item->entries[size_t(k)];
+    e.skipped_read = false;
+    if (sh.transform->SkipsRead(e.sample)) {  // the transform has what it needs
+      e.skipped_read = true;
+      e.record.Clear();
+      e.status = absl::OkStatus();
+      continue;
     }
-    cache->CountMiss();
+    if (cache != nullptr) {
+      std::shared_ptr<const SampleCache::Entry> hit = cache->Get(e.sample);
+      if (hit != nullptr) {
+        cache->CountHit();
+        e.record.bytes.assign(hit->data.begin(), hit->data.end());
+        e.record.label = hit->label;
+        e.record.members = hit->members;
+        e.status = absl::OkStatus();
+        continue;
+      }
+      cache->CountMiss();
+    }
+    // Buffers move between the entry and the reader's state; their total capacity is what the
+    // run holds in reads, so the change is (entry's new capacity) - (state's old capacity).
+    const int64_t before = Capacity(state->record);
+    std::swap(state->record, e.record);
+    state->item = item;
+    state->entry = k;
+    const int64_t sample = e.sample;  // after the publish below, the item may be taken away
+    state->started_ns.store(NowNs(), std::memory_order_relaxed);
+    state->phase.store(ReaderState::kReading, std::memory_order_release);
+    absl::Status status = SafeRead(*sh.dataset, sample, &state->record);
+    int expected = ReaderState::kReading;
+    if (!state->phase.compare_exchange_strong(expected, ReaderState::kIdle,
+                                              std::memory_order_acq_rel)) {
+      return false;  // abandoned by the watchdog: the run may be gone; touch nothing of it
+    }
+    std::swap(e.record, state->record);
+    e.status = std::move(status);
+    if (e.status.ok() && cache != nullptr && !cache->full()) {
+      auto entry = std::make_shared<SampleCache::Entry>();
+      entry->data = e.record.bytes;
+      entry->label = e.record.label;
+      entry->members = e.record.members;
+      cache->Put(e.sample, std::move(entry));
+    }
+    const int64_t delta = Capacity(e.record) - before;
+    sh.read_buffer_bytes.fetch_add(delta, std::memory_order_relaxed);
+    buffer_bytes_.fetch_add(delta, std::memory_order_relaxed);
+    ++read;
   }
-  // Buffers move between the item and the reader's state; their total capacity is what the run
-  // holds in reads, so the change is (item's new capacity) - (state's old capacity).
-  const int64_t before = Capacity(state->record);
-  std::swap(state->record, item->record);
-  state->item = item;
-  const int64_t sample = item->sample;  // after the publish below, the item may be taken away
-  state->started_ns.store(t1, std::memory_order_relaxed);
-  state->phase.store(ReaderState::kReading, std::memory_order_release);
-  absl::Status status = SafeRead(*sh.dataset, sample, &state->record);
-  int expected = ReaderState::kReading;
-  if (!state->phase.compare_exchange_strong(expected, ReaderState::kIdle,
-                                            std::memory_order_acq_rel)) {
-    return false;  // abandoned by the watchdog: the run may be gone; touch nothing of it
+  if (read > 0) {
+    const int64_t t2 = NowNs();
+    sh.read.AddBusy(t2 - t1);
+    sh.read.items.fetch_add(read, std::memory_order_relaxed);
+    track->Span(TraceTrack::Kind::kRead, t1, t2, item->first().sample);
   }
-  std::swap(item->record, state->record);
-  item->status = std::move(status);
-  if (item->status.ok() && cache != nullptr && !cache->full()) {
-    auto entry = std::make_shared<SampleCache::Entry>();
-    entry->data = item->record.bytes;
-    entry->label = item->record.label;
-    entry->members = item->record.members;
-    cache->Put(item->sample, std::move(entry));
-  }
-  const int64_t delta = Capacity(item->record) - before;
-  sh.read_buffer_bytes.fetch_add(delta, std::memory_order_relaxed);
-  buffer_bytes_.fetch_add(delta, std::memory_order_relaxed);
-  const int64_t t2 = NowNs();
-  sh.read.AddBusy(t2 - t1);
-  sh.read.AddItem();
-  track->Span(TraceTrack::Kind::kRead, t1, t2, item->sample);
   queues_->ready.push(item);
   return true;
 }

@@ -33,7 +33,14 @@ class ReadStage {
   ReadStage(EpochCore* core, BatchRing* ring, ItemQueues* queues, int64_t start_seq);
 
   // Starts reader threads up to `n` (surplus ones park; see EpochCore::ParkWhileSurplus).
+  // Without a read stage (LoaderShared::inline_reads) it starts none.
   void SetThreads(int n);
+  // Claims the next chunk of positions [*seq, *end): at most LoaderShared::chunk of them, never
+  // across a batch's end. False at the end of the epoch. Readers call it; so do the workers
+  // when there is no read stage.
+  bool Claim(int64_t* seq, int64_t* end);
+  // Reads one entry in the calling thread (no watchdog: for data sets with empty records).
+  void ReadInline(ReadEntry* entry);
   int threads();
   // Sends an item back for a replacement read (by the retry reader).
   void Resubmit(ReadItem* item);

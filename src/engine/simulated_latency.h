@@ -21,6 +21,7 @@ class SimulatedLatencyDataset final : public DatasetWrapper {
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(latency_ms_));
     return DatasetWrapper::Read(index, record);
   }
+  bool empty_records() const override { return false; }  // a read that waits is I/O
 
  private:
   const double latency_ms_;

@@ -180,9 +180,12 @@ absl::Status WriteTensor(const at::Tensor& t, int field, SampleWriter& out) {
         absl::StrCat("field '", f.name(), "': a ", c10::toString(t.scalar_type()),
                      " tensor where the field is ", DTypeName(f.dtype())));
   }
+  if (t.is_contiguous()) {
+    return out.Write(field, absl::MakeConstSpan(t.sizes().data(), t.sizes().size()), t.data_ptr());
+  }
   const at::Tensor dense = t.contiguous();
-  const std::vector<int64_t> shape(dense.sizes().begin(), dense.sizes().end());
-  return out.Write(field, shape, dense.data_ptr());
+  return out.Write(field, absl::MakeConstSpan(dense.sizes().data(), dense.sizes().size()),
+                   dense.data_ptr());
 }
 
 std::unique_ptr<Loader> CreateLoader(std::shared_ptr<const Dataset> dataset,

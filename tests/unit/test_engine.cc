@@ -404,3 +404,86 @@ TEST_CASE("bytes cache, resume and held batches work for user data sets", "[engi
     for (size_t i = 0; i < held.size(); ++i) REQUIRE(CheckBatch(held[i]) == copies[i]);
   }
 }
+
+namespace {
+
+// Samples computed from the index: no read stage (empty_records), workers claim positions.
+class Computed final : public feedline::Dataset {
+ public:
+  explicit Computed(int64_t n) : n_(n) {}
+  int64_t size() const override { return n_; }
+  absl::Status Read(int64_t, Record* record) const override {
+    record->Clear();
+    return absl::OkStatus();
+  }
+  uint64_t Fingerprint() const override { return uint64_t(n_); }
+  bool empty_records() const override { return true; }
+
+ private:
+  int64_t n_;
+};
+
+// "v": float32 [<=5] = index, repeated 1 + index % 5 times; fails on multiples of 7 (but 0).
+class FromIndex final : public SampleTransform {
+ public:
+  const Schema& schema() const override { return schema_; }
+  absl::Status Apply(const Record& record, const SampleContext& ctx, WorkerState*,
+                     SampleWriter& out) const override {
+    if (!record.bytes.empty()) return absl::InternalError("expected an empty record");
+    if (ctx.index() % 7 == 0 && ctx.index() > 0) return absl::DataLossError("multiple of 7");
+    const int64_t n = 1 + ctx.index() % 5;
+    absl::StatusOr<float*> v = out.Shaped<float>(0, {n});
+    if (!v.ok()) return v.status();
+    for (int64_t k = 0; k < n; ++k) (*v)[k] = float(ctx.index()) + float(ctx.rng(9).Uniform());
+    return absl::OkStatus();
+  }
+
+ private:
+  Schema schema_{Field("v", DType::kFloat32, {Dim::UpTo(5)}).pad_value(-2)};
+};
+
+}  // namespace
+
+TEST_CASE("data sets with empty records: workers read inline; same bytes, errors, skip",
+          "[engine]") {
+  auto computed = std::make_shared<Computed>(500);
+  auto transform = std::make_shared<FromIndex>();
+  std::map<int, std::vector<std::string>> runs;
+  for (int workers : {1, 2, 4}) {
+    auto loader = Make(computed, transform,
+                       LoaderOptions().batch_size(16).workers(workers).seed(11).on_error(
+                           feedline::OnError::kSkip));
+    std::set<int64_t> seen;
+    for (auto& b : *loader) {
+      REQUIRE(b.ok());
+      const TensorView v = b->field(0);
+      for (int64_t i = 0; i < b->size(); ++i) {
+        const int64_t idx = b->indices()[i];
+        REQUIRE((idx % 7 != 0 || idx == 0));
+        REQUIRE(v.lengths[i] == 1 + idx % 5);
+        const float* row = static_cast<const float*>(v.data) + i * v.shape[1];
+        REQUIRE(int64_t(row[0]) == idx);
+        for (int64_t k = v.lengths[i]; k < v.shape[1]; ++k) REQUIRE(row[k] == -2.0f);
+        seen.insert(idx);
+      }
+      runs[workers].emplace_back(static_cast<const char*>(v.data), size_t(v.bytes()));
+    }
+    REQUIRE(loader->stats().error_count == 71);     // 7, 14, ..., 497
+    REQUIRE(loader->stats().stages[0].items == 0);  // no read stage
+    REQUIRE(seen.size() > 400);
+  }
+  REQUIRE(runs[1] == runs[2]);
+  REQUIRE(runs[1] == runs[4]);
+  SECTION("raise: the failed sample's batch, in order") {
+    auto loader =
+        Make(computed, transform, LoaderOptions().batch_size(10).shuffle(false).workers(2));
+    auto epoch = loader->StartEpoch();
+    // Each batch of ten holds a multiple of 7; the first failed position names the error.
+    for (int64_t want : {7, 14, 21, 35, 42}) {
+      absl::StatusOr<Batch> b = epoch->Next();
+      REQUIRE_FALSE(b.ok());
+      REQUIRE(std::string(b.status().message()) ==
+              absl::StrCat("sample ", want, ": multiple of 7"));
+    }
+  }
+}
