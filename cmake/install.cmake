@@ -26,10 +26,10 @@ install(EXPORT feedlineTargets
   DESTINATION ${FEEDLINE_INSTALL_CMAKEDIR}
   COMPONENT feedline)
 
-# The public headers; torch.h only with the adapter that implements it.
+# The public headers; torch.h and torch_data.h only with the adapter that implements them.
 set(_feedline_header_excludes)
 if(NOT TARGET feedline_torch)
-  set(_feedline_header_excludes PATTERN torch.h EXCLUDE)
+  set(_feedline_header_excludes PATTERN torch.h EXCLUDE PATTERN torch_data.h EXCLUDE)
 endif()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/feedline
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ctest install.consumer: installs feedline from a build tree into a temporary prefix, builds
 # tests/install/consumer against it with find_package(feedline), runs it on a small ImageFolder
-# made here and checks the image counts it prints.
+# made here and checks the image counts it prints; builds and runs a custom data set +
+# transform (several fields, one of variable length) and checks what it prints.
 #
 # Usage: run_consumer_test.sh BUILD_DIR WITH_TORCH(ON|OFF) [CONFIG]
 #   Environment (optional): CMAKE, CMAKE_GENERATOR, CXX, PYTHON (one with PIL), TMPDIR.
@@ -70,7 +71,13 @@ check() {
   esac
 }
 check "$work/build/count_images" "$data"
+out=$("$work/build/custom_dataset")
+echo "custom_dataset: $out"
+[ "$out" = "samples 50 batches 7 ok" ] || { echo "FAIL: custom_dataset printed '$out'"; exit 1; }
 if [ "$with_torch" = ON ]; then
   check "$work/build/count_images_torch" "$data"
+  out=$("$work/build/torch_dataset")
+  echo "torch_dataset: $out"
+  [ "$out" = "samples 30 batches 4 ok" ] || { echo "FAIL: torch_dataset printed '$out'"; exit 1; }
 fi
 echo "PASS"
