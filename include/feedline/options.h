@@ -16,9 +16,11 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "feedline/schema.h"
 
 namespace feedline {
@@ -48,23 +50,66 @@ enum class OnError {
 // Sentinel for "choose automatically" in the count options.
 inline constexpr int kAuto = 0;
 
-// Declares a field with a getter `name()` and a fluent setter `name(v)`, as torch's TORCH_ARG.
-#define FEEDLINE_ARG(T, name, default_value)         \
- public:                                             \
-  LoaderOptions& name(T v)& {                        \
-    name##_ = std::move(v);                          \
-    return *this;                                    \
-  }                                                  \
-  LoaderOptions&& name(T v)&& {                      \
-    name##_ = std::move(v);                          \
-    return std::move(*this);                         \
-  }                                                  \
-  const T& name() const noexcept { return name##_; } \
-                                                     \
- private:                                            \
+// Largest ring depth (batches in flight); the memory budget usually bounds it far lower.
+inline constexpr int kMaxPrefetch = 64;
+
+// Which loaders an option applies to: every loader (the engine), or the image built-in.
+enum class OptionGroup { kEngine, kImage };
+
+// A range an option's value must be in (numbers only); checked by ValidateOptions, with the
+// message given or one made from the range.
+struct OptionCheck {
+  enum Kind { kNone, kAtLeast, kIn, kAutoOrIn };
+  Kind kind = kNone;
+  double lo = 0, hi = 0;
+  const char* message = nullptr;  // null: "must be >= lo", "must be in [lo, hi]", ...
+};
+inline constexpr OptionCheck NoCheck() { return {}; }
+inline constexpr OptionCheck AtLeast(double lo, const char* message = nullptr) {
+  return {OptionCheck::kAtLeast, lo, 0, message};
+}
+inline constexpr OptionCheck In(double lo, double hi, const char* message = nullptr) {
+  return {OptionCheck::kIn, lo, hi, message};
+}
+inline constexpr OptionCheck AutoOrIn(double lo, double hi) {  // kAuto (0) or [lo, hi]
+  return {OptionCheck::kAutoOrIn, lo, hi, nullptr};
+}
+
+// What ForEachOption tells a visitor about an option besides its value.
+struct OptionInfo {
+  const char* name;
+  OptionGroup group;
+  OptionCheck check;
+};
+
+// Declares an option once: its field, getter `name()` and fluent setter `name(v)` (as torch's
+// TORCH_ARG), and its entry in the list that ForEachOption walks — which validation
+// (ValidateOptions) and the Python keyword arguments (python/feedline_module.cc) come from.
+// Each option gets the index __COUNTER__ - kFirstOption, so the list is the declarations'
+// order.
+#define FEEDLINE_ARG(group, T, name, default_value, check)                               \
+ public:                                                                                 \
+  LoaderOptions& name(T v)& {                                                            \
+    name##_ = std::move(v);                                                              \
+    return *this;                                                                        \
+  }                                                                                      \
+  LoaderOptions&& name(T v)&& {                                                          \
+    name##_ = std::move(v);                                                              \
+    return std::move(*this);                                                             \
+  }                                                                                      \
+  const T& name() const noexcept { return name##_; }                                     \
+                                                                                         \
+ private:                                                                                \
+  template <typename O, typename V>                                                      \
+  static void VisitOption(std::integral_constant<int, __COUNTER__ - kFirstOption>, O& o, \
+                          V& visit) {                                                    \
+    visit(OptionInfo{#name, OptionGroup::group, check}, o.name##_);                      \
+  }                                                                                      \
   T name##_ = default_value
 
 class LoaderOptions {
+  static constexpr int kFirstOption = __COUNTER__ + 1;
+
  public:
   LoaderOptions() = default;
   explicit LoaderOptions(std::string source) : source_(std::move(source)) {}
@@ -72,72 +117,82 @@ class LoaderOptions {
   // --- Data (image built-in) ----------------------------------------------------------------
   // An ImageFolder directory (one sub-folder per class, torchvision's order), or a list file of
   // "path label" lines (paths relative to the list file's folder). Required.
-  FEEDLINE_ARG(std::string, source, "");
+  FEEDLINE_ARG(kImage, std::string, source, "", NoCheck());
   // WebDataset tar shards, given as paths (a brace pattern such as
   // "d/train-{000000..000099}.tar" may also be given as `source`). Takes precedence.
-  FEEDLINE_ARG(std::vector<std::string>, shards, {});
+  FEEDLINE_ARG(kImage, std::vector<std::string>, shards, {}, NoCheck());
 
   // --- Sampling -----------------------------------------------------------------------------
-  FEEDLINE_ARG(int64_t, batch_size, 256);  // samples per batch, >= 1
-  FEEDLINE_ARG(bool, shuffle, true);       // a fresh permutation per epoch, from (seed, epoch)
-  FEEDLINE_ARG(uint64_t, seed, 0);         // the only source of randomness (order, crops, flips)
-  FEEDLINE_ARG(bool, drop_last, false);    // drop the last, incomplete batch
-  FEEDLINE_ARG(int, rank, 0);              // this process's shard (DistributedSampler semantics)
-  FEEDLINE_ARG(int, world_size, 1);        // shards; every rank gets the same number of batches
+  FEEDLINE_ARG(kEngine, int64_t, batch_size, 256, AtLeast(1));  // samples per batch, >= 1
+  FEEDLINE_ARG(kEngine, bool, shuffle, true,
+               NoCheck());  // a fresh permutation per epoch, from (seed, epoch)
+  FEEDLINE_ARG(kEngine, uint64_t, seed, 0,
+               NoCheck());  // the only source of randomness (order, crops, flips)
+  FEEDLINE_ARG(kEngine, bool, drop_last, false, NoCheck());  // drop the last, incomplete batch
+  FEEDLINE_ARG(kEngine, int, rank, 0,
+               NoCheck());  // this process's shard (DistributedSampler semantics)
+  FEEDLINE_ARG(kEngine, int, world_size, 1,
+               AtLeast(1));  // shards; every rank gets the same number of batches
 
   // --- Transform (image built-in) -----------------------------------------------------------
-  FEEDLINE_ARG(Transform, transform, Transform::kTrain);
-  FEEDLINE_ARG(int, size, 224);         // output height = width
-  FEEDLINE_ARG(int, resize_size, 256);  // eval: shorter side before the centre crop
+  FEEDLINE_ARG(kImage, Transform, transform, Transform::kTrain, NoCheck());
+  FEEDLINE_ARG(kImage, int, size, 224, In(1, 16384));  // output height = width
+  FEEDLINE_ARG(kImage, int, resize_size, 256,
+               In(1, 16384));  // eval: shorter side before the centre crop
   using Range = std::pair<double, double>;
-  FEEDLINE_ARG(Range, scale, Range(0.08, 1.0));             // train: crop area fraction
-  FEEDLINE_ARG(Range, ratio, Range(3.0 / 4.0, 4.0 / 3.0));  // train: crop aspect ratio
-  FEEDLINE_ARG(bool, flip, true);                           // train: horizontal flip, p = 0.5
+  FEEDLINE_ARG(kImage, Range, scale, Range(0.08, 1.0), NoCheck());  // train: crop area fraction
+  FEEDLINE_ARG(kImage, Range, ratio, Range(3.0 / 4.0, 4.0 / 3.0),
+               NoCheck());                            // train: crop aspect ratio
+  FEEDLINE_ARG(kImage, bool, flip, true, NoCheck());  // train: horizontal flip, p = 0.5
 
   // --- Output (image built-in, except `device`) ---------------------------------------------
-  FEEDLINE_ARG(Layout, layout, Layout::kNCHW);
+  FEEDLINE_ARG(kImage, Layout, layout, Layout::kNCHW, NoCheck());
   // uint8, or a float type (float32, float16, bfloat16): normalised, (x / 255 - mean) / std.
-  FEEDLINE_ARG(DType, dtype, DType::kUint8);
+  FEEDLINE_ARG(kImage, DType, dtype, DType::kUint8, NoCheck());
   using Triple = std::array<double, 3>;
-  FEEDLINE_ARG(Triple, mean, (Triple{0.485, 0.456, 0.406}));    // float dtypes: in 0..1 units
-  FEEDLINE_ARG(Triple, stddev, (Triple{0.229, 0.224, 0.225}));  // float dtypes: in 0..1 units
+  FEEDLINE_ARG(kImage, Triple, mean, (Triple{0.485, 0.456, 0.406}),
+               NoCheck());  // float dtypes: in 0..1 units
+  FEEDLINE_ARG(kImage, Triple, stddev, (Triple{0.229, 0.224, 0.225}),
+               NoCheck());  // float dtypes: in 0..1 units
   // "cpu", or "cuda" / "cuda:N": batches are copied to that GPU on a dedicated stream and
   // converted there (uint8 crosses PCIe, 4x fewer bytes than float32). Needs a CUDA build and a
   // GPU with a driver; otherwise Loader::Create fails with kFailedPrecondition, at once.
-  FEEDLINE_ARG(std::string, device, "cpu");
+  FEEDLINE_ARG(kEngine, std::string, device, "cpu", NoCheck());
 
   // --- Resources (kAuto = chosen by the loader) ---------------------------------------------
-  FEEDLINE_ARG(int, workers, kAuto);   // decoder threads
-  FEEDLINE_ARG(int, prefetch, kAuto);  // batches in flight: the prefetch ring's depth
-  FEEDLINE_ARG(int, io_depth, kAuto);  // reads in flight: the reader threads
+  FEEDLINE_ARG(kEngine, int, workers, kAuto, AutoOrIn(1, 1024));  // decoder threads
+  FEEDLINE_ARG(kEngine, int, prefetch, kAuto,
+               AutoOrIn(1, kMaxPrefetch));  // batches in flight: the prefetch ring's depth
+  FEEDLINE_ARG(kEngine, int, io_depth, kAuto,
+               AutoOrIn(1, 1024));  // reads in flight: the reader threads
   // Bytes the loader may own (ring slots, reads in flight); 0 = auto, a quarter of the
   // available memory. Batches the user holds are the user's memory, not counted.
-  FEEDLINE_ARG(int64_t, memory_budget, 0);
+  FEEDLINE_ARG(kEngine, int64_t, memory_budget, 0, AtLeast(0, "must be auto (0) or a byte count"));
 
   // --- Caching ------------------------------------------------------------------------------
-  FEEDLINE_ARG(Cache, cache, Cache::kNone);
+  FEEDLINE_ARG(kEngine, Cache, cache, Cache::kNone, NoCheck());
   // Bytes the cache may hold; 0 = auto: what the memory budget leaves after the ring and the
   // reads in flight. Counted in the memory budget.
-  FEEDLINE_ARG(int64_t, cache_budget, 0);
+  FEEDLINE_ARG(kEngine, int64_t, cache_budget, 0, AtLeast(0, "must be auto (0) or a byte count"));
 
   // --- Robustness ---------------------------------------------------------------------------
-  FEEDLINE_ARG(OnError, on_error, OnError::kRaise);
+  FEEDLINE_ARG(kEngine, OnError, on_error, OnError::kRaise, NoCheck());
   // Under kSkip, more failed samples than this turn into an error at the next batch (a flood of
   // failures means a broken data set or mount, not a few bad files). 0 = no limit.
-  FEEDLINE_ARG(int64_t, max_errors, 0);
+  FEEDLINE_ARG(kEngine, int64_t, max_errors, 0, AtLeast(0, "must be >= 0 (0: no limit)"));
   // A read that takes longer fails with kDeadlineExceeded (then follows on_error); the stuck
   // reader thread is abandoned and replaced, so hung storage cannot hang the loader. 0 = none.
-  FEEDLINE_ARG(double, read_timeout_ms, 60000.0);
+  FEEDLINE_ARG(kEngine, double, read_timeout_ms, 60000.0, AtLeast(0, "must be >= 0 (0: none)"));
   // Images with more pixels are refused before any pixel memory is allocated (PIL's limit).
-  FEEDLINE_ARG(int64_t, max_image_pixels, 178956970);
+  FEEDLINE_ARG(kImage, int64_t, max_image_pixels, 178956970, AtLeast(1));
 
   // --- Benchmarking -------------------------------------------------------------------------
   // Adds this many milliseconds to every read, simulating remote storage (network file systems,
   // object stores). 0 = off.
-  FEEDLINE_ARG(double, simulated_read_latency_ms, 0.0);
+  FEEDLINE_ARG(kEngine, double, simulated_read_latency_ms, 0.0, In(0, 60000));
   // Pre-decoded samples: no read and no decode; each sample is filled with a constant derived
   // from its index. Measures what the pipeline itself costs (queues, slots, collation).
-  FEEDLINE_ARG(bool, synthetic, false);
+  FEEDLINE_ARG(kImage, bool, synthetic, false, NoCheck());
 
  public:
   LoaderOptions& scale(double lo, double hi) & { return scale(Range(lo, hi)); }
@@ -145,12 +200,65 @@ class LoaderOptions {
   LoaderOptions& ratio(double lo, double hi) & { return ratio(Range(lo, hi)); }
   LoaderOptions&& ratio(double lo, double hi) && { return std::move(ratio(Range(lo, hi))); }
 
+  // Calls visit(OptionInfo, field&) for every option, in declaration order.
+  template <typename V>
+  void ForEachOption(V&& visit) {
+    ForEach(*this, visit, std::make_integer_sequence<int, kOptionCount>());
+  }
+  template <typename V>
+  void ForEachOption(V&& visit) const {
+    ForEach(*this, visit, std::make_integer_sequence<int, kOptionCount>());
+  }
+
   // A copy of these options with `source` replaced.
   LoaderOptions with_source(std::string s) const {
     LoaderOptions o = *this;
     o.source_ = std::move(s);
     return o;
   }
+
+ private:
+  static constexpr int kOptionCount = __COUNTER__ - kFirstOption;
+  template <typename O, typename V, int... I>
+  static void ForEach(O& o, V& visit, std::integer_sequence<int, I...>) {
+    (VisitOption(std::integral_constant<int, I>(), o, visit), ...);
+  }
+};
+
+// kInvalidArgument naming the first option of `group` outside its range ("batch_size: must be
+// >= 1"). Options that depend on each other (rank < world_size, scale's bounds) are checked by
+// the loaders themselves.
+absl::Status ValidateOptions(const LoaderOptions& options, OptionGroup group);
+
+// The names of each enum's values, as the Python keyword arguments take them.
+template <typename E>
+struct EnumNames;
+template <>
+struct EnumNames<Transform> {
+  static constexpr std::pair<const char*, Transform> kValues[] = {{"train", Transform::kTrain},
+                                                                  {"eval", Transform::kEval}};
+};
+template <>
+struct EnumNames<Layout> {
+  static constexpr std::pair<const char*, Layout> kValues[] = {{"NCHW", Layout::kNCHW},
+                                                               {"NHWC", Layout::kNHWC}};
+};
+template <>
+struct EnumNames<DType> {
+  static constexpr std::pair<const char*, DType> kValues[] = {
+      {"uint8", DType::kUint8},       {"float32", DType::kFloat32}, {"float16", DType::kFloat16},
+      {"bfloat16", DType::kBFloat16}, {"int32", DType::kInt32},     {"int64", DType::kInt64},
+      {"bytes", DType::kBytes}};
+};
+template <>
+struct EnumNames<Cache> {
+  static constexpr std::pair<const char*, Cache> kValues[] = {
+      {"none", Cache::kNone}, {"bytes", Cache::kBytes}, {"decoded", Cache::kDecoded}};
+};
+template <>
+struct EnumNames<OnError> {
+  static constexpr std::pair<const char*, OnError> kValues[] = {{"raise", OnError::kRaise},
+                                                                {"skip", OnError::kSkip}};
 };
 
 #undef FEEDLINE_ARG

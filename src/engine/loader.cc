@@ -220,25 +220,11 @@ absl::Status Invalid(absl::string_view option, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(option, ": ", why));
 }
 
-// The engine's options; the image built-in validates its own (src/loaders/).
+// The engine's options (their ranges from their declarations), and what depends on another.
 absl::Status Validate(const LoaderOptions& o) {
-  if (o.batch_size() < 1) return Invalid("batch_size", "must be >= 1");
-  if (o.world_size() < 1) return Invalid("world_size", "must be >= 1");
+  if (absl::Status s = ValidateOptions(o, OptionGroup::kEngine); !s.ok()) return s;
   if (o.rank() < 0 || o.rank() >= o.world_size())
     return Invalid("rank", absl::StrCat("must be in [0, world_size=", o.world_size(), ")"));
-  if (o.workers() < 0 || o.workers() > 1024)
-    return Invalid("workers", "must be auto or in [1, 1024]");
-  if (o.prefetch() < 0 || o.prefetch() > EpochRun::kMaxPrefetch)
-    return Invalid("prefetch",
-                   absl::StrCat("must be auto or in [1, ", EpochRun::kMaxPrefetch, "]"));
-  if (o.io_depth() < 0 || o.io_depth() > 1024)
-    return Invalid("io_depth", "must be auto or in [1, 1024]");
-  if (o.memory_budget() < 0) return Invalid("memory_budget", "must be auto (0) or a byte count");
-  if (o.cache_budget() < 0) return Invalid("cache_budget", "must be auto (0) or a byte count");
-  if (o.max_errors() < 0) return Invalid("max_errors", "must be >= 0 (0: no limit)");
-  if (!(o.read_timeout_ms() >= 0)) return Invalid("read_timeout_ms", "must be >= 0 (0: none)");
-  if (!(o.simulated_read_latency_ms() >= 0 && o.simulated_read_latency_ms() <= 60000))
-    return Invalid("simulated_read_latency_ms", "must be in [0, 60000]");
   return absl::OkStatus();
 }
 

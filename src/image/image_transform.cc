@@ -200,14 +200,12 @@ absl::Status Invalid(absl::string_view option, absl::string_view why) {
 }  // namespace
 
 absl::Status ValidateOptions(const LoaderOptions& o) {
-  if (o.size() < 1 || o.size() > 16384) return Invalid("size", "must be in [1, 16384]");
-  if (o.resize_size() < 1 || o.resize_size() > 16384)
-    return Invalid("resize_size", "must be in [1, 16384]");
+  // Ranges from the options' declarations; then what one number cannot say.
+  if (absl::Status s = feedline::ValidateOptions(o, OptionGroup::kImage); !s.ok()) return s;
   if (!(o.scale().first > 0 && o.scale().first <= o.scale().second && o.scale().second <= 1.0))
     return Invalid("scale", "must satisfy 0 < min <= max <= 1");
   if (!(o.ratio().first > 0 && o.ratio().first <= o.ratio().second))
     return Invalid("ratio", "must satisfy 0 < min <= max");
-  if (o.max_image_pixels() < 1) return Invalid("max_image_pixels", "must be >= 1");
   for (int c = 0; c < 3; ++c) {
     if (!(o.stddev()[size_t(c)] > 0)) return Invalid("std", "every channel's std must be > 0");
     if (!std::isfinite(o.mean()[size_t(c)])) return Invalid("mean", "must be finite");

@@ -1,0 +1,46 @@
+// ValidateOptions (include/feedline/options.h): every option's range, from its declaration.
+#include "feedline/options.h"
+
+#include <cmath>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+
+namespace feedline {
+
+absl::Status ValidateOptions(const LoaderOptions& options, OptionGroup group) {
+  absl::Status status;
+  options.ForEachOption([&](const OptionInfo& info, const auto& value) {
+    using T = std::decay_t<decltype(value)>;
+    if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+      if (!status.ok() || info.group != group) return;
+      const double v = static_cast<double>(value);
+      const OptionCheck& c = info.check;
+      bool ok = true;
+      std::string why;
+      switch (c.kind) {
+        case OptionCheck::kNone:
+          return;
+        case OptionCheck::kAtLeast:
+          ok = v >= c.lo;  // false for NaN
+          why = absl::StrCat("must be >= ", c.lo);
+          break;
+        case OptionCheck::kIn:
+          ok = v >= c.lo && v <= c.hi;
+          why = absl::StrCat("must be in [", c.lo, ", ", c.hi, "]");
+          break;
+        case OptionCheck::kAutoOrIn:
+          ok = v == kAuto || (v >= c.lo && v <= c.hi);
+          why = absl::StrCat("must be auto or in [", c.lo, ", ", c.hi, "]");
+          break;
+      }
+      if (!ok) {
+        status = absl::InvalidArgumentError(
+            absl::StrCat(info.name, ": ", c.message != nullptr ? c.message : why));
+      }
+    }
+  });
+  return status;
+}
+
+}  // namespace feedline
