@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "feedline/schema.h"
 
 namespace feedline {
@@ -229,6 +230,8 @@ class LoaderOptions {
 // >= 1"). Options that depend on each other (rank < world_size, scale's bounds) are checked by
 // the loaders themselves.
 absl::Status ValidateOptions(const LoaderOptions& options, OptionGroup group);
+// The error for an option `option` that is wrong for the reason `why`: "option: why".
+absl::Status InvalidOption(absl::string_view option, absl::string_view why);
 
 // The names of each enum's values, as the Python keyword arguments take them.
 template <typename E>

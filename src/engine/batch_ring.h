@@ -28,9 +28,6 @@ namespace feedline {
 
 class BatchRing {
  public:
-  // Largest ring depth (batches in flight); the memory budget usually bounds it far lower.
-  static constexpr int kMaxPrefetch = ::feedline::kMaxPrefetch;
-
   struct InFlight {
     std::atomic<int64_t> batch{-1};     // published (release) after the fields below are set
     std::atomic<int64_t> remaining{0};  // samples still to be written

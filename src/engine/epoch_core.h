@@ -55,11 +55,10 @@ struct EpochCore {
 
 // One sample on its way from the read stage to the map stage.
 struct ReadEntry {
-  int64_t seq = 0;            // position in the epoch
-  int64_t sample = 0;         // data set index
-  int attempt = 0;            // replacements tried for this position (on_error = skip)
-  bool skipped_read = false;  // the transform said it needs no record (its own cache)
-  absl::Status status;        // the read's outcome
+  int64_t seq = 0;      // position in the epoch
+  int64_t sample = 0;   // data set index
+  int attempt = 0;      // replacements tried for this position (on_error = skip)
+  absl::Status status;  // the read's outcome
   Record record;
 };
 
@@ -77,7 +76,19 @@ struct ReadItem {
     if (int(entries.size()) < n) entries.resize(size_t(n));
     count = n;
   }
+  // The chunk of positions [seq, end) of `core`'s epoch, first attempts.
+  void Fill(const struct EpochCore& core, int64_t seq, int64_t end);
 };
+
+inline void ReadItem::Fill(const EpochCore& core, int64_t seq, int64_t end) {
+  Resize(int(end - seq));
+  for (int k = 0; k < count; ++k) {
+    ReadEntry& e = entries[size_t(k)];
+    e.seq = seq + k;
+    e.sample = core.order[size_t(seq + k)];
+    e.attempt = 0;
+  }
+}
 
 // Readers hand filled items to the workers through `ready`; workers hand them back through
 // `free`; replacement reads go through `retry`. All unbounded (never block on push): the number

@@ -37,8 +37,6 @@ namespace feedline {
 
 class EpochRun {
  public:
-  static constexpr int kMaxPrefetch = BatchRing::kMaxPrefetch;
-
   EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t start_batch);
   ~EpochRun();
   EpochRun(const EpochRun&) = delete;

@@ -216,15 +216,11 @@ int64_t AvailableMemoryBytes() {
   return int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGE_SIZE));
 }
 
-absl::Status Invalid(absl::string_view option, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat(option, ": ", why));
-}
-
 // The engine's options (their ranges from their declarations), and what depends on another.
 absl::Status Validate(const LoaderOptions& o) {
   if (absl::Status s = ValidateOptions(o, OptionGroup::kEngine); !s.ok()) return s;
   if (o.rank() < 0 || o.rank() >= o.world_size())
-    return Invalid("rank", absl::StrCat("must be in [0, world_size=", o.world_size(), ")"));
+    return InvalidOption("rank", absl::StrCat("must be in [0, world_size=", o.world_size(), ")"));
   return absl::OkStatus();
 }
 
@@ -234,9 +230,9 @@ namespace internal {
 
 absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOptions options) {
   if (absl::Status s = Validate(options); !s.ok()) return s;
-  if (parts.dataset == nullptr) return Invalid("dataset", "must not be null");
-  if (parts.transform == nullptr) return Invalid("transform", "must not be null");
-  if (parts.dataset->size() < 1) return Invalid("dataset", "has no samples");
+  if (parts.dataset == nullptr) return InvalidOption("dataset", "must not be null");
+  if (parts.transform == nullptr) return InvalidOption("transform", "must not be null");
+  if (parts.dataset->size() < 1) return InvalidOption("dataset", "has no samples");
   const Schema& schema = parts.transform->schema();
   if (absl::Status s = schema.Validate(); !s.ok()) return s;
   auto shared = std::make_shared<LoaderShared>();
@@ -315,7 +311,8 @@ absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOpt
     shared->cache = std::make_shared<SampleCache>(shared->dataset->size(), cache_budget);
     shared->cache_holds_bytes = parts.cache_holds_bytes;
     if (!parts.cache_holds_bytes) {
-      if (!parts.attach_cache) return Invalid("cache", "this loader's transform has no cache");
+      if (!parts.attach_cache)
+        return InvalidOption("cache", "this loader's transform has no cache");
       parts.attach_cache(shared->cache);
     }
   }
@@ -494,12 +491,12 @@ void Loader::set_workers(int n) {
   }
 }
 void Loader::set_prefetch(int n) {
-  FixSetting(*shared_, Autotuner::Knob::kPrefetch, std::clamp(n, 1, EpochRun::kMaxPrefetch));
+  FixSetting(*shared_, Autotuner::Knob::kPrefetch, std::clamp(n, 1, kMaxPrefetch));
   std::lock_guard<std::mutex> lock(shared_->active_mu);
   if (shared_->active != nullptr) {
     shared_->active->SetPrefetch(n);
   } else {
-    n = std::clamp(n, 1, EpochRun::kMaxPrefetch);
+    n = std::clamp(n, 1, kMaxPrefetch);
     shared_->prefetch.store(n);
     shared_->KeepSlots(n);
   }

@@ -85,14 +85,21 @@ void MapStage::WorkerLoop(int id) {
     const int n = item->count;
     const int64_t cpu0 = ThreadCpuNs();
     ProcessItem(item, state.get(), &scratch);  // gives the item back (or on for a retry)
-    const int64_t t2 = NowNs();
-    map_ns = map_ns == 0 ? double(t2 - t1) / n : 0.8 * map_ns + 0.2 * double(t2 - t1) / n;
-    sh.UpdateChunk(map_ns);
-    sh.map.AddCpu(ThreadCpuNs() - cpu0);
-    sh.map.AddBusy(t2 - t1);
-    sh.map.items.fetch_add(n, std::memory_order_relaxed);
-    track->Span(TraceTrack::Kind::kDecode, t1, t2, first);
+    Account(n, first, t1, cpu0, &map_ns, track);
   }
+}
+
+void MapStage::Account(int n, int64_t first, int64_t t1, int64_t cpu0, double* map_ns,
+                       TraceTrack* track) {
+  LoaderShared& sh = *core_->shared;
+  const int64_t t2 = NowNs();
+  const double per_sample = double(t2 - t1) / n;
+  *map_ns = *map_ns == 0 ? per_sample : 0.8 * *map_ns + 0.2 * per_sample;
+  sh.UpdateChunk(*map_ns);
+  sh.map.AddCpu(ThreadCpuNs() - cpu0);
+  sh.map.AddBusy(t2 - t1);
+  sh.map.items.fetch_add(n, std::memory_order_relaxed);
+  track->Span(TraceTrack::Kind::kDecode, t1, t2, first);
 }
 
 void MapStage::InlineLoop(int id, SampleTransform::WorkerState* state,
@@ -109,23 +116,11 @@ void MapStage::InlineLoop(int id, SampleTransform::WorkerState* state,
     const int64_t t1 = NowNs();
     sh.map.AddWait(t1 - t0);
     const int64_t cpu0 = ThreadCpuNs();
-    item.Resize(int(end - seq));
-    for (int k = 0; k < item.count; ++k) {
-      ReadEntry& e = item.entries[size_t(k)];
-      e.seq = seq + k;
-      e.sample = core_->order[size_t(seq + k)];
-      e.attempt = 0;
-      read_->ReadInline(&e);
-    }
+    item.Fill(*core_, seq, end);
+    for (int k = 0; k < item.count; ++k) read_->ReadInline(&item.entries[size_t(k)]);
+    const int64_t first = item.first().sample;
     ProcessItem(&item, state, scratch);
-    const int64_t t2 = NowNs();
-    map_ns = map_ns == 0 ? double(t2 - t1) / item.count
-                         : 0.8 * map_ns + 0.2 * double(t2 - t1) / item.count;
-    sh.UpdateChunk(map_ns);
-    sh.map.AddCpu(ThreadCpuNs() - cpu0);
-    sh.map.AddBusy(t2 - t1);
-    sh.map.items.fetch_add(item.count, std::memory_order_relaxed);
-    track->Span(TraceTrack::Kind::kDecode, t1, t2, item.first().sample);
+    Account(item.count, first, t1, cpu0, &map_ns, track);
   }
 }
 

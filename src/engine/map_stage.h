@@ -41,6 +41,9 @@ class MapStage {
 
  private:
   void WorkerLoop(int id);
+  // After an item of `n` samples (the first: `first`) mapped from t1 (wall) / cpu0 (thread CPU):
+  // the stage's counters, the trace, and the chunk size from the smoothed time per sample.
+  void Account(int n, int64_t first, int64_t t1, int64_t cpu0, double* map_ns, TraceTrack* track);
   // Without a read stage: claim a chunk, read and map it in this thread.
   void InlineLoop(int id, SampleTransform::WorkerState* state, std::vector<uint8_t>* scratch,
                   TraceTrack* track);

@@ -8,6 +8,10 @@
 
 namespace feedline {
 
+absl::Status InvalidOption(absl::string_view option, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(option, ": ", why));
+}
+
 absl::Status ValidateOptions(const LoaderOptions& options, OptionGroup group) {
   absl::Status status;
   options.ForEachOption([&](const OptionInfo& info, const auto& value) {
@@ -35,8 +39,7 @@ absl::Status ValidateOptions(const LoaderOptions& options, OptionGroup group) {
           break;
       }
       if (!ok) {
-        status = absl::InvalidArgumentError(
-            absl::StrCat(info.name, ": ", c.message != nullptr ? c.message : why));
+        status = InvalidOption(info.name, c.message != nullptr ? c.message : why);
       }
     }
   });

@@ -159,7 +159,6 @@ bool ReadStage::Claim(int64_t* seq_out, int64_t* end_out) {
 }
 
 void ReadStage::ReadInline(ReadEntry* e) {
-  e->skipped_read = false;
   e->status = SafeRead(*core_->shared->dataset, e->sample, &e->record);
 }
 
@@ -178,13 +177,7 @@ void ReadStage::ReaderLoop(int id, std::shared_ptr<ReaderState> state) {
     ReadItem* item = queues_->Acquire(sh.io_depth.load() + 2 * sh.workers.load());
     if (item == nullptr || core_->is_cancelled()) return;
     sh.read.AddWait(NowNs() - t0);
-    item->Resize(int(end - seq));
-    for (int k = 0; k < item->count; ++k) {
-      ReadEntry& e = item->entries[size_t(k)];
-      e.seq = seq + k;
-      e.sample = core_->order[size_t(seq + k)];
-      e.attempt = 0;
-    }
+    item->Fill(*core_, seq, end);
     if (!ReadInto(item, state.get(), track)) return;  // abandoned
   }
 }
@@ -206,9 +199,7 @@ bool ReadStage::ReadInto(ReadItem* item, ReaderState* state, TraceTrack* track) 
   int64_t read = 0;  // entries read from the data set (not from a cache)
   for (int k = 0; k < item->count; ++k) {
     ReadEntry& e = item->entries[size_t(k)];
-    e.skipped_read = false;
     if (sh.transform->SkipsRead(e.sample)) {  // the transform has what it needs
-      e.skipped_read = true;
       e.record.Clear();
       e.status = absl::OkStatus();
       continue;

@@ -193,26 +193,22 @@ absl::Status ImageTransform::Apply(const Record& record, const SampleContext& ct
 }
 
 namespace image {
-namespace {
-absl::Status Invalid(absl::string_view option, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat(option, ": ", why));
-}
-}  // namespace
 
 absl::Status ValidateOptions(const LoaderOptions& o) {
   // Ranges from the options' declarations; then what one number cannot say.
   if (absl::Status s = feedline::ValidateOptions(o, OptionGroup::kImage); !s.ok()) return s;
   if (!(o.scale().first > 0 && o.scale().first <= o.scale().second && o.scale().second <= 1.0))
-    return Invalid("scale", "must satisfy 0 < min <= max <= 1");
+    return InvalidOption("scale", "must satisfy 0 < min <= max <= 1");
   if (!(o.ratio().first > 0 && o.ratio().first <= o.ratio().second))
-    return Invalid("ratio", "must satisfy 0 < min <= max");
+    return InvalidOption("ratio", "must satisfy 0 < min <= max");
   for (int c = 0; c < 3; ++c) {
-    if (!(o.stddev()[size_t(c)] > 0)) return Invalid("std", "every channel's std must be > 0");
-    if (!std::isfinite(o.mean()[size_t(c)])) return Invalid("mean", "must be finite");
+    if (!(o.stddev()[size_t(c)] > 0))
+      return InvalidOption("std", "every channel's std must be > 0");
+    if (!std::isfinite(o.mean()[size_t(c)])) return InvalidOption("mean", "must be finite");
   }
   const DType t = o.dtype();
   if (t != DType::kUint8 && t != DType::kFloat32 && t != DType::kFloat16 && t != DType::kBFloat16) {
-    return Invalid("dtype", "images are uint8, float32, float16 or bfloat16");
+    return InvalidOption("dtype", "images are uint8, float32, float16 or bfloat16");
   }
   return absl::OkStatus();
 }

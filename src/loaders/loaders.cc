@@ -17,10 +17,6 @@
 namespace feedline {
 namespace {
 
-absl::Status Invalid(absl::string_view option, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat(option, ": ", why));
-}
-
 // The synthetic source: labels as the data set has them, no I/O (the pipeline's own cost).
 class LabelsOnlyDataset final : public DatasetWrapper {
  public:
@@ -62,7 +58,7 @@ absl::Status ChooseDevice(const LoaderOptions& options, std::optional<cuda::Imag
 absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(LoaderOptions options) {
   if (absl::Status s = image::ValidateOptions(options); !s.ok()) return s;
   if (options.source().empty() && options.shards().empty()) {
-    return Invalid("source", "must not be empty");
+    return InvalidOption("source", "must not be empty");
   }
   absl::StatusOr<std::shared_ptr<FileDataset>> files =
       FileDataset::Open(options.source(), options.shards());
@@ -99,7 +95,7 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(
     std::shared_ptr<const Dataset> dataset, std::shared_ptr<const SampleTransform> transform,
     LoaderOptions options) {
   if (options.cache() == Cache::kDecoded) {
-    return Invalid("cache", "\"decoded\" is the image built-in's; use \"bytes\"");
+    return InvalidOption("cache", "\"decoded\" is the image built-in's; use \"bytes\"");
   }
   internal::EngineParts parts;
   if (absl::Status s = ChooseDevice(options, std::nullopt, &parts); !s.ok()) return s;
