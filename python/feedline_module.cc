@@ -364,13 +364,16 @@ PYBIND11_MODULE(_feedline, m) {
                        int64_t max_image_pixels, double simulated_read_latency_ms,
                        int64_t max_errors, double read_timeout_ms, const std::string& cache,
                        int64_t cache_budget, const std::string& dtype, std::array<double, 3> mean,
-                       std::array<double, 3> std, const std::string& device, bool synthetic) {
+                       std::array<double, 3> std, const std::string& device, bool synthetic,
+                       bool accept_corrupt) {
              feedline::LoaderOptions o(source);
              o.shards(shards);
              o.batch_size(batch_size).shuffle(shuffle).seed(seed).drop_last(drop_last);
-             o.transform(ParseEnum<feedline::Transform>(
-                 transform, "transform",
-                 {{"train", feedline::Transform::kTrain}, {"eval", feedline::Transform::kEval}}));
+             o.transform(
+                 ParseEnum<feedline::Transform>(transform, "transform",
+                                                {{"train", feedline::Transform::kTrain},
+                                                 {"eval", feedline::Transform::kEval},
+                                                 {"eval_fast", feedline::Transform::kEvalFast}}));
              o.size(size).resize_size(resize_size).scale(scale).ratio(ratio).flip(flip);
              o.layout(ParseEnum<feedline::Layout>(
                  layout, "layout",
@@ -393,6 +396,7 @@ PYBIND11_MODULE(_feedline, m) {
                                                  {"float16", feedline::DType::kFloat16},
                                                  {"bfloat16", feedline::DType::kBFloat16}}));
              o.mean(mean).stddev(std).device(device).synthetic(synthetic);
+             o.accept_corrupt(accept_corrupt);
              absl::StatusOr<std::unique_ptr<feedline::Loader>> loader;
              {
                py::gil_scoped_release release;
@@ -411,7 +415,7 @@ PYBIND11_MODULE(_feedline, m) {
            py::arg("cache") = "none", py::arg("cache_budget") = 0, py::arg("dtype") = "uint8",
            py::arg("mean") = std::array<double, 3>{0.485, 0.456, 0.406},
            py::arg("std") = std::array<double, 3>{0.229, 0.224, 0.225}, py::arg("device") = "cpu",
-           py::arg("synthetic") = false)
+           py::arg("synthetic") = false, py::arg("accept_corrupt") = false)
       .def("start_epoch",
            [](feedline::Loader& l) {
              std::unique_ptr<feedline::Epoch> e;

@@ -6,9 +6,12 @@
 #include <cstdio>
 #include <cstring>
 
-// jpeglib.h needs FILE and size_t declared first.
-#include <jerror.h>
+// jpeglib.h needs FILE and size_t declared first; jerror.h after it, which declares the
+// arithmetic-coding messages only when jconfig.h (via jpeglib.h) says they exist.
+// clang-format off
 #include <jpeglib.h>
+#include <jerror.h>
+// clang-format on
 #include <spng.h>
 
 #include "absl/status/status.h"
@@ -55,6 +58,7 @@ struct ImageDecoder::Jpeg {
     jpeg_error_mgr pub;
     jmp_buf jump;
     char message[JMSG_LENGTH_MAX];
+    bool accept_corrupt = false;
   };
   jpeg_decompress_struct cinfo;
   ErrorManager err;
@@ -65,11 +69,34 @@ struct ImageDecoder::Jpeg {
     (*c->err->format_message)(c, e->message);
     std::longjmp(e->jump, 1);
   }
-  // Warnings: a file that ends early is an error (PIL refuses truncated files too); the other
-  // warnings (extraneous bytes, corrupt entropy data) leave a decodable image, as in PIL.
+  // Warnings (level < 0) are libjpeg's reports of damage it worked around. Those about the
+  // entropy-coded data (a bad Huffman or arithmetic code, a marker or the end of the file
+  // inside a scan, a lost restart, an impossible progression) mean that libjpeg filled in
+  // pixels the file does not have: an error, unless `accept_corrupt` (then the image is
+  // decoded as PIL decodes it). A file that ends early fails either way, as in PIL. Junk bytes
+  // between segments (JWRN_EXTRANEOUS_DATA: common in camera files and MJPEG frames, which
+  // PIL reads), unknown JFIF/Adobe versions and a bad ICC marker leave the pixels intact.
+  static bool IsCorruptPixels(int code) {
+    switch (code) {
+#if defined(C_ARITH_CODING_SUPPORTED) || defined(D_ARITH_CODING_SUPPORTED)
+      case JWRN_ARITH_BAD_CODE:
+#endif
+      case JWRN_BOGUS_PROGRESSION:
+      case JWRN_HIT_MARKER:
+      case JWRN_HUFF_BAD_CODE:
+      case JWRN_MUST_RESYNC:
+      case JWRN_NOT_SEQUENTIAL:
+        return true;
+      default:
+        return false;
+    }
+  }
   static void EmitMessage(j_common_ptr c, int level) {
-    if (level < 0 && c->err->msg_code == JWRN_JPEG_EOF) ErrorExit(c);
-    if (level < 0) c->err->num_warnings++;
+    if (level >= 0) return;  // trace messages
+    auto* e = reinterpret_cast<ErrorManager*>(c->err);
+    const int code = c->err->msg_code;
+    if (code == JWRN_JPEG_EOF || (!e->accept_corrupt && IsCorruptPixels(code))) ErrorExit(c);
+    c->err->num_warnings++;
   }
 
   Jpeg() {
@@ -78,6 +105,15 @@ struct ImageDecoder::Jpeg {
     err.pub.emit_message = &EmitMessage;
     err.message[0] = '\0';
     jpeg_create_decompress(&cinfo);
+  }
+  // A clean decompressor for every image: libjpeg keeps Huffman and quantization tables in the
+  // object across images, so a file that defines none (an MJPEG frame relies on the standard
+  // Huffman tables) would otherwise decode with its predecessor's. Re-creating costs a few
+  // small allocations (~1 us), nothing beside a decode.
+  void Reset() {
+    jpeg_destroy_decompress(&cinfo);
+    jpeg_create_decompress(&cinfo);  // keeps cinfo.err
+    err.message[0] = '\0';
   }
   ~Jpeg() { jpeg_destroy_decompress(&cinfo); }
 };
@@ -98,6 +134,7 @@ absl::StatusOr<ImageHeader> ImageDecoder::ReadHeader(const uint8_t* data, size_t
     return h;
   }
   if (!IsJpeg(data, size)) return UnknownFormat(size);
+  jpeg_->Reset();
   jpeg_decompress_struct& cinfo = jpeg_->cinfo;
   if (setjmp(jpeg_->err.jump)) {
     jpeg_abort_decompress(&cinfo);
@@ -123,6 +160,8 @@ absl::StatusOr<DecodedRegion> ImageDecoder::Decode(const uint8_t* data, size_t s
     return absl::DataLossError("corrupt JPEG: premature end of data (no end-of-image marker)");
   }
 
+  jpeg_->Reset();
+  jpeg_->err.accept_corrupt = accept_corrupt_;
   jpeg_decompress_struct& cinfo = jpeg_->cinfo;
   if (setjmp(jpeg_->err.jump)) {
     jpeg_abort_decompress(&cinfo);
@@ -180,20 +219,24 @@ absl::StatusOr<DecodedRegion> ImageDecoder::Decode(const uint8_t* data, size_t s
     JDIMENSION at = cinfo.output_scanline - y0;
     jpeg_read_scanlines(&cinfo, jpeg_->rows.data() + at, rows - at);
   }
-  const bool adobe_inverted = cinfo.saw_Adobe_marker;
   jpeg_abort_decompress(&cinfo);  // stop after the region's last row
 
   if (cmyk) {
-    // CMYK -> RGB as PIL converts (R = (255 - C)(255 - K) / 255). Adobe writes inverted
-    // values (stored = 255 - ink), which libjpeg hands back as stored.
+    // CMYK -> RGB as PIL does it: PIL reads every 4-channel JPEG as Adobe-inverted CMYK (stored
+    // = 255 - ink, which libjpeg hands back as stored), then R = nk - nk * c / 255 with
+    // nk = 255 - k and its rounded division (x + 128 + ((x + 128) >> 8)) >> 8.
     const size_t n = size_t{cw} * rows;
     uint8_t* p = pixels_.data();
+    auto muldiv255 = [](int a, int b) {
+      const int t = a * b + 128;
+      return ((t >> 8) + t) >> 8;
+    };
     for (size_t i = 0; i < n; ++i) {
-      int c = p[4 * i], m = p[4 * i + 1], y = p[4 * i + 2], k = p[4 * i + 3];
-      if (!adobe_inverted) c = 255 - c, m = 255 - m, y = 255 - y, k = 255 - k;
-      p[3 * i] = static_cast<uint8_t>((c * k + 127) / 255);
-      p[3 * i + 1] = static_cast<uint8_t>((m * k + 127) / 255);
-      p[3 * i + 2] = static_cast<uint8_t>((y * k + 127) / 255);
+      const int nk = p[4 * i + 3];  // 255 - ink k
+      for (int ch = 0; ch < 3; ++ch) {
+        const int ink = 255 - p[4 * i + ch];
+        p[3 * i + ch] = static_cast<uint8_t>(std::clamp(nk - muldiv255(ink, nk), 0, 255));
+      }
     }
   }
   DecodedRegion out;
@@ -216,8 +259,10 @@ absl::StatusOr<DecodedRegion> ImageDecoder::DecodePng(const uint8_t* data, size_
     spng_ctx* c;
     ~Free() { spng_ctx_free(c); }
   } free_ctx{ctx};
-  // Ancillary chunks are not needed; bound their memory so a hostile file cannot balloon it.
-  spng_set_crc_action(ctx, SPNG_CRC_USE, SPNG_CRC_USE);
+  // A bad CRC is damage (PIL refuses it too): an error, unless `accept_corrupt` (then the data
+  // is used as it is and damaged ancillary chunks are dropped). Ancillary chunks are not
+  // needed; their memory is bounded so that a hostile file cannot balloon it.
+  if (accept_corrupt_) spng_set_crc_action(ctx, SPNG_CRC_USE, SPNG_CRC_DISCARD);
   spng_set_chunk_limits(ctx, 1 << 24, 1 << 26);
   int rc = spng_set_png_buffer(ctx, data, size);
   spng_ihdr ihdr;

@@ -53,6 +53,9 @@ class ImageDecoder {
  public:
   ImageDecoder();
   void set_dct_scaling(DctScaling s) { dct_scaling_ = s; }
+  // Decode despite corrupt data (libjpeg's corrupt-data warnings, PNG CRC errors) instead of
+  // failing: off by default, as in PIL. Truncated files fail either way.
+  void set_accept_corrupt(bool accept) { accept_corrupt_ = accept; }
   ~ImageDecoder();
   ImageDecoder(const ImageDecoder&) = delete;
   ImageDecoder& operator=(const ImageDecoder&) = delete;
@@ -74,6 +77,7 @@ class ImageDecoder {
   absl::StatusOr<DecodedRegion> DecodePng(const uint8_t* data, size_t size, int64_t max_pixels);
   std::unique_ptr<Jpeg> jpeg_;
   DctScaling dct_scaling_ = DctScaling::kEighths;  // measured fastest: see EpochRun
+  bool accept_corrupt_ = false;
   std::vector<uint8_t> pixels_;
 };
 

@@ -223,4 +223,47 @@ void ResizeThenCropInto(const DecodedRegion& region, const EvalGeometry& g, int 
   Store(cv::Mat(out_h, out_w, CV_8UC3, padded.data()), /*flip=*/false, layout, dst, nullptr);
 }
 
+namespace {
+// The crop window's part inside the resized image, in resized coordinates.
+struct Visible {
+  int64_t x0, y0;
+  int w, h;
+  bool inside;  // the whole window is inside: no padding
+};
+Visible VisiblePart(const EvalGeometry& g, int out_w, int out_h) {
+  const int64_t ix0 = std::max<int64_t>(g.crop_left, 0), iy0 = std::max<int64_t>(g.crop_top, 0);
+  const int64_t ix1 = std::min<int64_t>(g.crop_left + out_w, g.resized_w);
+  const int64_t iy1 = std::min<int64_t>(g.crop_top + out_h, g.resized_h);
+  Visible v{ix0, iy0, int(std::max<int64_t>(ix1 - ix0, 0)), int(std::max<int64_t>(iy1 - iy0, 0)),
+            false};
+  v.inside = v.w == out_w && v.h == out_h;
+  return v;
+}
+}  // namespace
+
+int EvalRowsNeeded(const EvalGeometry& g, int height, int out_h) {
+  const Visible v = VisiblePart(g, out_h, out_h);  // rows only depend on the height
+  return PilRowsNeeded(height, g.resized_h, v.y0, v.h);
+}
+
+void PilResizeThenCropInto(const DecodedRegion& region, const EvalGeometry& g, int width,
+                           int height, int out_w, int out_h, Layout layout, uint8_t* dst,
+                           ResampleScratch* scratch) {
+  DisableOpenCvThreads();
+  const Visible v = VisiblePart(g, out_w, out_h);
+  const bool direct = v.inside && layout == Layout::kNHWC;
+  std::vector<uint8_t>& window = scratch->a;
+  if (!direct) window.assign(size_t(out_w) * out_h * 3, 0);  // zero padding around the part
+  uint8_t* out = direct ? dst : window.data();
+  const size_t out_stride = size_t(out_w) * 3;
+  if (v.w > 0 && v.h > 0) {
+    uint8_t* at = out + size_t(v.y0 - g.crop_top) * out_stride + size_t(v.x0 - g.crop_left) * 3;
+    PilResizeWindow(region.pixels, width, height, region.stride, g.resized_w, g.resized_h, v.x0,
+                    v.y0, v.w, v.h, at, out_stride, &scratch->pil);
+  }
+  if (!direct) {
+    Store(cv::Mat(out_h, out_w, CV_8UC3, window.data()), /*flip=*/false, layout, dst, &scratch->b);
+  }
+}
+
 }  // namespace feedline

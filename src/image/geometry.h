@@ -1,8 +1,10 @@
 // Geometry of torchvision's transforms, and resampling into a batch slot.
 //
-// `RandomResizedCropBox` reproduces torchvision's `RandomResizedCrop.get_params` (10 attempts,
-// then the centre-crop fallback) with feedline's counter-based generator. `EvalGeometry`
-// reproduces `Resize(resize_size)` (shorter side) + `CenterCrop(size)`.
+// `PilResizeThenCropInto` is the exact eval path (Pillow's filter, bit for bit); the rest
+// resample approximately for speed (train, `eval_fast`, the decoded cache). `RandomResizedCropBox`
+// reproduces torchvision's `RandomResizedCrop.get_params` (10 attempts, then the centre-crop
+// fallback) with feedline's counter-based generator. `EvalGeometry` reproduces
+// `Resize(resize_size)` (shorter side) + `CenterCrop(size)`.
 //
 // Resampling uses OpenCV's imgproc: area averaging when shrinking (antialiased, as PIL's
 // bilinear filter is in torchvision), bilinear when enlarging, one axis at a time when the two
@@ -17,6 +19,7 @@
 #include "feedline/options.h"
 #include "feedline/random.h"
 #include "image/decoder.h"
+#include "image/pil_resample.h"
 
 namespace feedline {
 
@@ -39,6 +42,7 @@ EvalGeometry ComputeEvalGeometry(int width, int height, int resize_size, int siz
 // Per-thread scratch for resampling, reused across samples.
 struct ResampleScratch {
   std::vector<uint8_t> a, b;
+  PilScratch pil;
 };
 
 // Resamples the original-image rectangle `src` (as covered by `region`) to out_w x out_h and
@@ -59,6 +63,17 @@ void ResizeWhole(const DecodedRegion& region, int w, int h, std::vector<uint8_t>
 void ResizeThenCropInto(const DecodedRegion& region, const EvalGeometry& g, int width, int height,
                         int out_w, int out_h, Layout layout, uint8_t* dst,
                         ResampleScratch* scratch);
+
+// Resize + CenterCrop bit for bit as torchvision on a PIL image (Pillow's antialiased
+// bilinear filter, pil_resample.h): `region` is a full-resolution decode of the width x height
+// image (all columns, rows from the top, at least EvalRowsNeeded of them). Only the crop
+// window is computed; the part of it outside the resized image is zero padding.
+void PilResizeThenCropInto(const DecodedRegion& region, const EvalGeometry& g, int width,
+                           int height, int out_w, int out_h, Layout layout, uint8_t* dst,
+                           ResampleScratch* scratch);
+
+// Source rows (from the top) that PilResizeThenCropInto reads: decoding can stop there.
+int EvalRowsNeeded(const EvalGeometry& g, int height, int out_h);
 
 }  // namespace feedline
 

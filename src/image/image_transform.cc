@@ -35,6 +35,7 @@ ImageTransformConfig ImageTransformConfig::From(const LoaderOptions& o, bool for
   c.dtype = for_device ? DType::kUint8 : o.dtype();
   c.norm = Normalization::From(o.mean(), o.stddev());
   c.max_image_pixels = o.max_image_pixels();
+  c.accept_corrupt = o.accept_corrupt();
   c.synthetic = o.synthetic();
   return c;
 }
@@ -116,6 +117,7 @@ absl::Status ImageTransform::Apply(const Record& record, const SampleContext& ct
   }
   auto* state = static_cast<State*>(worker_state);
   if (state == nullptr) return absl::InternalError("image transform without worker state");
+  state->decoder.set_accept_corrupt(config_.accept_corrupt);
   const std::vector<uint8_t>& bytes = record.bytes;
   const int64_t index = ctx.index();
   std::shared_ptr<const SampleCache::Entry> cached;
@@ -177,13 +179,30 @@ absl::Status ImageTransform::Apply(const Record& record, const SampleContext& ct
     const EvalGeometry g =
         ComputeEvalGeometry(header->width, header->height, config_.resize_size, size);
     const Rect whole{0, 0, double(header->width), double(header->height)};
-    // Decode at the smallest DCT scale that keeps the resized size (at most the image's own).
-    absl::StatusOr<DecodedRegion> region =
-        decode(whole, int(std::min<int64_t>(g.resized_w, header->width)),
-               int(std::min<int64_t>(g.resized_h, header->height)));
-    if (!region.ok()) return region.status();
-    ResizeThenCropInto(*region, g, header->width, header->height, size, size, config_.layout, image,
-                       &state->scratch);
+    if (config_.kind == Transform::kEval && cached == nullptr) {
+      // torchvision's pixels: a full-resolution decode (as PIL's), down to the last row the
+      // window reads, then Pillow's filter for the window only.
+      const int rows = std::max(1, EvalRowsNeeded(g, header->height, size));
+      absl::StatusOr<DecodedRegion> region =
+          state->decoder.Decode(bytes.data(), bytes.size(), Rect{0, 0, whole.w, double(rows)},
+                                header->width, rows, config_.max_image_pixels,
+                                /*allow_dct_scaling=*/false);
+      if (!region.ok()) return region.status();
+      if (region->width != header->width || region->height < rows) {
+        return absl::InternalError("eval: the decoder returned fewer pixels than asked for");
+      }
+      PilResizeThenCropInto(*region, g, header->width, header->height, size, size, config_.layout,
+                            image, &state->scratch);
+    } else {
+      // eval_fast (or the decoded cache): the smallest DCT scale that keeps the resized size
+      // (at most the image's own), then an approximate filter.
+      absl::StatusOr<DecodedRegion> region =
+          decode(whole, int(std::min<int64_t>(g.resized_w, header->width)),
+                 int(std::min<int64_t>(g.resized_h, header->height)));
+      if (!region.ok()) return region.status();
+      ResizeThenCropInto(*region, g, header->width, header->height, size, size, config_.layout,
+                         image, &state->scratch);
+    }
   }
   if (image != dst) {
     ConvertSample(image, 3 * int64_t{size} * size, config_.layout, config_.dtype, config_.norm,

@@ -35,6 +35,7 @@ struct ImageTransformConfig {
   DType dtype = DType::kUint8;    // idem (normalised when a float type)
   Normalization norm{};
   int64_t max_image_pixels = 178956970;
+  bool accept_corrupt = false;
   bool synthetic = false;  // benchmarks: fill each sample with a constant from its index
 
   // The image built-in's options, for a host (CPU) slot or, when `for_device`, for a GPU that
