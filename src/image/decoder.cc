@@ -21,14 +21,6 @@ namespace feedline {
 
 namespace {
 
-bool IsJpeg(const uint8_t* d, size_t n) {
-  return n >= 3 && d[0] == 0xFF && d[1] == 0xD8 && d[2] == 0xFF;
-}
-bool IsPng(const uint8_t* d, size_t n) {
-  static const uint8_t kSig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
-  return n >= 8 && std::memcmp(d, kSig, 8) == 0;
-}
-
 bool HasEndOfImage(const uint8_t* d, size_t n) {
   for (size_t i = n; i >= 2; --i) {  // almost always found in the last two bytes
     if (d[i - 1] == 0xD9 && d[i - 2] == 0xFF) return true;
@@ -39,7 +31,8 @@ bool HasEndOfImage(const uint8_t* d, size_t n) {
 absl::Status UnknownFormat(size_t n) {
   if (n == 0) return absl::DataLossError("empty file");
   return absl::InvalidArgumentError(
-      "not a JPEG or PNG image (unrecognised content; other formats are not supported)");
+      "not an image in a supported format (JPEG, PNG, WebP, GIF, TIFF, BMP, PPM/PGM/PBM): "
+      "unrecognised content");
 }
 
 absl::Status TooLarge(int64_t w, int64_t h, int64_t max_pixels) {
@@ -122,7 +115,18 @@ ImageDecoder::ImageDecoder() : jpeg_(std::make_unique<Jpeg>()) {}
 ImageDecoder::~ImageDecoder() = default;
 
 absl::StatusOr<ImageHeader> ImageDecoder::ReadHeader(const uint8_t* data, size_t size) {
-  if (IsPng(data, size)) {
+  ImageFormat format;
+  if (!SniffFormat(data, size, &format)) return UnknownFormat(size);
+  if (format != ImageFormat::kJpeg && format != ImageFormat::kPng) {
+    absl::StatusOr<ImageSize> s = ReadOtherHeader(format, data, size);
+    if (!s.ok()) return s.status();
+    if (s->width <= 0 || s->height <= 0) {
+      return absl::DataLossError(
+          absl::StrCat("corrupt ", FormatName(format), ": invalid dimensions"));
+    }
+    return ImageHeader{format, s->width, s->height};
+  }
+  if (format == ImageFormat::kPng) {
     if (size < 24) return absl::DataLossError("PNG header truncated");
     auto be32 = [&](size_t o) {
       return (uint32_t{data[o]} << 24) | (uint32_t{data[o + 1]} << 16) |
@@ -133,7 +137,6 @@ absl::StatusOr<ImageHeader> ImageDecoder::ReadHeader(const uint8_t* data, size_t
     if (h.width <= 0 || h.height <= 0) return absl::DataLossError("PNG: invalid dimensions");
     return h;
   }
-  if (!IsJpeg(data, size)) return UnknownFormat(size);
   jpeg_->Reset();
   jpeg_decompress_struct& cinfo = jpeg_->cinfo;
   if (setjmp(jpeg_->err.jump)) {
@@ -151,8 +154,10 @@ absl::StatusOr<ImageHeader> ImageDecoder::ReadHeader(const uint8_t* data, size_t
 absl::StatusOr<DecodedRegion> ImageDecoder::Decode(const uint8_t* data, size_t size,
                                                    const Rect& roi, int min_w, int min_h,
                                                    int64_t max_pixels, bool allow_dct_scaling) {
-  if (IsPng(data, size)) return DecodePng(data, size, max_pixels);
-  if (!IsJpeg(data, size)) return UnknownFormat(size);
+  ImageFormat format;
+  if (!SniffFormat(data, size, &format)) return UnknownFormat(size);
+  if (format == ImageFormat::kPng) return DecodePng(data, size, max_pixels);
+  if (format != ImageFormat::kJpeg) return DecodeWhole(format, data, size, max_pixels);
   // Decoding stops after the region's last row, so a truncated file could decode without error
   // when the region misses the lost part: refuse it whatever the region (PIL does too). Entropy
   // data cannot hold FF D9, so a file without it anywhere lost its end.
@@ -248,6 +253,18 @@ absl::StatusOr<DecodedRegion> ImageDecoder::Decode(const uint8_t* data, size_t s
   out.scale_y = sy;
   out.origin_x = xoff;
   out.origin_y = y0;
+  return out;
+}
+
+absl::StatusOr<DecodedRegion> ImageDecoder::DecodeWhole(ImageFormat format, const uint8_t* data,
+                                                        size_t size, int64_t max_pixels) {
+  absl::StatusOr<ImageSize> s = DecodeOther(format, data, size, max_pixels, &pixels_);
+  if (!s.ok()) return s.status();
+  DecodedRegion out;
+  out.pixels = pixels_.data();
+  out.width = s->width;
+  out.height = s->height;
+  out.stride = size_t(s->width) * 3;
   return out;
 }
 

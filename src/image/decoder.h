@@ -1,5 +1,5 @@
-// Image decoding for the decoder workers: JPEG (libjpeg-turbo) and PNG (libspng), detected by
-// content, not by file name.
+// Image decoding for the decoder workers: JPEG (libjpeg-turbo), PNG (libspng), and WebP, GIF,
+// TIFF, BMP and PPM (formats.h), detected by content, not by file name.
 //
 // JPEGs are decoded only as far as the caller needs: the region of interest
 // (`jpeg_crop_scanline` for columns, `jpeg_skip_scanlines` for rows above it, stopping after
@@ -17,10 +17,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "image/formats.h"
 
 namespace feedline {
-
-enum class ImageFormat { kJpeg, kPng };
 
 struct ImageHeader {
   ImageFormat format = ImageFormat::kJpeg;
@@ -60,8 +59,8 @@ class ImageDecoder {
   ImageDecoder(const ImageDecoder&) = delete;
   ImageDecoder& operator=(const ImageDecoder&) = delete;
 
-  // Format and dimensions, read from the header only. kInvalidArgument for data that is
-  // neither JPEG nor PNG; kDataLoss for a damaged header.
+  // Format and dimensions, read from the header only. kInvalidArgument for data in none of the
+  // formats above; kDataLoss for a damaged header.
   absl::StatusOr<ImageHeader> ReadHeader(const uint8_t* data, size_t size);
 
   // Decodes `roi` (clamped to the image) so that it spans at least `min_w` x `min_h` decoded
@@ -75,6 +74,8 @@ class ImageDecoder {
  private:
   struct Jpeg;
   absl::StatusOr<DecodedRegion> DecodePng(const uint8_t* data, size_t size, int64_t max_pixels);
+  absl::StatusOr<DecodedRegion> DecodeWhole(ImageFormat format, const uint8_t* data, size_t size,
+                                            int64_t max_pixels);
   std::unique_ptr<Jpeg> jpeg_;
   DctScaling dct_scaling_ = DctScaling::kEighths;  // measured fastest: see EpochRun
   bool accept_corrupt_ = false;
