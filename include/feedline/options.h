@@ -190,8 +190,8 @@ class LoaderOptions {
   // Images with more pixels are refused before any pixel memory is allocated (PIL's limit).
   FEEDLINE_ARG(kImage, int64_t, max_image_pixels, 178956970, AtLeast(1));
   // Decode images with corrupt data (JPEG entropy-data damage that libjpeg papers over, PNG
-  // chunks with a bad CRC) as PIL does, instead of failing them as DataErrors. Files that end
-  // early fail either way.
+  // chunks with a bad CRC, JPEGs that end early) as PIL does (with LOAD_TRUNCATED_IMAGES for
+  // the last), instead of failing them as DataErrors.
   FEEDLINE_ARG(kImage, bool, accept_corrupt, false, NoCheck());
 
   // --- Benchmarking -------------------------------------------------------------------------

@@ -116,7 +116,7 @@ class ImageLoader:
     source: an ImageFolder directory (one sub-folder per class, torchvision's order), a list
         file of "path label" lines (paths relative to the list file's folder), or WebDataset
         tar shards: a brace pattern "d/train-{000000..000099}.tar" or a list of paths
-        (samples = key.jpg/.jpeg/.png + key.cls with the label).
+        (samples = key.jpg/.png/.webp/... + key.cls with the label).
     transform: "train" = RandomResizedCrop(size, scale, ratio) + horizontal flip;
         "eval" = Resize(resize_size) + CenterCrop(size), the same pixels as torchvision on
         PIL (full decode, Pillow's antialiased bilinear filter); "eval_fast" = the same
@@ -139,8 +139,9 @@ class ImageLoader:
     read_timeout: seconds after which a read fails (hung storage cannot hang training).
     return_index: also yield the data set indices of the batch's samples.
     simulated_read_latency_ms: adds latency to every read (benchmarks: remote storage).
-    accept_corrupt: decode images with corrupt data (JPEG entropy-data damage, PNG CRC errors)
-        as PIL does instead of raising DataError; truncated files fail either way.
+    accept_corrupt: decode images with corrupt data (JPEG entropy-data damage, PNG CRC errors,
+        JPEGs that end early) as PIL does (LOAD_TRUNCATED_IMAGES for the last) instead of
+        raising DataError.
 
     Each iteration over the loader is one epoch; a new iteration cancels an unfinished one.
     """

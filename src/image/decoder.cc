@@ -47,6 +47,9 @@ absl::Status TooLarge(int64_t w, int64_t h, int64_t max_pixels) {
 // the decode call, which turns the message into a status. Only C objects and members live
 // across the setjmp, so no destructor is skipped.
 struct ImageDecoder::Jpeg {
+  // Left-over bytes in a scan up to this many are padding: MJPEG frames in the real-world set
+  // have 1-17 before their restart markers; damaged scans measured 52 and more.
+  static constexpr int kScanPaddingBytes = 32;
   struct ErrorManager {
     jpeg_error_mgr pub;
     jmp_buf jump;
@@ -56,6 +59,7 @@ struct ImageDecoder::Jpeg {
   jpeg_decompress_struct cinfo;
   ErrorManager err;
   std::vector<JSAMPROW> rows;
+  std::vector<JSAMPLE> last_row;  // read_to_end: the last row, read and dropped
 
   static void ErrorExit(j_common_ptr c) {
     auto* e = reinterpret_cast<ErrorManager*>(c->err);
@@ -66,10 +70,20 @@ struct ImageDecoder::Jpeg {
   // entropy-coded data (a bad Huffman or arithmetic code, a marker or the end of the file
   // inside a scan, a lost restart, an impossible progression) mean that libjpeg filled in
   // pixels the file does not have: an error, unless `accept_corrupt` (then the image is
-  // decoded as PIL decodes it). A file that ends early fails either way, as in PIL. Junk bytes
-  // between segments (JWRN_EXTRANEOUS_DATA: common in camera files and MJPEG frames, which
-  // PIL reads), unknown JFIF/Adobe versions and a bad ICC marker leave the pixels intact.
-  static bool IsCorruptPixels(int code) {
+  // decoded as PIL decodes it). So is a file that ends early (PIL refuses it too, unless told
+  // to LOAD_TRUNCATED_IMAGES, which `accept_corrupt` also is). Junk bytes
+  // between segments (JWRN_EXTRANEOUS_DATA before a non-scan marker: common in camera files,
+  // which PIL reads), unknown JFIF/Adobe versions and a bad ICC marker leave the pixels intact.
+  static bool IsCorruptPixels(j_common_ptr c) {
+    const int code = c->err->msg_code;
+    if (code == JWRN_EXTRANEOUS_DATA) {
+      // Bytes left over in a scan (before a restart marker or the end of the image): a few are
+      // encoder padding; more mean the Huffman decoder finished early on damaged data. Junk before
+      // other markers lies between segments and leaves the pixels alone.
+      const int count = c->err->msg_parm.i[0], marker = c->err->msg_parm.i[1];
+      const bool in_scan = (marker >= 0xD0 && marker <= 0xD7) || marker == 0xD9;
+      return in_scan && count > kScanPaddingBytes;
+    }
     switch (code) {
 #if defined(C_ARITH_CODING_SUPPORTED) || defined(D_ARITH_CODING_SUPPORTED)
       case JWRN_ARITH_BAD_CODE:
@@ -87,8 +101,9 @@ struct ImageDecoder::Jpeg {
   static void EmitMessage(j_common_ptr c, int level) {
     if (level >= 0) return;  // trace messages
     auto* e = reinterpret_cast<ErrorManager*>(c->err);
-    const int code = c->err->msg_code;
-    if (code == JWRN_JPEG_EOF || (!e->accept_corrupt && IsCorruptPixels(code))) ErrorExit(c);
+    if (!e->accept_corrupt && (c->err->msg_code == JWRN_JPEG_EOF || IsCorruptPixels(c))) {
+      ErrorExit(c);
+    }
     c->err->num_warnings++;
   }
 
@@ -153,7 +168,8 @@ absl::StatusOr<ImageHeader> ImageDecoder::ReadHeader(const uint8_t* data, size_t
 
 absl::StatusOr<DecodedRegion> ImageDecoder::Decode(const uint8_t* data, size_t size,
                                                    const Rect& roi, int min_w, int min_h,
-                                                   int64_t max_pixels, bool allow_dct_scaling) {
+                                                   int64_t max_pixels, bool allow_dct_scaling,
+                                                   bool read_to_end) {
   ImageFormat format;
   if (!SniffFormat(data, size, &format)) return UnknownFormat(size);
   if (format == ImageFormat::kPng) return DecodePng(data, size, max_pixels);
@@ -161,7 +177,7 @@ absl::StatusOr<DecodedRegion> ImageDecoder::Decode(const uint8_t* data, size_t s
   // Decoding stops after the region's last row, so a truncated file could decode without error
   // when the region misses the lost part: refuse it whatever the region (PIL does too). Entropy
   // data cannot hold FF D9, so a file without it anywhere lost its end.
-  if (!HasEndOfImage(data, size)) {
+  if (!accept_corrupt_ && !HasEndOfImage(data, size)) {
     return absl::DataLossError("corrupt JPEG: premature end of data (no end-of-image marker)");
   }
 
@@ -224,7 +240,23 @@ absl::StatusOr<DecodedRegion> ImageDecoder::Decode(const uint8_t* data, size_t s
     JDIMENSION at = cinfo.output_scanline - y0;
     jpeg_read_scanlines(&cinfo, jpeg_->rows.data() + at, rows - at);
   }
-  jpeg_abort_decompress(&cinfo);  // stop after the region's last row
+  if (read_to_end) {
+    // Entropy-decode the rest (no IDCT, no colour conversion) and read up to the end marker:
+    // damage there raises the same warnings as in a full decode.
+    // libjpeg-turbo skips a range that reaches the last row without decoding it at all, so
+    // skip to the row before, then read that last row.
+    if (cinfo.output_scanline + 1 < cinfo.output_height) {
+      jpeg_skip_scanlines(&cinfo, cinfo.output_height - 1 - cinfo.output_scanline);
+    }
+    if (cinfo.output_scanline < cinfo.output_height) {
+      jpeg_->last_row.resize(size_t{cinfo.output_width} * size_t(cinfo.output_components));
+      JSAMPROW row = jpeg_->last_row.data();
+      while (cinfo.output_scanline < cinfo.output_height) jpeg_read_scanlines(&cinfo, &row, 1);
+    }
+    jpeg_finish_decompress(&cinfo);
+  } else {
+    jpeg_abort_decompress(&cinfo);  // stop after the region's last row
+  }
 
   if (cmyk) {
     // CMYK -> RGB as PIL does it: PIL reads every 4-channel JPEG as Adobe-inverted CMYK (stored

@@ -52,8 +52,9 @@ class ImageDecoder {
  public:
   ImageDecoder();
   void set_dct_scaling(DctScaling s) { dct_scaling_ = s; }
-  // Decode despite corrupt data (libjpeg's corrupt-data warnings, PNG CRC errors) instead of
-  // failing: off by default, as in PIL. Truncated files fail either way.
+  // Decode despite corrupt data (libjpeg's corrupt-data warnings, PNG CRC errors) and JPEGs that
+  // end early (the rest grey, as PIL's LOAD_TRUNCATED_IMAGES) instead of failing: off by
+  // default.
   void set_accept_corrupt(bool accept) { accept_corrupt_ = accept; }
   ~ImageDecoder();
   ImageDecoder(const ImageDecoder&) = delete;
@@ -67,9 +68,12 @@ class ImageDecoder {
   // pixels where the full resolution allows. Images above `max_pixels` are refused
   // (kResourceExhausted) before any pixel memory is allocated. `allow_dct_scaling` = false
   // decodes at full resolution (the reference path in tests and the benchmark).
-  absl::StatusOr<DecodedRegion> Decode(const uint8_t* data, size_t size, const Rect& roi, int min_w,
-                                       int min_h, int64_t max_pixels,
-                                       bool allow_dct_scaling = true);
+  absl::StatusOr<DecodedRegion> Decode(
+      const uint8_t* data, size_t size, const Rect& roi, int min_w, int min_h, int64_t max_pixels,
+      // `read_to_end` also reads the entropy-coded data past the region to the end-of-image marker
+      // (without reconstructing pixels), so that damage anywhere in the file is reported as it
+      // would be by a full decode (PIL's); otherwise decoding stops after the region's last row.
+      bool allow_dct_scaling = true, bool read_to_end = false);
 
  private:
   struct Jpeg;

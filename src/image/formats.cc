@@ -279,6 +279,34 @@ absl::StatusOr<ImageSize> DecodeTiff(const uint8_t* data, size_t size, int64_t m
   TIFFGetField(h.tif, TIFFTAG_IMAGEWIDTH, &w);
   TIFFGetField(h.tif, TIFFTAG_IMAGELENGTH, &hh);
   if (absl::Status c = CheckSize(ImageFormat::kTiff, w, hh, max_pixels); !c.ok()) return c;
+  // 8-bit RGB or grey in strips, with or without alpha: the samples as they are (libtiff's
+  // RGBA interface would premultiply them by an unassociated alpha, which PIL does not).
+  uint16_t bps = 0, spp = 0, photometric = 0, planar = PLANARCONFIG_CONTIG;
+  TIFFGetFieldDefaulted(h.tif, TIFFTAG_BITSPERSAMPLE, &bps);
+  TIFFGetFieldDefaulted(h.tif, TIFFTAG_SAMPLESPERPIXEL, &spp);
+  TIFFGetFieldDefaulted(h.tif, TIFFTAG_PLANARCONFIG, &planar);
+  const bool has_photometric = TIFFGetField(h.tif, TIFFTAG_PHOTOMETRIC, &photometric) == 1;
+  const bool rgb_like = has_photometric && photometric == PHOTOMETRIC_RGB && spp >= 3;
+  const bool grey_like = has_photometric && photometric == PHOTOMETRIC_MINISBLACK && spp >= 1;
+  if (bps == 8 && planar == PLANARCONFIG_CONTIG && !TIFFIsTiled(h.tif) && (rgb_like || grey_like)) {
+    const tmsize_t line = TIFFScanlineSize(h.tif);
+    if (line < tmsize_t(w) * spp) return Corrupt(ImageFormat::kTiff, "scanline size");
+    std::vector<uint8_t> row(static_cast<size_t>(line));
+    rgb->resize(size_t(w) * size_t(hh) * 3);
+    for (uint32_t y = 0; y < hh; ++y) {
+      if (TIFFReadScanline(h.tif, row.data(), y, 0) < 0) {
+        return Corrupt(ImageFormat::kTiff, in.error.empty() ? "pixel data" : in.error);
+      }
+      uint8_t* out = rgb->data() + size_t(y) * w * 3;
+      for (uint32_t x = 0; x < w; ++x) {
+        const uint8_t* px = row.data() + size_t(x) * spp;
+        out[3 * x] = px[0];
+        out[3 * x + 1] = rgb_like ? px[1] : px[0];
+        out[3 * x + 2] = rgb_like ? px[2] : px[0];
+      }
+    }
+    return ImageSize{int(w), int(hh)};
+  }
   char why[1024] = "";
   if (!TIFFRGBAImageOK(h.tif, why)) return Unsupported(ImageFormat::kTiff, why);
   std::vector<uint32_t> raster(size_t(w) * size_t(hh));
@@ -410,6 +438,7 @@ absl::StatusOr<ImageSize> DecodeBmp(const uint8_t* d, size_t n, int64_t max_pixe
     std::vector<uint8_t> idx(w * h, 0);
     const bool rle4 = b.compression == 2;
     size_t x = 0, y = 0, at = 0;
+    bool ended = false;  // the end-of-bitmap code, or every row written
     auto set = [&](uint8_t v) {
       if (x < w && y < h) idx[y * w + x] = v;
       ++x;
@@ -422,6 +451,7 @@ absl::StatusOr<ImageSize> DecodeBmp(const uint8_t* d, size_t n, int64_t max_pixe
       } else if (value == 0) {  // end of line
         x = 0, ++y;
       } else if (value == 1) {  // end of bitmap
+        ended = true;
         break;
       } else if (value == 2) {  // delta
         if (at + 1 >= avail) break;
@@ -437,6 +467,9 @@ absl::StatusOr<ImageSize> DecodeBmp(const uint8_t* d, size_t n, int64_t max_pixe
         at += bytes + (bytes & 1);
       }
     }
+    // Data that stops before the end-of-bitmap code and before the last row lost its end (PIL
+    // refuses it too: "not enough image data").
+    if (!ended && y < h) return Corrupt(f, "RLE data truncated (no end-of-bitmap code)");
     for (size_t r = 0; r < h; ++r) {
       uint8_t* o = out_row(r);
       for (size_t c = 0; c < w; ++c) std::memcpy(o + 3 * c, palette[idx[r * w + c]], 3);

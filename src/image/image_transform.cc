@@ -180,13 +180,14 @@ absl::Status ImageTransform::Apply(const Record& record, const SampleContext& ct
         ComputeEvalGeometry(header->width, header->height, config_.resize_size, size);
     const Rect whole{0, 0, double(header->width), double(header->height)};
     if (config_.kind == Transform::kEval && cached == nullptr) {
-      // torchvision's pixels: a full-resolution decode (as PIL's), down to the last row the
-      // window reads, then Pillow's filter for the window only.
+      // torchvision's pixels: a full-resolution decode (as PIL's) of the rows the window reads,
+      // the rest of the file read for damage (as PIL would), then Pillow's filter for the
+      // window only.
       const int rows = std::max(1, EvalRowsNeeded(g, header->height, size));
       absl::StatusOr<DecodedRegion> region =
           state->decoder.Decode(bytes.data(), bytes.size(), Rect{0, 0, whole.w, double(rows)},
                                 header->width, rows, config_.max_image_pixels,
-                                /*allow_dct_scaling=*/false);
+                                /*allow_dct_scaling=*/false, /*read_to_end=*/true);
       if (!region.ok()) return region.status();
       if (region->width != header->width || region->height < rows) {
         return absl::InternalError("eval: the decoder returned fewer pixels than asked for");

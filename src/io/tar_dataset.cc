@@ -237,7 +237,15 @@ absl::Status PreadAll(int fd, int64_t offset, int64_t size, std::vector<uint8_t>
   return absl::OkStatus();
 }
 
-bool IsImageExt(const std::string& ext) { return ext == "jpg" || ext == "jpeg" || ext == "png"; }
+// The member extensions that hold a sample's image (the decoder tells the format by content).
+bool IsImageExt(const std::string& ext) {
+  static const char* const kImage[] = {"jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm",
+                                       "pbm", "pnm",  "tif", "tiff", "gif"};
+  for (const char* e : kImage) {
+    if (ext == e) return true;
+  }
+  return false;
+}
 
 }  // namespace
 
