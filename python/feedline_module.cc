@@ -365,7 +365,7 @@ PYBIND11_MODULE(_feedline, m) {
                        int64_t max_errors, double read_timeout_ms, const std::string& cache,
                        int64_t cache_budget, const std::string& dtype, std::array<double, 3> mean,
                        std::array<double, 3> std, const std::string& device, bool synthetic,
-                       bool accept_corrupt) {
+                       bool accept_corrupt, bool exif_transpose) {
              feedline::LoaderOptions o(source);
              o.shards(shards);
              o.batch_size(batch_size).shuffle(shuffle).seed(seed).drop_last(drop_last);
@@ -396,7 +396,7 @@ PYBIND11_MODULE(_feedline, m) {
                                                  {"float16", feedline::DType::kFloat16},
                                                  {"bfloat16", feedline::DType::kBFloat16}}));
              o.mean(mean).stddev(std).device(device).synthetic(synthetic);
-             o.accept_corrupt(accept_corrupt);
+             o.accept_corrupt(accept_corrupt).exif_transpose(exif_transpose);
              absl::StatusOr<std::unique_ptr<feedline::Loader>> loader;
              {
                py::gil_scoped_release release;
@@ -415,7 +415,8 @@ PYBIND11_MODULE(_feedline, m) {
            py::arg("cache") = "none", py::arg("cache_budget") = 0, py::arg("dtype") = "uint8",
            py::arg("mean") = std::array<double, 3>{0.485, 0.456, 0.406},
            py::arg("std") = std::array<double, 3>{0.229, 0.224, 0.225}, py::arg("device") = "cpu",
-           py::arg("synthetic") = false, py::arg("accept_corrupt") = false)
+           py::arg("synthetic") = false, py::arg("accept_corrupt") = false,
+           py::arg("exif_transpose") = false)
       .def("start_epoch",
            [](feedline::Loader& l) {
              std::unique_ptr<feedline::Epoch> e;

@@ -193,6 +193,9 @@ class LoaderOptions {
   // chunks with a bad CRC, JPEGs that end early) as PIL does (with LOAD_TRUNCATED_IMAGES for
   // the last), instead of failing them as DataErrors.
   FEEDLINE_ARG(kImage, bool, accept_corrupt, false, NoCheck());
+  // Turn each image upright by its EXIF orientation (JPEG, PNG eXIf, WebP) before the
+  // transform, as PIL's ImageOps.exif_transpose; off by default, as in torchvision.
+  FEEDLINE_ARG(kImage, bool, exif_transpose, false, NoCheck());
 
   // --- Benchmarking -------------------------------------------------------------------------
   // Adds this many milliseconds to every read, simulating remote storage (network file systems,

@@ -142,6 +142,8 @@ class ImageLoader:
     accept_corrupt: decode images with corrupt data (JPEG entropy-data damage, PNG CRC errors,
         JPEGs that end early) as PIL does (LOAD_TRUNCATED_IMAGES for the last) instead of
         raising DataError.
+    exif_transpose: turn images upright by their EXIF orientation first (JPEG, PNG, WebP), as
+        PIL's ImageOps.exif_transpose; off by default, as in torchvision.
 
     Each iteration over the loader is one epoch; a new iteration cancels an unfinished one.
     """
@@ -153,7 +155,8 @@ class ImageLoader:
                  workers="auto", prefetch="auto", io_depth="auto", memory_budget="auto",
                  on_error="raise", rank=None, world_size=None, cache=None, cache_budget=None,
                  return_index=False, max_image_pixels=178956970, max_errors=None,
-                 read_timeout=60.0, simulated_read_latency_ms=0.0, accept_corrupt=False):
+                 read_timeout=60.0, simulated_read_latency_ms=0.0, accept_corrupt=False,
+                 exif_transpose=False):
         shards = []
         if isinstance(source, (list, tuple)):
             if not source:
@@ -180,6 +183,7 @@ class ImageLoader:
         _check_type("drop_last", drop_last, bool, "a bool")
         _check_type("transform", transform, str, "'train', 'eval' or 'eval_fast'")
         _check_type("accept_corrupt", accept_corrupt, bool, "a bool")
+        _check_type("exif_transpose", exif_transpose, bool, "a bool")
         _check_type("size", size, int, "an int")
         _check_type("resize_size", resize_size, int, "an int")
         _check_type("flip", flip, bool, "a bool")
@@ -227,6 +231,7 @@ class ImageLoader:
             read_timeout_ms=1000.0 * _timeout(read_timeout),
             cache=cache or "none",
             dtype=dtype, mean=mean, std=std, device=device, accept_corrupt=accept_corrupt,
+            exif_transpose=exif_transpose,
             cache_budget=0 if cache_budget is None else _parse_bytes("cache_budget", cache_budget),
             simulated_read_latency_ms=float(_check_type(
                 "simulated_read_latency_ms", simulated_read_latency_ms, (int, float), "a number")))

@@ -8,6 +8,7 @@
 #include "feedline/image.h"
 #include "feedline/random.h"
 #include "image/decoder.h"
+#include "image/exif.h"
 #include "image/geometry.h"
 
 namespace feedline {
@@ -36,6 +37,7 @@ ImageTransformConfig ImageTransformConfig::From(const LoaderOptions& o, bool for
   c.norm = Normalization::From(o.mean(), o.stddev());
   c.max_image_pixels = o.max_image_pixels();
   c.accept_corrupt = o.accept_corrupt();
+  c.exif_transpose = o.exif_transpose();
   c.synthetic = o.synthetic();
   return c;
 }
@@ -43,7 +45,8 @@ ImageTransformConfig ImageTransformConfig::From(const LoaderOptions& o, bool for
 struct ImageTransform::State : SampleTransform::WorkerState {
   ImageDecoder decoder;
   ResampleScratch scratch;
-  std::vector<uint8_t> u8;  // one uint8 sample, before conversion to a float dtype
+  std::vector<uint8_t> u8;       // one uint8 sample, before conversion to a float dtype
+  std::vector<uint8_t> upright;  // exif_transpose: the decoded image turned upright
 };
 
 ImageTransform::ImageTransform(ImageTransformConfig config)
@@ -71,7 +74,10 @@ absl::StatusOr<std::shared_ptr<const SampleCache::Entry>> ImageTransform::Decode
   const std::vector<uint8_t>& bytes = record.bytes;
   absl::StatusOr<ImageHeader> header = state->decoder.ReadHeader(bytes.data(), bytes.size());
   if (!header.ok()) return header.status();
-  const int W = header->width, H = header->height;
+  const int orientation =
+      config_.exif_transpose ? ReadOrientation(header->format, bytes.data(), bytes.size()) : 1;
+  const bool swap = SwapsAxes(orientation);
+  const int W = swap ? header->height : header->width, H = swap ? header->width : header->height;
   if (int64_t{W} * H > config_.max_image_pixels) {
     return absl::ResourceExhaustedError(
         absl::StrCat("image of ", W, "x", H, " pixels exceeds max_image_pixels (",
@@ -81,10 +87,11 @@ absl::StatusOr<std::shared_ptr<const SampleCache::Entry>> ImageTransform::Decode
   const int target = std::min(shorter, kDecodedCacheScale * config_.size);
   const int want_w = int(std::ceil(double(target) * W / shorter));
   const int want_h = int(std::ceil(double(target) * H / shorter));
-  absl::StatusOr<DecodedRegion> region =
-      state->decoder.Decode(bytes.data(), bytes.size(), Rect{0, 0, double(W), double(H)}, want_w,
-                            want_h, config_.max_image_pixels);
+  absl::StatusOr<DecodedRegion> region = state->decoder.Decode(
+      bytes.data(), bytes.size(), Rect{0, 0, double(header->width), double(header->height)},
+      swap ? want_h : want_w, swap ? want_w : want_h, config_.max_image_pixels);
   if (!region.ok()) return region.status();
+  if (orientation != 1) region = ApplyOrientation(*region, orientation, &state->upright);
   auto entry = std::make_shared<SampleCache::Entry>();
   entry->orig_width = W;
   entry->orig_height = H;
@@ -133,6 +140,7 @@ absl::Status ImageTransform::Apply(const Record& record, const SampleContext& ct
   }
   ImageHeader header_value;
   DecodedRegion cached_region;
+  int orientation = 1;  // exif_transpose: the file's EXIF orientation (the cache keeps upright)
   if (cached != nullptr) {
     header_value = ImageHeader{ImageFormat::kJpeg, cached->orig_width, cached->orig_height};
     cached_region.pixels = cached->data.data();
@@ -151,6 +159,10 @@ absl::Status ImageTransform::Apply(const Record& record, const SampleContext& ct
                        config_.max_image_pixels, "): refused before decoding"));
     }
     header_value = *h;
+    if (config_.exif_transpose) {
+      orientation = ReadOrientation(h->format, bytes.data(), bytes.size());
+      if (SwapsAxes(orientation)) std::swap(header_value.width, header_value.height);
+    }
   }
   const ImageHeader* header = &header_value;
   auto decode = [&](const Rect& rect, int min_w, int min_h) -> absl::StatusOr<DecodedRegion> {
@@ -158,6 +170,22 @@ absl::Status ImageTransform::Apply(const Record& record, const SampleContext& ct
     return state->decoder.Decode(bytes.data(), bytes.size(), rect, min_w, min_h,
                                  config_.max_image_pixels);
   };
+  // An image with an EXIF orientation to apply is decoded whole, at least `scale` times its
+  // size (1: full resolution, read to the end as the exact eval does), and turned upright.
+  auto decode_upright = [&](double scale, bool exact) -> absl::StatusOr<DecodedRegion> {
+    const bool swap = SwapsAxes(orientation);
+    const int sw = swap ? header->height : header->width;
+    const int sh = swap ? header->width : header->height;
+    scale = std::min(scale, 1.0);
+    const int min_w = std::min(sw, int(std::ceil(sw * scale)));
+    const int min_h = std::min(sh, int(std::ceil(sh * scale)));
+    absl::StatusOr<DecodedRegion> r =
+        state->decoder.Decode(bytes.data(), bytes.size(), Rect{0, 0, double(sw), double(sh)}, min_w,
+                              min_h, config_.max_image_pixels, !exact, exact);
+    if (!r.ok()) return r.status();
+    return ApplyOrientation(*r, orientation, &state->upright);
+  };
+  const bool oriented = orientation != 1;
   const int size = config_.size;
   const uint64_t seed = ctx.seed(), epoch = uint64_t(ctx.epoch()), idx = uint64_t(index);
   // Float dtypes on the CPU: resample into uint8 scratch, then normalise into the slot.
@@ -172,7 +200,10 @@ absl::Status ImageTransform::Apply(const Record& record, const SampleContext& ct
         RandomResizedCropBox(header->width, header->height, config_.scale, config_.ratio, crop_rng);
     const bool flip = config_.flip && SampleRng(seed, epoch, idx, kRngFlip).Uniform() < 0.5;
     const Rect rect{double(box.left), double(box.top), double(box.width), double(box.height)};
-    absl::StatusOr<DecodedRegion> region = decode(rect, size, size);
+    absl::StatusOr<DecodedRegion> region =
+        oriented ? decode_upright(std::max(double(size) / box.width, double(size) / box.height),
+                                  /*exact=*/false)
+                 : decode(rect, size, size);
     if (!region.ok()) return region.status();
     ResampleInto(*region, rect, size, size, flip, config_.layout, image, &state->scratch);
   } else {
@@ -185,9 +216,11 @@ absl::Status ImageTransform::Apply(const Record& record, const SampleContext& ct
       // window only.
       const int rows = std::max(1, EvalRowsNeeded(g, header->height, size));
       absl::StatusOr<DecodedRegion> region =
-          state->decoder.Decode(bytes.data(), bytes.size(), Rect{0, 0, whole.w, double(rows)},
-                                header->width, rows, config_.max_image_pixels,
-                                /*allow_dct_scaling=*/false, /*read_to_end=*/true);
+          oriented
+              ? decode_upright(1.0, /*exact=*/true)
+              : state->decoder.Decode(bytes.data(), bytes.size(), Rect{0, 0, whole.w, double(rows)},
+                                      header->width, rows, config_.max_image_pixels,
+                                      /*allow_dct_scaling=*/false, /*read_to_end=*/true);
       if (!region.ok()) return region.status();
       if (region->width != header->width || region->height < rows) {
         return absl::InternalError("eval: the decoder returned fewer pixels than asked for");
@@ -197,9 +230,13 @@ absl::Status ImageTransform::Apply(const Record& record, const SampleContext& ct
     } else {
       // eval_fast (or the decoded cache): the smallest DCT scale that keeps the resized size
       // (at most the image's own), then an approximate filter.
+      const int64_t min_w = std::min<int64_t>(g.resized_w, header->width);
+      const int64_t min_h = std::min<int64_t>(g.resized_h, header->height);
       absl::StatusOr<DecodedRegion> region =
-          decode(whole, int(std::min<int64_t>(g.resized_w, header->width)),
-                 int(std::min<int64_t>(g.resized_h, header->height)));
+          oriented ? decode_upright(
+                         std::max(double(min_w) / header->width, double(min_h) / header->height),
+                         /*exact=*/false)
+                   : decode(whole, int(min_w), int(min_h));
       if (!region.ok()) return region.status();
       ResizeThenCropInto(*region, g, header->width, header->height, size, size, config_.layout,
                          image, &state->scratch);

@@ -36,7 +36,8 @@ struct ImageTransformConfig {
   Normalization norm{};
   int64_t max_image_pixels = 178956970;
   bool accept_corrupt = false;
-  bool synthetic = false;  // benchmarks: fill each sample with a constant from its index
+  bool exif_transpose = false;  // turn images upright by their EXIF orientation first
+  bool synthetic = false;       // benchmarks: fill each sample with a constant from its index
 
   // The image built-in's options, for a host (CPU) slot or, when `for_device`, for a GPU that
   // converts uint8 NHWC itself.

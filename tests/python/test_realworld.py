@@ -214,3 +214,65 @@ def test_flipped_bytes_are_data_errors(tmp_path):
     # A flip that leaves valid Huffman codes and no left-over bytes changes the picture without
     # any sign libjpeg can see (JPEG has no checksum): measured 2 of these 15. PIL refuses 3.
     assert refused >= 12, f"{refused} of {len(cases)} flipped files refused"
+
+
+def _upright_reference(path, size=SIZE, resize=RESIZE):
+    from PIL import ImageOps
+    tf = T.Compose([T.Resize(resize), T.CenterCrop(size), T.PILToTensor()])
+    with Image.open(path) as im:
+        return tf(ImageOps.exif_transpose(im).convert("RGB")).numpy()
+
+
+def test_exif_transpose_matches_pil_on_all_eight_orientations(alone, pil, tmp_path):
+    """exif_transpose=True equals PIL's ImageOps.exif_transpose before torchvision's eval, bit
+    for bit; off (the default, as torchvision) leaves the stored orientation."""
+    names = [f"pillow/Tests__images__hopper_orientation_{k}.jpg" for k in range(2, 9)]
+    names += ["pillow/Tests__images__orientation_rectangle.jpg", "pillow/Tests__images__hopper.jpg"]
+    paths = [os.path.join(REALWORLD, n) for n in names]
+    for i, p in enumerate(paths):
+        lst = _write_list(str(tmp_path / f"{i}.list"), [p])
+        for transform in ("eval", "eval_fast"):
+            images, _ = next(iter(feedline.ImageLoader(
+                lst, batch_size=1, transform=transform, shuffle=False, size=SIZE,
+                resize_size=RESIZE, workers=1, exif_transpose=True)))
+            ref = _upright_reference(p)
+            d = np.abs(images[0].numpy().astype(np.int16) - ref.astype(np.int16))
+            if transform == "eval":
+                assert d.max() == 0, (p, float(d.mean()))
+            else:
+                assert d.mean() < 4.0, (p, float(d.mean()))
+        assert np.array_equal(alone[p], pil[p])  # by default not applied, as in torchvision
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "WEBP", "JPEG"])
+def test_exif_transpose_train_crops_the_upright_image(tmp_path, fmt):
+    """Train with exif_transpose: the same crops as from the image stored upright (lossless
+    formats: the same pixels, so the same bytes), for orientations that swap the axes or not."""
+    import util
+    up = util.photo_like(120, 80, 4)
+    to_stored = {3: Image.Transpose.ROTATE_180, 6: Image.Transpose.ROTATE_90,
+                 8: Image.Transpose.ROTATE_270, 5: Image.Transpose.TRANSPOSE}
+    files = []
+    for k, op in to_stored.items():
+        stored = Image.fromarray(up).transpose(op)  # what a camera held that way writes
+        exif = Image.Exif()
+        exif[0x0112] = k
+        p = str(tmp_path / f"o{k}.{fmt.lower()}")
+        kw = {"lossless": True} if fmt == "WEBP" else {"quality": 100} if fmt == "JPEG" else {}
+        stored.save(p, format=fmt, exif=exif.tobytes(), **kw)
+        with Image.open(p) as im:  # PIL agrees that it is upright
+            from PIL import ImageOps
+            assert ImageOps.exif_transpose(im).size == (120, 80)
+        files.append(p)
+    upright = str(tmp_path / "upright.png")
+    Image.fromarray(up).save(upright)
+    kw = dict(batch_size=1, shuffle=False, size=48, seed=3, workers=1)
+    ref = next(iter(feedline.ImageLoader(_write_list(str(tmp_path / "u.list"), [upright]), **kw)))
+    for p in files:
+        got = next(iter(feedline.ImageLoader(_write_list(p + ".list", [p]), exif_transpose=True,
+                                             **kw)))
+        d = np.abs(got[0].numpy().astype(np.int16) - ref[0].numpy().astype(np.int16))
+        if fmt == "JPEG":
+            assert d.mean() < 3.0, (p, float(d.mean()))  # lossy: near, not equal
+        else:
+            assert d.max() == 0, (p, float(d.mean()))
