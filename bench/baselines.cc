@@ -62,14 +62,19 @@ struct TjDeleter {
 };
 using TjHandle = std::unique_ptr<void, TjDeleter>;
 
-// A full decode to packed RGB; returns the pixel count.
+// A full decode to packed RGB (at `eighths`/8 of the size); returns the pixel count.
 absl::StatusOr<int64_t> DecodeFull(tjhandle tj, const std::string& jpeg, const std::string& name,
-                                   std::vector<uint8_t>* rgb) {
+                                   std::vector<uint8_t>* rgb, int eighths = 8) {
   int w = 0, h = 0, subsamp = 0, colorspace = 0;
   const auto* data = reinterpret_cast<const unsigned char*>(jpeg.data());
   if (tjDecompressHeader3(tj, data, static_cast<unsigned long>(jpeg.size()), &w, &h, &subsamp,
                           &colorspace) != 0) {
     return absl::DataLossError(absl::StrCat(name, ": ", tjGetErrorStr2(tj)));
+  }
+  if (eighths != 8) {
+    const tjscalingfactor f{eighths, 8};
+    w = TJSCALED(w, f);
+    h = TJSCALED(h, f);
   }
   rgb->resize(size_t(w) * size_t(h) * 3);
   if (tjDecompress2(tj, data, static_cast<unsigned long>(jpeg.size()), rgb->data(), w, 0, h,
@@ -92,7 +97,8 @@ absl::StatusOr<int64_t> WarmPageCache(const std::vector<std::string>& files) {
   return bytes;
 }
 
-absl::StatusOr<DecodeLimit> MeasureDecodeLimit(const std::vector<std::string>& files, int cores) {
+absl::StatusOr<DecodeLimit> MeasureDecodeLimit(const std::vector<std::string>& files, int cores,
+                                               int eighths) {
   if (files.empty()) return absl::InvalidArgumentError("decode limit: no files");
   std::vector<std::string> data(files.size());
   DecodeLimit limit;
@@ -107,7 +113,8 @@ absl::StatusOr<DecodeLimit> MeasureDecodeLimit(const std::vector<std::string>& f
   // Warm-up: the decoder's tables, the output buffer, the caches.
   const size_t warmup = std::min<size_t>(files.size(), 16);
   for (size_t i = 0; i < warmup; ++i) {
-    if (absl::StatusOr<int64_t> px = DecodeFull(tj.get(), data[i], files[i], &rgb); !px.ok()) {
+    if (absl::StatusOr<int64_t> px = DecodeFull(tj.get(), data[i], files[i], &rgb, eighths);
+        !px.ok()) {
       return px.status();
     }
   }
@@ -115,7 +122,7 @@ absl::StatusOr<DecodeLimit> MeasureDecodeLimit(const std::vector<std::string>& f
   const double cpu_start = ThreadCpuSeconds();
   int64_t pixels = 0;
   for (size_t i = 0; i < files.size(); ++i) {
-    absl::StatusOr<int64_t> px = DecodeFull(tj.get(), data[i], files[i], &rgb);
+    absl::StatusOr<int64_t> px = DecodeFull(tj.get(), data[i], files[i], &rgb, eighths);
     if (!px.ok()) return px.status();
     pixels += *px;
   }

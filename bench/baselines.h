@@ -4,6 +4,8 @@
 //    full with libjpeg-turbo (tjDecompress2 to RGB, from memory, the files read beforehand),
 //    the plain decode every JPEG loader does at least once per image unless it decodes less.
 //    Times the number of cores, it is what a loader that decodes whole images cannot beat.
+//  * The 1/8-scale floor: the same with tjDecompress2 at 1/8 scale (DC-only IDCT): close to the
+//    entropy decoding that no JPEG decoder can skip, so the fastest any crop path can go.
 //  * The pipeline-overhead data set (--source synthetic): tiny JPEGs, so that reading and
 //    decoding cost next to nothing and what is measured is the pipeline itself (queues, slots,
 //    threads); and what reading and decoding one of them costs on its own, to subtract.
@@ -38,7 +40,9 @@ absl::StatusOr<int64_t> WarmPageCache(const std::vector<std::string>& files);
 // Reads `files` into memory, decodes a few untimed (warm-up), then times one full decode of
 // each on this thread. Files that are not JPEGs, or that fail to decode, are an error (the
 // limit would be meaningless without them). `cores` multiplies the single-thread rate.
-absl::StatusOr<DecodeLimit> MeasureDecodeLimit(const std::vector<std::string>& files, int cores);
+// `eighths` < 8 decodes at that scale (1 = 1/8: the floor).
+absl::StatusOr<DecodeLimit> MeasureDecodeLimit(const std::vector<std::string>& files, int cores,
+                                               int eighths = 8);
 
 // The pipeline-overhead data set: `distinct` 8 x 8 JPEGs and a list file naming them over and
 // over, `samples` lines in all, in `dir` (made once; a complete set there is reused). Returns

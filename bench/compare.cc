@@ -26,6 +26,7 @@ namespace {
 
 constexpr double kPeerTarget = 3.0;     // feedline from Python / the peer, images/s
 constexpr double kDecodeTarget = 0.95;  // feedline / the all-cores full-decode limit
+constexpr double kFloorTarget = 0.85;   // feedline from Python (train) / the 1/8-scale floor
 constexpr double kMemoryTarget = 1.0;   // feedline's peak / the peer's total
 constexpr int64_t kTinyCostSamples = 20000;
 constexpr std::chrono::milliseconds kMemoryInterval(100);
@@ -299,6 +300,13 @@ absl::StatusOr<CompareResult> RunComparison(const CompareOptions& o) {
       "cores = %.1f images/s\n",
       static_cast<long long>(r.decode.images), r.decode.megapixels, r.decode.seconds,
       r.decode.single_thread_images_per_s(), r.cores, r.decode.limit_images_per_s());
+  absl::StatusOr<DecodeLimit> floor = MeasureDecodeLimit(files, r.cores, /*eighths=*/1);
+  if (!floor.ok()) return floor.status();
+  r.floor = *floor;
+  std::printf(
+      "  at 1/8 scale (DC-only IDCT, the entropy-decoding floor): %.1f images/s on one "
+      "thread, x %d cores = %.1f images/s\n",
+      r.floor.single_thread_images_per_s(), r.cores, r.floor.limit_images_per_s());
 
   std::printf("\n[5/5] pipeline overhead: feedline on pre-decoded samples (%s)\n",
               o.tiny_list.c_str());
@@ -360,6 +368,12 @@ void PrintComparison(const CompareResult& r) {
               absl::StrFormat("%.1f %s", limit, plus(limit)).c_str(),
               r.decode.images > 0 ? r.decode.thread_cpu_seconds / double(r.decode.images) : 0.0,
               "(CPU: one full decode)", "");
+  const double floor = r.floor.limit_images_per_s();
+  std::printf("  %-40s %18s %13.6f  %-40s %6s\n",
+              absl::StrFormat("1/8-scale floor (1 thread x %d cores)", r.cores).c_str(),
+              absl::StrFormat("%.1f %s", floor, plus(floor)).c_str(),
+              r.floor.images > 0 ? r.floor.thread_cpu_seconds / double(r.floor.images) : 0.0,
+              "(CPU: one 1/8-scale decode)", "");
   const feedline::Stats& st = r.feedline_cpp_stats;
   std::printf(
       "  feedline from C++ ended at workers %d, prefetch %d, io_depth %d; bottleneck: "
@@ -383,6 +397,7 @@ void PrintComparison(const CompareResult& r) {
   const double cpp_vs_peer = base > 0 ? r.feedline_cpp.images_per_s / base : 0;
   const double cpp_vs_limit = limit > 0 ? r.feedline_cpp.images_per_s / limit : 0;
   const double py_vs_limit = limit > 0 ? r.feedline_py.images_per_s / limit : 0;
+  const double py_vs_floor = floor > 0 ? r.feedline_py.images_per_s / floor : 0;
   const double peer_mem = double(peer.peak_bytes);
   const double cpp_mem = peer_mem > 0 ? double(r.feedline_cpp.peak_bytes) / peer_mem : 0;
   const double py_mem = peer_mem > 0 ? double(r.feedline_py.peak_bytes) / peer_mem : 0;
@@ -395,6 +410,11 @@ void PrintComparison(const CompareResult& r) {
       "  feedline from C++ / full-decode limit:          %6.3fx (>= %.2f): %s  "
       "(from Python: %.3fx)\n",
       cpp_vs_limit, kDecodeTarget, Verdict(cpp_vs_limit >= kDecodeTarget), py_vs_limit);
+  std::printf(
+      "  feedline from Python / 1/8-scale floor:         %6.3fx (>= %.2f): %s  "
+      "(from C++: %.3fx)\n",
+      py_vs_floor, kFloorTarget, Verdict(py_vs_floor >= kFloorTarget),
+      floor > 0 ? r.feedline_cpp.images_per_s / floor : 0);
   std::printf(
       "  feedline peak memory / the peer's total:        %6.3fx (<= %.1f): %s  "
       "(from Python: %.3fx: %s)\n",
@@ -481,6 +501,13 @@ void WriteCompareJson(const CompareResult& r, JsonWriter& json) {
   json.Key("cores").Integer(r.decode.cores);
   json.Key("images_per_s").Number(limit);
   json.EndObject();
+  json.Key("eighth_scale_floor").BeginObject();
+  json.Key("images").Integer(r.floor.images);
+  json.Key("seconds").Number(r.floor.seconds);
+  json.Key("thread_cpu_seconds").Number(r.floor.thread_cpu_seconds);
+  json.Key("single_thread_images_per_s").Number(r.floor.single_thread_images_per_s());
+  json.Key("images_per_s").Number(r.floor.limit_images_per_s());
+  json.EndObject();
   WritePipelineOverheadJson(r.overhead, json);
   json.Key("ratios").BeginObject();
   const double base = peer.images_per_s;
@@ -492,6 +519,9 @@ void WriteCompareJson(const CompareResult& r, JsonWriter& json) {
         kDecodeTarget, true);
   Ratio(json, "feedline_python_vs_decode_limit", limit > 0 ? r.feedline_py.images_per_s / limit : 0,
         kDecodeTarget, true);
+  const double floor = r.floor.limit_images_per_s();
+  Ratio(json, "feedline_python_vs_eighth_scale_floor",
+        floor > 0 ? r.feedline_py.images_per_s / floor : 0, kFloorTarget, true);
   const double peer_mem = double(peer.peak_bytes);
   Ratio(json, "feedline_cpp_memory_vs_peer",
         peer_mem > 0 ? double(r.feedline_cpp.peak_bytes) / peer_mem : 0, kMemoryTarget, false);
@@ -520,6 +550,8 @@ void AddComparePlot(const CompareResult& r, SvgFigure& figure) {
   rate.bars.push_back(BarItem{"feedline (Python)", r.feedline_py.images_per_s, kPy, "", ""});
   rate.bars.push_back(BarItem{"feedline (C++)", r.feedline_cpp.images_per_s, kCpp, "", ""});
   rate.bars.push_back(BarItem{absl::StrCat("full decode x", r.cores), limit, kLimit, "", ""});
+  rate.bars.push_back(BarItem{absl::StrCat("1/8-scale decode x", r.cores),
+                              r.floor.limit_images_per_s(), kLimit, "", ""});
   rate.levels.push_back(PlotLevel{kPeerTarget * peer.images_per_s, "3x the peer (target)", kPeer});
   rate.levels.push_back(PlotLevel{kDecodeTarget * limit, "0.95x decode limit (target)", kLimit});
   figure.Add(std::move(rate));

@@ -105,6 +105,7 @@ struct CompareResult {
   std::vector<Contender> peer_trials;
   size_t peer_best = 0;
   DecodeLimit decode;
+  DecodeLimit floor;  // the 1/8-scale decode: what a crop path cannot beat
   PipelineOverhead overhead;
   double seconds = 0;
   const Contender& peer() const { return peer_trials[peer_best]; }

@@ -91,8 +91,9 @@ data and loader:
   --workers N|auto      decoder threads (default auto)
   --prefetch N|auto     batches in flight (default auto)
   --io-depth N|auto     reads in flight (default auto)
-  --transform train|eval
-                        RandomResizedCrop + flip, or Resize + CenterCrop (default train)
+  --transform train|eval|eval_fast
+                        RandomResizedCrop + flip, or Resize + CenterCrop (eval: torchvision's
+                        pixels exactly; eval_fast: from a reduced decode) (default train)
   --layout nchw|nhwc    batch layout (default nchw)
   --device cpu          where batches are delivered (default cpu)
   --seed N              shuffling and augmentation seed (default 0)
@@ -274,8 +275,10 @@ absl::StatusOr<BenchFlags> ParseFlags(int argc, char** argv) {
         flags.transform = feedline::Transform::kTrain;
       } else if (value == "eval") {
         flags.transform = feedline::Transform::kEval;
+      } else if (value == "eval_fast") {
+        flags.transform = feedline::Transform::kEvalFast;
       } else {
-        return BadValue(name, value, "train or eval");
+        return BadValue(name, value, "train, eval or eval_fast");
       }
     } else if (name == "--layout") {
       if (value == "nchw" || value == "NCHW") {
@@ -310,7 +313,8 @@ absl::StatusOr<BenchFlags> ParseFlags(int argc, char** argv) {
       for (absl::string_view item : absl::StrSplit(value, ',')) {
         int n = 0;
         if (!absl::SimpleAtoi(item, &n) || n < 0 || n > 256) {
-          return BadValue(name, value, "a comma-separated list of counts in [0, 256] (0: the main thread)");
+          return BadValue(name, value,
+                          "a comma-separated list of counts in [0, 256] (0: the main thread)");
         }
         flags.torch_workers.push_back(n);
       }
@@ -394,11 +398,10 @@ absl::Status CheckCombinations(const BenchFlags& f) {
         !s.ok()) {
       return s;
     }
-  } else if (absl::Status s =
-                 refuse("a run without --compare-torch or --compare-dataset",
-                        {"--torch-workers", "--python"},
-                        "only the comparison "
-                        "runs Python");
+  } else if (absl::Status s = refuse("a run without --compare-torch or --compare-dataset",
+                                     {"--torch-workers", "--python"},
+                                     "only the comparison "
+                                     "runs Python");
              !s.ok()) {
     return s;
   }

@@ -325,9 +325,8 @@ void AddGridPlot(const GridResult& grid, SvgFigure& figure) {
   for (const GridRegime& r : grid.regimes) {
     const GridConfig& best = r.configs[size_t(r.best_fixed)];
     BarPanel panel;
-    panel.title =
-        absl::StrFormat("(%s) %s: auto %.0f images/s = %.2fx the best fixed (%s)", r.key, r.name,
-                        r.auto_images_per_s, r.auto_vs_best, best.name());
+    panel.title = absl::StrFormat("(%s) %s: auto %.0f images/s = %.2fx the best fixed (%s)", r.key,
+                                  r.name, r.auto_images_per_s, r.auto_vs_best, best.name());
     panel.y_label = "images/s";
     for (size_t i = 0; i < r.configs.size(); ++i) {
       const GridConfig& c = r.configs[i];
@@ -364,8 +363,8 @@ void AddGridPlot(const GridResult& grid, SvgFigure& figure) {
       bar.text = absl::StrFormat("%.2f", bar.value);
       panel.bars.push_back(std::move(bar));
     }
-    panel.levels.push_back(PlotLevel{kCpuTarget * 1e3 * r.lean_cpu_per_image,
-                                     "1.15x leanest (target)", "#d62728"});
+    panel.levels.push_back(
+        PlotLevel{kCpuTarget * 1e3 * r.lean_cpu_per_image, "1.15x leanest (target)", "#d62728"});
     figure.Add(std::move(panel));
   }
 }

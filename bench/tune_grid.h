@@ -46,7 +46,7 @@ struct GridOptions {
   double consumer_ms = 0;     // regime (c); 0: twice (a)'s best time per batch
   double seconds = 6;         // each setting's measurement window
   int warmup_batches = 2;
-  int confirm_rounds = 2;     // auto, best and leanest again, interleaved, after the sweep
+  int confirm_rounds = 2;  // auto, best and leanest again, interleaved, after the sweep
 };
 
 struct GridConfig {

@@ -105,95 +105,121 @@ int GifRead(GifFileType* gif, GifByteType* buf, int n) {
   return int(k);
 }
 
-absl::StatusOr<ImageSize> GifHeader(const uint8_t* data, size_t size) {
-  if (size < 10) return Corrupt(ImageFormat::kGif, "header truncated");
-  return ImageSize{int(Le16(data + 6)), int(Le16(data + 8))};
+struct GifCloser {
+  GifFileType* g;
+  ~GifCloser() {
+    int e = 0;
+    if (g != nullptr) DGifCloseFile(g, &e);
+  }
+};
+
+absl::Status GifError(GifFileType* gif, absl::string_view what) {
+  const char* msg = GifErrorString(gif->Error);
+  return Corrupt(ImageFormat::kGif, absl::StrCat(what, ": ", msg ? msg : "unknown error"));
 }
 
-absl::StatusOr<ImageSize> DecodeGif(const uint8_t* data, size_t size, int64_t max_pixels,
-                                    std::vector<uint8_t>* rgb) {
-  absl::StatusOr<ImageSize> s = GifHeader(data, size);
-  if (!s.ok()) return s.status();
-  if (absl::Status c = CheckSize(ImageFormat::kGif, s->width, s->height, max_pixels); !c.ok())
-    return c;
-  GifInput input{data, size, 0};
-  int err = 0;
-  GifFileType* gif = DGifOpen(&input, &GifRead, &err);
-  if (gif == nullptr) return Corrupt(ImageFormat::kGif, GifErrorString(err));
-  struct Close {
-    GifFileType* g;
-    ~Close() {
-      int e = 0;
-      DGifCloseFile(g, &e);
-    }
-  } close_gif{gif};
-  auto gif_error = [&](absl::string_view what) {
-    const char* msg = GifErrorString(gif->Error);
-    return Corrupt(ImageFormat::kGif, absl::StrCat(what, ": ", msg ? msg : "unknown error"));
-  };
-  int transparent = -1;
+// Reads the records before the first frame up to and including its descriptor. The image is
+// the logical screen grown to the frame where the frame reaches past it (PIL's size).
+struct GifFirst {
+  int64_t width = 0, height = 0;
+  int transparent = -1;  // the first frame's transparent index, if any
+};
+absl::StatusOr<GifFirst> GifToFirstFrame(GifFileType* gif) {
+  GifFirst first;
   for (;;) {
     GifRecordType type;
-    if (DGifGetRecordType(gif, &type) == GIF_ERROR) return gif_error("reading a record");
+    if (DGifGetRecordType(gif, &type) == GIF_ERROR) return GifError(gif, "reading a record");
     if (type == TERMINATE_RECORD_TYPE) return Corrupt(ImageFormat::kGif, "no image in the file");
     if (type == EXTENSION_RECORD_TYPE) {
       int code = 0;
       GifByteType* ext = nullptr;
-      if (DGifGetExtension(gif, &code, &ext) == GIF_ERROR) return gif_error("an extension");
+      if (DGifGetExtension(gif, &code, &ext) == GIF_ERROR) return GifError(gif, "an extension");
       if (code == GRAPHICS_EXT_FUNC_CODE && ext != nullptr && ext[0] >= 4) {
-        transparent = (ext[1] & 1) ? int(ext[4]) : -1;
+        first.transparent = (ext[1] & 1) ? int(ext[4]) : -1;
       }
       while (ext != nullptr) {
-        if (DGifGetExtensionNext(gif, &ext) == GIF_ERROR) return gif_error("an extension");
+        if (DGifGetExtensionNext(gif, &ext) == GIF_ERROR) return GifError(gif, "an extension");
       }
       continue;
     }
     if (type != IMAGE_DESC_RECORD_TYPE) continue;
-    if (DGifGetImageDesc(gif) == GIF_ERROR) return gif_error("the image descriptor");
+    if (DGifGetImageDesc(gif) == GIF_ERROR) return GifError(gif, "the image descriptor");
     const GifImageDesc& d = gif->Image;
-    const int64_t x0 = d.Left, y0 = d.Top, fw = d.Width, fh = d.Height;
-    if (fw <= 0 || fh <= 0) return Corrupt(ImageFormat::kGif, "empty first frame");
-    const int64_t w = std::max<int64_t>(s->width, x0 + fw),
-                  h = std::max<int64_t>(s->height, y0 + fh);
-    if (absl::Status c = CheckSize(ImageFormat::kGif, w, h, max_pixels); !c.ok()) return c;
-    std::vector<uint8_t> index(size_t(w) * size_t(h), uint8_t(transparent >= 0 ? transparent : 0));
-    // Interlaced frames store rows in four passes: every 8th from 0, every 8th from 4, every
-    // 4th from 2, every 2nd from 1.
-    static const int kStart[4] = {0, 4, 2, 1}, kStep[4] = {8, 8, 4, 2};
-    std::vector<GifPixelType> line(static_cast<size_t>(fw));
-    auto put = [&](int64_t row) {
-      std::memcpy(index.data() + size_t(y0 + row) * size_t(w) + size_t(x0), line.data(),
-                  size_t(fw));
-    };
-    if (d.Interlace) {
-      for (int pass = 0; pass < 4; ++pass) {
-        for (int64_t r = kStart[pass]; r < fh; r += kStep[pass]) {
-          if (DGifGetLine(gif, line.data(), int(fw)) == GIF_ERROR) return gif_error("pixel data");
-          put(r);
-        }
-      }
-    } else {
-      for (int64_t r = 0; r < fh; ++r) {
-        if (DGifGetLine(gif, line.data(), int(fw)) == GIF_ERROR) return gif_error("pixel data");
+    if (d.Width <= 0 || d.Height <= 0) return Corrupt(ImageFormat::kGif, "empty first frame");
+    first.width = std::max<int64_t>(gif->SWidth, int64_t{d.Left} + d.Width);
+    first.height = std::max<int64_t>(gif->SHeight, int64_t{d.Top} + d.Height);
+    return first;
+  }
+}
+
+absl::StatusOr<ImageSize> GifHeader(const uint8_t* data, size_t size) {
+  if (size < 10) return Corrupt(ImageFormat::kGif, "header truncated");
+  GifInput input{data, size, 0};
+  int err = 0;
+  GifFileType* gif = DGifOpen(&input, &GifRead, &err);
+  if (gif == nullptr) return Corrupt(ImageFormat::kGif, GifErrorString(err));
+  GifCloser close_gif{gif};
+  absl::StatusOr<GifFirst> first = GifToFirstFrame(gif);
+  if (!first.ok()) return first.status();
+  return ImageSize{int(std::min<int64_t>(first->width, INT32_MAX)),
+                   int(std::min<int64_t>(first->height, INT32_MAX))};
+}
+
+absl::StatusOr<ImageSize> DecodeGif(const uint8_t* data, size_t size, int64_t max_pixels,
+                                    std::vector<uint8_t>* rgb) {
+  if (size < 10) return Corrupt(ImageFormat::kGif, "header truncated");
+  // The logical screen first: a bound before giflib allocates anything for the frame.
+  if (absl::Status c = CheckSize(ImageFormat::kGif, Le16(data + 6), Le16(data + 8), max_pixels);
+      !c.ok() && !absl::IsDataLoss(c)) {
+    return c;
+  }
+  GifInput input{data, size, 0};
+  int err = 0;
+  GifFileType* gif = DGifOpen(&input, &GifRead, &err);
+  if (gif == nullptr) return Corrupt(ImageFormat::kGif, GifErrorString(err));
+  GifCloser close_gif{gif};
+  absl::StatusOr<GifFirst> first = GifToFirstFrame(gif);
+  if (!first.ok()) return first.status();
+  const int64_t w = first->width, h = first->height;
+  if (absl::Status c = CheckSize(ImageFormat::kGif, w, h, max_pixels); !c.ok()) return c;
+  const int transparent = first->transparent;
+  const GifImageDesc& d = gif->Image;
+  const int64_t x0 = d.Left, y0 = d.Top, fw = d.Width, fh = d.Height;
+  std::vector<uint8_t> index(size_t(w) * size_t(h), uint8_t(transparent >= 0 ? transparent : 0));
+  // Interlaced frames store rows in four passes: every 8th from 0, every 8th from 4, every
+  // 4th from 2, every 2nd from 1.
+  static const int kStart[4] = {0, 4, 2, 1}, kStep[4] = {8, 8, 4, 2};
+  std::vector<GifPixelType> line(static_cast<size_t>(fw));
+  auto put = [&](int64_t row) {
+    std::memcpy(index.data() + size_t(y0 + row) * size_t(w) + size_t(x0), line.data(), size_t(fw));
+  };
+  if (d.Interlace) {
+    for (int pass = 0; pass < 4; ++pass) {
+      for (int64_t r = kStart[pass]; r < fh; r += kStep[pass]) {
+        if (DGifGetLine(gif, line.data(), int(fw)) == GIF_ERROR) return GifError(gif, "pixel data");
         put(r);
       }
     }
-    const ColorMapObject* map = d.ColorMap != nullptr ? d.ColorMap : gif->SColorMap;
-    uint8_t palette[256][3] = {};  // entries past the colour table are black, as in PIL
-    for (int i = 0; i < 256; ++i) {
-      if (map == nullptr) {
-        palette[i][0] = palette[i][1] = palette[i][2] = uint8_t(i);
-      } else if (i < map->ColorCount) {
-        palette[i][0] = map->Colors[i].Red;
-        palette[i][1] = map->Colors[i].Green;
-        palette[i][2] = map->Colors[i].Blue;
-      }
+  } else {
+    for (int64_t r = 0; r < fh; ++r) {
+      if (DGifGetLine(gif, line.data(), int(fw)) == GIF_ERROR) return GifError(gif, "pixel data");
+      put(r);
     }
-    rgb->resize(index.size() * 3);
-    for (size_t i = 0; i < index.size(); ++i)
-      std::memcpy(rgb->data() + 3 * i, palette[index[i]], 3);
-    return ImageSize{int(w), int(h)};
   }
+  const ColorMapObject* map = d.ColorMap != nullptr ? d.ColorMap : gif->SColorMap;
+  uint8_t palette[256][3] = {};  // entries past the colour table are black, as in PIL
+  for (int i = 0; i < 256; ++i) {
+    if (map == nullptr) {
+      palette[i][0] = palette[i][1] = palette[i][2] = uint8_t(i);
+    } else if (i < map->ColorCount) {
+      palette[i][0] = map->Colors[i].Red;
+      palette[i][1] = map->Colors[i].Green;
+      palette[i][2] = map->Colors[i].Blue;
+    }
+  }
+  rgb->resize(index.size() * 3);
+  for (size_t i = 0; i < index.size(); ++i) std::memcpy(rgb->data() + 3 * i, palette[index[i]], 3);
+  return ImageSize{int(w), int(h)};
 }
 
 // --- TIFF -------------------------------------------------------------------------------------

@@ -223,7 +223,9 @@ absl::Status ImageTransform::Apply(const Record& record, const SampleContext& ct
                                       /*allow_dct_scaling=*/false, /*read_to_end=*/true);
       if (!region.ok()) return region.status();
       if (region->width != header->width || region->height < rows) {
-        return absl::InternalError("eval: the decoder returned fewer pixels than asked for");
+        return absl::DataLossError(absl::StrCat("image data of ", region->width, "x",
+                                                region->height, " does not match its header (",
+                                                header->width, "x", header->height, ")"));
       }
       PilResizeThenCropInto(*region, g, header->width, header->height, size, size, config_.layout,
                             image, &state->scratch);

@@ -1,6 +1,8 @@
 // libFuzzer target: the image decode path exactly as a decoder worker runs it
-// (EpochRun::DecodeInto): ReadHeader, the transform's geometry from the header, the region
-// decode (ROI + DCT scaling) under a small pixel limit, then resampling into a small output.
+// (ImageTransform::Apply): ReadHeader (every format), the EXIF orientation, the transform's
+// geometry from the header, the region decode (ROI + DCT scaling; or the exact eval's
+// full-resolution rows read to the end) under a small pixel limit, with or without
+// accept_corrupt, then resampling (or Pillow's filter) into a small output.
 // The options (transform, output size, flip, layout, sample index) come from a hash of the
 // input, so every seed image stays a valid image.
 //
@@ -20,6 +22,7 @@
 #include "feedline/random.h"
 #include "fuzz_util.h"
 #include "image/decoder.h"
+#include "image/exif.h"
 #include "image/geometry.h"
 
 namespace {
@@ -87,7 +90,13 @@ void DecodeOnce(feedline::ImageDecoder& decoder, const uint8_t* data, size_t siz
   // As the loader does: sizes above the pixel limit are refused before any geometry.
   if (int64_t{W} * H > kMaxPixels) return;
 
+  // EXIF orientation: read from every input (it must never read out of bounds); applied to
+  // whole decodes below.
+  const int orientation = feedline::ReadOrientation(header->format, data, size);
+  FUZZ_CHECK(orientation >= 1 && orientation <= 8, "orientation");
+
   // Options as LoaderOptions validates them, small.
+  decoder.set_accept_corrupt(p.Bit());
   const bool train = p.Bit();
   const int out = p.Range(1, 64);
   const int resize_size = p.Range(1, 96);
@@ -113,6 +122,27 @@ void DecodeOnce(feedline::ImageDecoder& decoder, const uint8_t* data, size_t siz
     FUZZ_CHECK(int64_t{W} * H <= kMaxPixels, "decoded an image above the pixel limit");
     CheckRegion(*region, rect, W, H);
     feedline::ResampleInto(*region, rect, out, out, flip, layout, dst.data(), &scratch);
+  } else if (p.Bit()) {
+    // The exact eval: full-resolution rows, read to the end, turned upright, Pillow's filter.
+    const bool swap = feedline::SwapsAxes(orientation);
+    const int UW = swap ? H : W, UH = swap ? W : H;
+    const feedline::EvalGeometry g = feedline::ComputeEvalGeometry(UW, UH, resize_size, out);
+    const int rows = orientation != 1 ? H : std::max(1, feedline::EvalRowsNeeded(g, H, out));
+    const feedline::Rect top{0, 0, double(W), double(rows)};
+    absl::StatusOr<feedline::DecodedRegion> region =
+        decoder.Decode(data, size, top, W, rows, kMaxPixels, /*allow_dct_scaling=*/false,
+                       /*read_to_end=*/true);
+    if (!region.ok()) return;
+    FUZZ_CHECK(region->width == W && region->height >= rows, "exact eval: rows missing");
+    CheckRegion(*region, top, W, H);
+    std::vector<uint8_t> upright;
+    feedline::DecodedRegion u = *region;
+    if (orientation != 1) {
+      FUZZ_CHECK(region->height == H, "a whole decode for an orientation");
+      u = feedline::ApplyOrientation(*region, orientation, &upright);
+      FUZZ_CHECK(u.width == UW && u.height == UH, "upright size");
+    }
+    feedline::PilResizeThenCropInto(u, g, UW, UH, out, out, layout, dst.data(), &scratch);
   } else {
     const feedline::EvalGeometry g = feedline::ComputeEvalGeometry(W, H, resize_size, out);
     const feedline::Rect whole{0, 0, double(W), double(H)};

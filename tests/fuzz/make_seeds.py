@@ -49,8 +49,35 @@ def base256_size(archive):
     return bytes(h) + archive[512:]
 
 
+def format_seeds(out_dir):
+    """Small images in the other formats the decoder reads (WebP, GIF, TIFF, BMP, PNM) and
+    JPEG/PNG/WebP with an EXIF orientation, written by PIL into the decode seed folder."""
+    from PIL import Image
+    base = Image.new("RGB", (23, 17))
+    base.putdata([((x * 11) % 256, (y * 15) % 256, (x * y) % 256) for y in range(17)
+                  for x in range(23)])
+    rgba = base.copy()
+    rgba.putalpha(128)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    seeds = [
+        ("lossy.webp", base, dict(quality=70)), ("lossless.webp", rgba, dict(lossless=True)),
+        ("anim.webp", base, dict(save_all=True, append_images=[rgba], duration=10)),
+        ("p.gif", base.convert("P"), {}), ("i.gif", base.convert("P"), dict(interlace=True)),
+        ("raw.tif", base, {}), ("lzw.tif", rgba, dict(compression="tiff_lzw")),
+        ("jpeg.tif", base, dict(compression="jpeg")), ("p.tif", base.convert("P"), {}),
+        ("rgb.bmp", base, {}), ("p.bmp", base.convert("P"), {}), ("1.bmp", base.convert("1"), {}),
+        ("rgb.ppm", base, {}), ("l.pgm", base.convert("L"), {}), ("1.pbm", base.convert("1"), {}),
+        ("exif.jpg", base, dict(exif=exif.tobytes())), ("exif.png", base, dict(exif=exif.tobytes())),
+        ("exif.webp", base, dict(exif=exif.tobytes())),
+    ]
+    for name, im, kw in seeds:
+        im.save(os.path.join(out_dir, "fmt_" + name), **kw)
+
+
 def main():
     images_dir, tar_dir, list_dir = sys.argv[1:4]
+    format_seeds(images_dir)
     os.makedirs(tar_dir, exist_ok=True)
     os.makedirs(list_dir, exist_ok=True)
     images = {}

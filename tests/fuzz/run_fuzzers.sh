@@ -33,6 +33,13 @@ rm -rf "$W/seeds"
 mkdir -p "$W/seeds/decode" "$W/seeds/tar" "$W/seeds/list_file"
 "$B/tests/fuzz/feedline_fuzz_seeds" "$W/seeds/decode"
 /usr/bin/python3 tests/fuzz/make_seeds.py "$W/seeds/decode" "$W/seeds/tar" "$W/seeds/list_file"
+# The real-world files (read in place, copied only into this build folder): those under the
+# fuzzers' input size.
+REALWORLD=${FEEDLINE_REALWORLD:-/work/shared/testdata/realworld}
+if [[ -d $REALWORLD ]]; then
+  find "$REALWORLD" -mindepth 2 -type f -size -64k ! -name '*.md' ! -name '*.tsv' \
+    -exec sh -c 'for f; do cp "$f" "$0/rw_$(basename "$f")"; done' "$W/seeds/decode" {} +
+fi
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
