@@ -276,7 +276,9 @@ def test_bombs_are_refused_before_decoding(tmp_path):
     p.write_bytes(b"P6 %d %d 255\n" % (w, h) + b"\0" * 64)
     files.append(str(p))
     p = tmp_path / "bomb.gif"
-    p.write_bytes(b"GIF89a" + struct.pack("<HH", 65535, 65535) + b"\0\0\0" + b"\0" * 32)
+    p.write_bytes(b"GIF89a" + struct.pack("<HH", 65535, 65535) + b"\0\0\0" +  # screen
+                  b"\x2c" + struct.pack("<HHHH", 0, 0, 65535, 65535) + b"\0" +  # first frame
+                  b"\x08" + b"\x02\x4c\x01\0" + b"\x3b")
     files.append(str(p))
     got = _load_each(files, max_image_pixels=10_000_000)
     for p, e in got.items():
