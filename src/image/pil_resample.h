@@ -46,6 +46,10 @@ void PilResizeWindow(const uint8_t* src, int src_w, int src_h, size_t stride, in
                      int64_t out_h, int64_t x0, int64_t y0, int w, int h, uint8_t* dst,
                      size_t dst_stride, PilScratch* scratch);
 
+// Whether the passes use SSE4.1 where the CPU has it (default) or the plain loops (tests: both
+// give the same bytes).
+void SetPilResampleSimd(bool enabled);
+
 // The number of source rows (from the top) a window of output rows [y0, y0 + h) reads.
 int PilRowsNeeded(int src_h, int64_t out_h, int64_t y0, int h);
 

@@ -9,6 +9,7 @@
 #include "feedline/random.h"
 #include "image/decoder.h"
 #include "image/geometry.h"
+#include "image/pil_resample.h"
 #include "test_util.h"
 
 using feedline::DecodedRegion;
@@ -128,7 +129,8 @@ TEST_CASE("broken input gives a clear error, never a crash", "[decode]") {
     const std::string text = "hello, this is not an image at all";
     auto r = d.Decode(U8(text), text.size(), all, 8, 8, kMaxPixels);
     REQUIRE(absl::IsInvalidArgument(r.status()));
-    REQUIRE(std::string(r.status().message()).find("not an image in a supported format") != std::string::npos);
+    REQUIRE(std::string(r.status().message()).find("not an image in a supported format") !=
+            std::string::npos);
   }
   SECTION("truncated anywhere") {
     for (size_t cut : {size_t(3), size_t(20), size_t(200), jpeg.size() / 2, jpeg.size() - 10}) {
@@ -161,5 +163,41 @@ TEST_CASE("broken input gives a clear error, never a crash", "[decode]") {
     auto r = d.Decode(U8(bomb), bomb.size(), all, 8, 8, /*max_pixels=*/178956970);
     REQUIRE(absl::IsResourceExhausted(r.status()));
     REQUIRE(std::string(r.status().message()).find("60000x60000") != std::string::npos);
+  }
+}
+
+TEST_CASE("Pillow's filter: the SIMD and plain passes give the same bytes, windows included",
+          "[decode]") {
+  feedline::SampleRng rng(7, 0, 0, 0);
+  for (int trial = 0; trial < 60; ++trial) {
+    const int sw = 1 + int(rng.Below(300)), sh = 1 + int(rng.Below(300));
+    const int64_t ow = 1 + int64_t(rng.Below(400)), oh = 1 + int64_t(rng.Below(400));
+    std::vector<uint8_t> src(size_t(sw) * sh * 3);
+    for (auto& b : src) b = uint8_t(rng.Below(256));
+    const int64_t x0 = int64_t(rng.Below(uint64_t(ow))), y0 = int64_t(rng.Below(uint64_t(oh)));
+    const int w = 1 + int(rng.Below(uint64_t(ow - x0))), h = 1 + int(rng.Below(uint64_t(oh - y0)));
+    std::vector<uint8_t> whole_simd(size_t(ow) * oh * 3), whole_plain(whole_simd.size());
+    std::vector<uint8_t> window(size_t(w) * h * 3);
+    feedline::PilScratch scratch;
+    feedline::SetPilResampleSimd(true);
+    feedline::PilResizeWindow(src.data(), sw, sh, size_t(sw) * 3, ow, oh, 0, 0, int(ow), int(oh),
+                              whole_simd.data(), size_t(ow) * 3, &scratch);
+    feedline::PilResizeWindow(src.data(), sw, sh, size_t(sw) * 3, ow, oh, x0, y0, w, h,
+                              window.data(), size_t(w) * 3, &scratch);
+    feedline::SetPilResampleSimd(false);
+    feedline::PilResizeWindow(src.data(), sw, sh, size_t(sw) * 3, ow, oh, 0, 0, int(ow), int(oh),
+                              whole_plain.data(), size_t(ow) * 3, &scratch);
+    feedline::SetPilResampleSimd(true);
+    INFO(sw << "x" << sh << " -> " << ow << "x" << oh << " window " << x0 << "," << y0 << " " << w
+            << "x" << h);
+    REQUIRE(whole_simd == whole_plain);
+    // A window is the same pixels as the whole resize there (every output depends on its own
+    // coordinates only), and reads only the rows PilRowsNeeded names.
+    for (int r = 0; r < h; ++r) {
+      REQUIRE(std::memcmp(window.data() + size_t(r) * w * 3,
+                          whole_simd.data() + (size_t(y0 + r) * ow + size_t(x0)) * 3,
+                          size_t(w) * 3) == 0);
+    }
+    REQUIRE(feedline::PilRowsNeeded(sh, oh, y0, h) <= sh);
   }
 }
