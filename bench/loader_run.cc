@@ -41,15 +41,20 @@ int64_t DecodedImages(const feedline::Stats& stats) {
 }  // namespace
 
 void BatchChecksum::Add(const feedline::Batch& batch) {
-  const int64_t bytes = batch.image_bytes();
-  const uint8_t* images = batch.images();
-  if (bytes > 0 && images != nullptr) {
+  // Only host memory is read: with --device cuda the image and label fields are device
+  // pointers (dereferencing them crashes), so those batches mix their host-side indices only.
+  const feedline::TensorView image = batch.field("image");
+  const int64_t bytes = image.bytes();
+  const auto* images = static_cast<const uint8_t*>(image.data);
+  if (bytes > 0 && images != nullptr && image.device < 0) {
     constexpr int kProbes = 16;
     for (int i = 0; i < kProbes; ++i) Mix(images[(bytes - 1) * i / (kProbes - 1)]);
   }
-  if (batch.size() > 0 && batch.labels() != nullptr) {
-    Mix(static_cast<uint64_t>(batch.labels()[0]));
-    Mix(static_cast<uint64_t>(batch.labels()[batch.size() - 1]));
+  const feedline::TensorView label = batch.field("label");
+  const auto* labels = static_cast<const int64_t*>(label.data);
+  if (batch.size() > 0 && labels != nullptr && label.device < 0) {
+    Mix(static_cast<uint64_t>(labels[0]));
+    Mix(static_cast<uint64_t>(labels[batch.size() - 1]));
   }
   if (batch.size() > 0 && batch.indices() != nullptr) {
     Mix(static_cast<uint64_t>(batch.indices()[0]));

@@ -24,6 +24,10 @@ namespace py = pybind11;
 
 namespace {
 
+// The Python exception types (set at module import).
+py::object g_data_error;
+py::object g_device_error;
+
 // --- DLPack (the stable C ABI of https://dmlc.github.io/dlpack, version 0.8) -----------------
 enum DLDeviceType : int32_t { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3 };
 struct DLDevice {
@@ -90,17 +94,23 @@ class ArrayView {
       if (!py::isinstance<py::int_>(stream)) throw py::type_error("stream: must be None or an int");
       stream_value = stream.cast<int64_t>();
     }
-    if (device_ >= 0 && stream_value != -1) {
+    if (device_ >= 0) {
       // The consumer's stream waits for the copy and conversion (an event, no host wait), and
       // the batch's device buffer is reused only after the work queued there at release.
+      // -1: no wait (the consumer synchronises itself; reuse after a device-wide sync).
+      void* s =
+          stream_value == -1 ? feedline::kNoSyncStream : reinterpret_cast<void*>(stream_value);
       absl::Status st;
       {
         py::gil_scoped_release release;
-        st = batch_->set_consumer_stream(reinterpret_cast<void*>(stream_value));
+        st = batch_->set_consumer_stream(s);
       }
       if (!st.ok()) {
-        throw std::runtime_error(absl::StrCat("feedline: cannot hand the batch to stream ",
-                                              stream_value, ": ", st.message()));
+        PyErr_SetString(g_device_error.ptr(),
+                        absl::StrCat("feedline: cannot hand the batch to stream ", stream_value,
+                                     ": ", st.message())
+                            .c_str());
+        throw py::error_already_set();
       }
     }
     auto* owner = new DLPackOwner();
@@ -168,10 +178,12 @@ struct ReleaseGilDeleter {
 };
 using EpochHolder = std::unique_ptr<feedline::Epoch, ReleaseGilDeleter>;
 
-py::object g_data_error;
-
 [[noreturn]] void ThrowStatus(const absl::Status& s, bool sample_error) {
   const std::string msg(s.message());
+  if (feedline::IsDeviceError(s)) {  // a GPU failure is never a bad sample
+    PyErr_SetString(g_device_error.ptr(), msg.c_str());
+    throw py::error_already_set();
+  }
   if (sample_error) {
     PyErr_SetString(g_data_error.ptr(), msg.c_str());
     throw py::error_already_set();
@@ -293,6 +305,12 @@ PYBIND11_MODULE(_feedline, m) {
                                 "file and the cause).",
                                 PyExc_RuntimeError, nullptr));
   m.attr("DataError") = g_data_error;
+  g_device_error = py::reinterpret_steal<py::object>(PyErr_NewExceptionWithDoc(
+      "feedline.DeviceError",
+      "The GPU path failed (no device or driver, out of device memory, a CUDA error): not a "
+      "sample's fault, so never a DataError.",
+      PyExc_RuntimeError, nullptr));
+  m.attr("DeviceError") = g_device_error;
 
   m.def("build_info", [] {
     feedline::BuildInfo b = feedline::GetBuildInfo();

@@ -59,6 +59,9 @@ struct TensorView {
   int64_t bytes() const noexcept { return elements() * ElementSize(dtype); }
 };
 
+// Batch::set_consumer_stream: "the consumer synchronises itself" (DLPack's stream -1).
+inline void* const kNoSyncStream = reinterpret_cast<void*>(intptr_t{-1});
+
 class Batch {
  public:
   Batch() = default;
@@ -94,8 +97,11 @@ class Batch {
   void* ready_event() const noexcept;
   // device() >= 0: makes `cuda_stream` wait for the batch and remembers it, so that the batch's
   // device buffer is reused only after the work queued there so far (at release) is done.
-  // Null: the legacy default stream. An error when the CUDA calls fail (then do not use the
-  // batch on that stream).
+  // Null or cudaStreamLegacy: the legacy default stream; cudaStreamPerThread: the calling
+  // thread's (the release is then ordered on the legacy stream, which waits for it);
+  // kNoSyncStream: no wait, the consumer synchronises itself (the buffer is reused only after a
+  // device-wide synchronisation at release). An error when the CUDA calls fail (then do not
+  // use the batch on that stream); it carries kDeviceErrorPayload (error.h).
   absl::Status set_consumer_stream(void* cuda_stream) const;
 
   // A handle that keeps the batch's memory alive (for zero-copy views such as DLPack).

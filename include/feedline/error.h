@@ -20,25 +20,46 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/cord.h"
 
 namespace feedline {
+
+// Failures of the GPU path (a CUDA call that failed: no memory on the device, a sticky error
+// from an earlier kernel, a lost device) carry this payload, so that a binding can tell a dead
+// GPU from a bad sample (Python: feedline.DeviceError, not feedline.DataError).
+inline constexpr char kDeviceErrorPayload[] = "https://feedline.dev/device-error";
+inline absl::Status MarkDeviceError(absl::Status s) {
+  if (!s.ok()) s.SetPayload(kDeviceErrorPayload, absl::Cord("cuda"));
+  return s;
+}
+inline bool IsDeviceError(const absl::Status& s) {
+  return s.GetPayload(kDeviceErrorPayload).has_value();
+}
 
 class Error : public std::runtime_error {
  public:
   // An error is never OK: an OK status or code becomes kUnknown.
   explicit Error(const absl::Status& status)
       : std::runtime_error(std::string(status.message())),
-        code_(status.ok() ? absl::StatusCode::kUnknown : status.code()) {}
+        code_(status.ok() ? absl::StatusCode::kUnknown : status.code()),
+        device_(IsDeviceError(status)) {}
   Error(absl::StatusCode code, const std::string& message)
       : std::runtime_error(message),
         code_(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code) {}
 
   absl::StatusCode code() const noexcept { return code_; }
-  // The error as a status again (code and message), e.g. to return it from a Status function.
-  absl::Status status() const { return absl::Status(code_, what()); }
+  // A failure of the GPU path (kDeviceErrorPayload), not of a sample.
+  bool device_error() const noexcept { return device_; }
+  // The error as a status again (code, message, device mark), e.g. to return it from a Status
+  // function.
+  absl::Status status() const {
+    absl::Status s(code_, what());
+    return device_ ? MarkDeviceError(std::move(s)) : s;
+  }
 
  private:
   absl::StatusCode code_;
+  bool device_ = false;
 };
 
 }  // namespace feedline

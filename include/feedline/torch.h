@@ -21,8 +21,10 @@
 // the iterator again yields the next batch (a range-for loop is left by the exception).
 //
 // The tensors are CPU tensors unless the loader's device is a GPU (`LoaderOptions::device`);
-// then data and target are CUDA tensors that the legacy default stream waits for (this
-// adapter is built against a CPU-only LibTorch here, without c10::cuda's current stream).
+// then data and target are CUDA tensors that the stream they will be used on waits for: pass
+// it (`c10::cuda::getCurrentCUDAStream().stream()` with a CUDA LibTorch) to
+// `DataLoader::set_cuda_stream` or `to_torch`; by default the legacy default stream (the
+// adapter does not link c10_cuda, so it cannot ask for the current stream itself).
 //
 // This header includes only <ATen/core/Tensor.h>, the tensor type: `at::Tensor` *is*
 // `torch::Tensor`. Include <torch/torch.h> (or <torch/types.h>) for the operations. Note that
@@ -65,9 +67,11 @@ struct Batch {
 
 // Zero-copy tensor views of `batch` (which must come from a loader: non-empty). The views keep
 // the batch's slot alive; `batch` itself may be dropped.
-Batch to_torch(const ::feedline::Batch& batch);
+// A GPU batch: `cuda_stream` (a cudaStream_t; null = the legacy default stream) waits for it,
+// and its device buffer is reused only after the work queued there at release.
+Batch to_torch(const ::feedline::Batch& batch, void* cuda_stream = nullptr);
 // One field of `batch` as a zero-copy tensor ([B, ...]; ragged fields: their values, [total]).
-at::Tensor to_tensor(const ::feedline::Batch& batch, int field);
+at::Tensor to_tensor(const ::feedline::Batch& batch, int field, void* cuda_stream = nullptr);
 
 // A `feedline::Loader` with a `torch::data`-like face: a range-for gives `Batch`es.
 class DataLoader {
@@ -93,8 +97,9 @@ class DataLoader {
 
    private:
     friend class DataLoader;
-    explicit Iterator(std::shared_ptr<Epoch> epoch);
+    Iterator(std::shared_ptr<Epoch> epoch, void* cuda_stream);
     std::shared_ptr<Epoch> epoch_;
+    void* cuda_stream_ = nullptr;
     Batch current_;
     bool done_ = true;
   };
@@ -108,6 +113,10 @@ class DataLoader {
   Iterator begin();
   Iterator end() { return Iterator(); }
 
+  // GPU loaders: the stream the batches will be used on (a cudaStream_t; null, the default:
+  // the legacy default stream). Applies to the batches fetched after the call.
+  void set_cuda_stream(void* cuda_stream) noexcept { cuda_stream_ = cuda_stream; }
+
   size_t size() const noexcept;  // batches per epoch (for this rank): len(loader)
   void set_epoch(int64_t epoch);
   int64_t next_epoch() const noexcept;
@@ -118,6 +127,7 @@ class DataLoader {
 
  private:
   std::unique_ptr<Loader> loader_;
+  void* cuda_stream_ = nullptr;
 };
 
 // Scans `source` (ImageFolder directory or list file; it replaces `options.source()`) and

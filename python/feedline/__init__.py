@@ -12,11 +12,12 @@ tensors through DLPack without a copy. Each ``iter(loader)`` starts the next epo
 
 import os
 import re
+import sys
 
 from . import _feedline
-from ._feedline import DataError
+from ._feedline import DataError, DeviceError
 
-__all__ = ["ImageLoader", "DataError", "build_info", "__version__"]
+__all__ = ["ImageLoader", "DataError", "DeviceError", "build_info", "__version__"]
 
 __version__ = _feedline.build_info()["version"]
 
@@ -97,6 +98,20 @@ def _triple(name, value):
     return tuple(float(v) for v in value)
 
 
+def _resolve_cuda(device):
+    """ "cuda" means torch's current device, as in torch (torchrun + torch.cuda.set_device(
+    local_rank) gives each rank its own GPU); without torch's CUDA, the CUDA runtime's."""
+    if device != "cuda":
+        return device
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_available():
+            return f"cuda:{torch.cuda.current_device()}"
+    except Exception:  # noqa: BLE001 (a broken torch CUDA: let feedline's own check report it)
+        pass
+    return device
+
+
 def _world():
     """(rank, world_size): torch.distributed if initialized, else RANK/WORLD_SIZE, else 0/1."""
     try:
@@ -124,8 +139,9 @@ class ImageLoader:
     layout: "NCHW" (default) or "NHWC".
     dtype: "uint8" (default), or "float32" / "float16" / "bfloat16": normalised with mean/std
         (0..1 units), on the CPU by the decoders or on the GPU by a kernel.
-    device: "cpu", or "cuda" / "cuda:N": batches arrive on that GPU, copied on a dedicated
-        stream and converted there; torch.from_dlpack orders them after the current stream.
+    device: "cpu", or "cuda" (torch's current device) / "cuda:N": batches arrive on that GPU,
+        copied on a dedicated stream and converted there; torch.from_dlpack orders them after
+        the current stream. GPU failures raise feedline.DeviceError, never DataError.
     workers, prefetch, io_depth: decoder threads, batches in flight, reads in flight ("auto" or
         an int). memory_budget: bytes the loader may own ("auto", an int or "2GiB").
     on_error: "raise" (feedline.DataError naming the file, at the batch of the sample) or
@@ -202,6 +218,7 @@ class ImageLoader:
         _check_type("device", device, str, "'cpu' or 'cuda[:N]'")
         if device != "cpu" and re.fullmatch(r"cuda(:\d+)?", device) is None:
             raise ValueError(f"device: expected 'cpu' or 'cuda[:N]', got {device!r}")
+        device = _resolve_cuda(device)
         mean = _triple("mean", mean)
         std = _triple("std", std)
         if cache is not None and cache not in ("bytes", "decoded"):

@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cuda/device.h"
+#include "feedline/error.h"
 
 namespace feedline::cuda {
 
@@ -34,10 +35,10 @@ std::vector<DeviceInfo> Devices(std::string* why_none) {
 }
 
 absl::Status CheckDevice(int index) {
-  return absl::FailedPreconditionError(
+  return MarkDeviceError(absl::FailedPreconditionError(
       absl::StrCat("device: cuda:", index,
                    " requested, but this build of feedline has no CUDA path (the "
-                   "CUDA toolkit was not found at build time); use device=\"cpu\""));
+                   "CUDA toolkit was not found at build time); use device=\"cpu\"")));
 }
 
 HostAllocator* PinnedHostAllocator(int) { return nullptr; }

@@ -11,13 +11,15 @@
 #include "absl/strings/str_cat.h"
 #include "cuda/convert_kernel.h"
 #include "cuda/device.h"
+#include "feedline/batch.h"
+#include "feedline/error.h"
 #include "image/convert.h"
 
 namespace feedline::cuda {
 namespace {
 
 absl::Status CudaError(cudaError_t e, absl::string_view what) {
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+  return MarkDeviceError(absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e))));
 }
 
 #define FEEDLINE_CUDA_RETURN(expr)                      \
@@ -88,12 +90,29 @@ class CudaDeviceBatch final : public internal::DeviceBatch {
   ~CudaDeviceBatch() override;
   // Submit failed and took the buffer back: the destructor must not release it again.
   void Disarm() { buffer_ = nullptr; }
+  // `stream` as the DLPack protocol names streams: a cudaStream_t, null or 1 (the legacy
+  // default stream), 2 (the calling thread's per-thread default stream), or kNoSyncStream (-1:
+  // the consumer synchronises itself; nothing to wait on here).
   absl::Status UseOnStream(void* stream) override {
     DeviceGuard guard(device);  // the event and the stream are this device's
     FEEDLINE_CUDA_RETURN(guard.status());
     std::lock_guard<std::mutex> lock(mu_);
-    stream_ = static_cast<cudaStream_t>(stream);
-    FEEDLINE_CUDA_RETURN(cudaStreamWaitEvent(stream_, buffer_->ready, 0));
+    if (stream == kNoSyncStream) {
+      // Unknown consumer streams: the buffer is reused only after the whole device is idle.
+      release_ = Release::kAfterDeviceSync;
+      return absl::OkStatus();
+    }
+    const auto s = static_cast<cudaStream_t>(stream);
+    FEEDLINE_CUDA_RETURN(cudaStreamWaitEvent(s, buffer_->ready, 0));
+    if (s == cudaStreamPerThread) {
+      // Which thread's per-thread stream is not known at release (the batch may be dropped on
+      // another thread): record the release on the legacy stream instead, which waits for
+      // every blocking stream, per-thread default streams included.
+      stream_ = nullptr;
+    } else {
+      stream_ = s == cudaStreamLegacy ? nullptr : s;
+    }
+    release_ = Release::kOnStream;
     return absl::OkStatus();
   }
 
@@ -103,6 +122,7 @@ class CudaDeviceBatch final : public internal::DeviceBatch {
   Buffer* buffer_;
   std::mutex mu_;
   cudaStream_t stream_ = nullptr;  // legacy default stream unless told otherwise
+  enum class Release { kOnStream, kAfterDeviceSync } release_ = Release::kOnStream;
 };
 
 class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
@@ -162,8 +182,17 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
     return std::shared_ptr<internal::DeviceBatch>(std::move(batch));
   }
 
-  void Release(Buffer* b, cudaStream_t consumer) {
+  void Release(Buffer* b, cudaStream_t consumer, bool after_device_sync) {
     DeviceGuard guard(device_);
+    if (after_device_sync) {
+      // The consumer's streams are unknown (DLPack stream -1): reuse once the device is idle,
+      // or never (freed with the stage) when even that fails.
+      if (cudaDeviceSynchronize() != cudaSuccess) return;
+      b->has_release = false;
+      std::lock_guard<std::mutex> lock(mu_);
+      free_.push_back(b);
+      return;
+    }
     // Reuse only after the consumer's work queued so far, and after our own copy. When the
     // event cannot be recorded, wait for the consumer's stream instead; when even that fails,
     // the buffer is not reused (freed with the stage).
@@ -301,7 +330,7 @@ CudaDeviceBatch::~CudaDeviceBatch() {
     cudaEventSynchronize(buffer_->ready);
   }
   host.reset();
-  stage_->Release(buffer_, stream_);
+  stage_->Release(buffer_, stream_, release_ == Release::kAfterDeviceSync);
 }
 
 }  // namespace
@@ -330,13 +359,13 @@ absl::Status CheckDevice(int index) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
-    return absl::FailedPreconditionError(
+    return MarkDeviceError(absl::FailedPreconditionError(
         absl::StrCat("device: cuda:", index, " requested, but no CUDA device/driver is available (",
-                     cudaGetErrorString(e), "); use device=\"cpu\""));
+                     cudaGetErrorString(e), "); use device=\"cpu\"")));
   }
   if (index >= count) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "device: cuda:", index, " requested, but this machine has ", count, " CUDA device(s)"));
+    return MarkDeviceError(absl::FailedPreconditionError(absl::StrCat(
+        "device: cuda:", index, " requested, but this machine has ", count, " CUDA device(s)")));
   }
   return absl::OkStatus();
 }

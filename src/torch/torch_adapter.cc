@@ -62,7 +62,7 @@ at::Tensor LengthsView(const std::shared_ptr<const ::feedline::Batch>& holder, i
 
 }  // namespace
 
-Batch to_torch(const ::feedline::Batch& batch) {
+Batch to_torch(const ::feedline::Batch& batch, void* cuda_stream) {
   const Schema& schema = batch.schema();
   if (schema.size() == 0) {
     throw Error(absl::StatusCode::kInvalidArgument,
@@ -70,9 +70,8 @@ Batch to_torch(const ::feedline::Batch& batch) {
   }
   auto holder = std::make_shared<const ::feedline::Batch>(batch);
   if (batch.device() >= 0) {
-    // A CUDA-enabled LibTorch's default current stream is the legacy default stream: make it
-    // wait for the copy (Debian's LibTorch is CPU-only, so no c10::cuda stream API here).
-    if (absl::Status s = batch.set_consumer_stream(nullptr); !s.ok()) throw Error(s);
+    // The consumer's stream waits for the copy (an event: no host wait).
+    if (absl::Status s = batch.set_consumer_stream(cuda_stream); !s.ok()) throw Error(s);
   }
   int data = schema.Find("image"), target = schema.Find("label");
   if (data < 0) {
@@ -94,10 +93,13 @@ Batch to_torch(const ::feedline::Batch& batch) {
   return out;
 }
 
-at::Tensor to_tensor(const ::feedline::Batch& batch, int field) {
+at::Tensor to_tensor(const ::feedline::Batch& batch, int field, void* cuda_stream) {
   if (field < 0 || field >= batch.num_fields()) {
     throw Error(absl::StatusCode::kInvalidArgument,
                 absl::StrCat("feedline::torch::to_tensor: no field #", field));
+  }
+  if (batch.device() >= 0) {
+    if (absl::Status s = batch.set_consumer_stream(cuda_stream); !s.ok()) throw Error(s);
   }
   return FieldView(std::make_shared<const ::feedline::Batch>(batch), field);
 }
@@ -209,8 +211,8 @@ uint64_t Fingerprint(const char* type_name, int64_t size) {
 // ---------------------------------------------------------------------------------------------
 // DataLoader
 
-DataLoader::Iterator::Iterator(std::shared_ptr<Epoch> epoch)
-    : epoch_(std::move(epoch)), done_(false) {
+DataLoader::Iterator::Iterator(std::shared_ptr<Epoch> epoch, void* cuda_stream)
+    : epoch_(std::move(epoch)), cuda_stream_(cuda_stream), done_(false) {
   ++*this;
 }
 
@@ -219,7 +221,7 @@ DataLoader::Iterator& DataLoader::Iterator::operator++() {
   current_ = Batch();  // drop the previous batch's views before waiting for the next one
   absl::StatusOr<::feedline::Batch> next = epoch_->Next();
   if (next.ok()) {
-    current_ = to_torch(*next);
+    current_ = to_torch(*next, cuda_stream_);
     return *this;
   }
   // kOutOfRange: the epoch is over. kCancelled: a newer epoch started or the loader is gone;
@@ -239,7 +241,7 @@ DataLoader::DataLoader(std::unique_ptr<Loader> loader) : loader_(std::move(loade
 }
 
 DataLoader::Iterator DataLoader::begin() {
-  return Iterator(std::shared_ptr<Epoch>(loader_->StartEpoch()));
+  return Iterator(std::shared_ptr<Epoch>(loader_->StartEpoch()), cuda_stream_);
 }
 
 size_t DataLoader::size() const noexcept { return static_cast<size_t>(loader_->num_batches()); }

@@ -85,6 +85,52 @@ def check_stream_ordering(root, results):
     return ok
 
 
+def check_dlpack_streams(root, results):
+    """__dlpack__ with every stream value DLPack allows: None and 1 (legacy default stream), 2
+    (per-thread default), a stream pointer, -1 (no synchronisation: the consumer synchronises).
+    Each read right away, on that stream, while a long kernel runs on another: the values must
+    be the CPU path's."""
+    kw = dict(batch_size=16, size=64, seed=5, shuffle=False)
+    want = [x.clone() for x, _ in feedline.ImageLoader(root, **kw)]
+    busy = torch.randn(4096, 4096, device="cuda")
+    ok = True
+    for name in ("None", "1", "2", "pointer", "-1"):
+        loader = feedline.ImageLoader(root, device="cuda", prefetch=2, **kw)
+        epoch = loader._loader.start_epoch()
+        side = torch.cuda.Stream()
+        bad = 0
+        for b in range(min(6, len(want))):
+            images, _, _, _ = epoch.next()
+            with torch.cuda.stream(side):
+                busy = busy @ busy.t() / 4096  # the copy stage must not wait for this
+            stream = {"None": None, "1": 1, "2": 2, "-1": -1,
+                      "pointer": torch.cuda.current_stream().cuda_stream}[name]
+            t = torch.utils.dlpack.from_dlpack(images.__dlpack__(stream=stream))
+            if name in ("-1", "2"):
+                # -1: synchronising is our promise; 2: the per-thread stream waited, but torch
+                # reads on its own current stream, so wait for the device before reading
+                torch.cuda.synchronize()
+            got = t.cpu()
+            bad += int(not torch.equal(got, want[b]))
+            del t, images
+        epoch.cancel()
+        results[f"dlpack_stream_{name}_ok"] = bad == 0
+        print(f"__dlpack__(stream={name}): {'ok' if bad == 0 else f'{bad} batches WRONG'}")
+        ok &= bad == 0
+    # cuda:N beyond the machine: a DeviceError (never DataError), the current device untouched
+    before = torch.cuda.current_device()
+    try:
+        feedline.ImageLoader(root, device=f"cuda:{torch.cuda.device_count()}", **kw)
+        refused = False
+    except feedline.DeviceError:
+        refused = True
+    same = torch.cuda.current_device() == before
+    results["missing_device_refused"] = refused and same
+    print(f"cuda:{torch.cuda.device_count()} refused with DeviceError: {refused}; "
+          f"current device untouched: {same}")
+    return ok and refused and same
+
+
 def check_leaks(root, results, epochs=30):
     loader = feedline.ImageLoader(root, batch_size=64, size=128, device="cuda", dtype="float16")
     for _ in range(3):
@@ -181,6 +227,7 @@ def main():
         print(f"data set: 256 JPEGs in {time.perf_counter() - t:.1f} s")
         ok = check_correctness(root, results)
         ok &= check_stream_ordering(root, results)
+        ok &= check_dlpack_streams(root, results)
         ok &= check_leaks(root, results)
         measure(root, results)
     results["ok"] = bool(ok)

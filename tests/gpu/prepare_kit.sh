@@ -28,12 +28,12 @@ for l in "${libs[@]}"; do cp -a "$l" "$KIT/lib/"; done
 for dep in $(ldd $LIBDIR/libopencv_core.so.406 $LIBDIR/libspng.so.0 $LIBDIR/libtiff.so.6 \
                $LIBDIR/libwebpdemux.so.2 | awk '/=>/ {print $3}' | sort -u); do
   case "$(basename "$dep")" in
-    libc.so*|libm.so*|libpthread*|libdl.so*|librt.so*|ld-linux*) ;;
+    libc.so*|libm.so*|libpthread*|libdl.so*|librt.so*|ld-linux*|libstdc++*|libgcc_s*) ;;
     *) cp -L "$dep" "$KIT/lib/" ;;
   esac
 done
-cp -L $LIBDIR/libstdc++.so.6 $LIBDIR/libgcc_s.so.1 "$KIT/lib/" 2>/dev/null || \
-  cp -L /lib/x86_64-linux-gnu/libgcc_s.so.1 "$KIT/lib/"
+# Not libstdc++/libgcc_s: the GPU machine's compiler may be newer than this machine's, and an
+# older libstdc++ first on LD_LIBRARY_PATH would break what that compiler builds.
 ( cd "$KIT/lib" && for f in libopencv_core libopencv_imgproc; do ln -sf $f.so.4.6.0 $f.so.406; ln -sf $f.so.406 $f.so; done
   ln -sf libtbb.so.12 libtbb.so; ln -sf "$(ls libjpeg.so.62.* | head -1)" libjpeg.so.62 || true
   ln -sf libjpeg.so.62 libjpeg.so; ln -sf "$(ls libturbojpeg.so.0.* | head -1)" libturbojpeg.so.0 || true

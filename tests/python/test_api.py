@@ -176,11 +176,29 @@ def test_cuda_request_without_cuda_is_clear(small_folder):
         pytest.skip("a GPU is present")
     import time
     start = time.monotonic()
-    with pytest.raises(RuntimeError, match="no CUDA device/driver|no CUDA path"):
+    with pytest.raises(feedline.DeviceError, match="no CUDA device/driver|no CUDA path"):
         feedline.ImageLoader(small_folder, device="cuda")
     assert time.monotonic() - start < 1.0  # fails at once, not after a hang
     with pytest.raises(ValueError, match="device"):
         feedline.ImageLoader(small_folder, device="gpu")
+
+
+def test_device_error_is_not_a_data_error():
+    """A dead GPU must not be swallowed by `except feedline.DataError: continue`."""
+    assert issubclass(feedline.DeviceError, RuntimeError)
+    assert not issubclass(feedline.DeviceError, feedline.DataError)
+    assert not issubclass(feedline.DataError, feedline.DeviceError)
+
+
+def test_cuda_means_torchs_current_device(small_folder, monkeypatch):
+    """device="cuda" is torch's current device (torchrun: torch.cuda.set_device(local_rank)),
+    not GPU 0: resolved through torch when torch has CUDA (faked here: no GPU)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    with pytest.raises(feedline.DeviceError, match="cuda:3"):
+        feedline.ImageLoader(small_folder, device="cuda")
+    with pytest.raises(feedline.DeviceError, match="cuda:1"):  # explicit indices stay
+        feedline.ImageLoader(small_folder, device="cuda:1")
 
 
 # --- documented in DESIGN.md, not (yet) in the package ------------------------------------------

@@ -348,8 +348,17 @@ TEST_CASE("bad schemas, data sets and options are refused with the reason", "[en
   REQUIRE(absl::IsInvalidArgument(
       Loader::Create(docs, ok_transform, LoaderOptions().cache(feedline::Cache::kDecoded))
           .status()));
-  REQUIRE(absl::IsFailedPrecondition(
-      Loader::Create(docs, ok_transform, LoaderOptions().device("cuda:0")).status()));
+  const absl::Status no_gpu =
+      Loader::Create(docs, ok_transform, LoaderOptions().device("cuda:0")).status();
+  REQUIRE(absl::IsFailedPrecondition(no_gpu));
+  // A GPU failure is marked as one (bindings raise DeviceError, never DataError), and the mark
+  // survives the throwing boundary and back.
+  REQUIRE(feedline::IsDeviceError(no_gpu));
+  const feedline::Error thrown(no_gpu);
+  REQUIRE(thrown.device_error());
+  REQUIRE(feedline::IsDeviceError(thrown.status()));
+  REQUIRE_FALSE(feedline::Error(absl::DataLossError("f.jpg: corrupt")).device_error());
+  REQUIRE_FALSE(feedline::IsDeviceError(feedline::MarkDeviceError(absl::OkStatus())));
   // The slot is sized from the schema: a budget that cannot hold one batch says so.
   auto big = Loader::Create(docs, ok_transform,
                             LoaderOptions().batch_size(1 << 20).memory_budget(64 << 20));
