@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "feedline/feedline.h"
+#include "feedline/text.h"
 
 namespace py = pybind11;
 
@@ -58,7 +59,7 @@ struct DLManagedTensor {
 // Owns what a DLManagedTensor points into: a reference to the batch, and the shape.
 struct DLPackOwner {
   std::shared_ptr<const void> keep_alive;
-  int64_t shape[4];
+  std::vector<int64_t> shape;  // any rank: generic schemas have fields of any shape
   DLManagedTensor managed;
 };
 
@@ -115,13 +116,13 @@ class ArrayView {
     }
     auto* owner = new DLPackOwner();
     owner->keep_alive = batch_;
-    for (size_t i = 0; i < shape_.size(); ++i) owner->shape[i] = shape_[i];
+    owner->shape = shape_;
     DLTensor& t = owner->managed.dl_tensor;
     t.data = data_;
     t.device = device_ >= 0 ? DLDevice{kDLCUDA, device_} : DLDevice{kDLCPU, 0};
     t.ndim = static_cast<int32_t>(shape_.size());
     t.dtype = dtype_;
-    t.shape = owner->shape;
+    t.shape = owner->shape.data();
     t.strides = nullptr;  // compact row-major
     t.byte_offset = 0;
     owner->managed.manager_ctx = owner;
@@ -297,6 +298,51 @@ const feedline::FileList& FilesOf(const feedline::Loader& l) {
   return files != nullptr ? files->files() : *none;
 }
 
+// The epoch's next batch, waiting with the GIL released (and Ctrl-C honoured); StopIteration at
+// the end, the sample's error (DataError, DeviceError, ...) when it failed.
+feedline::Batch NextBatch(feedline::Epoch& e) {
+  absl::StatusOr<feedline::Batch> batch;
+  {
+    py::gil_scoped_release release;
+    batch = e.Next(
+        [] {
+          py::gil_scoped_acquire acquire;
+          if (PyErr_CheckSignals() != 0) return absl::CancelledError("interrupted");
+          return absl::OkStatus();
+        },
+        absl::Milliseconds(100));
+  }
+  if (!batch.ok()) {
+    if (PyErr_Occurred()) throw py::error_already_set();
+    if (absl::IsOutOfRange(batch.status()) || absl::IsCancelled(batch.status())) {
+      throw py::stop_iteration();
+    }
+    ThrowStatus(batch.status(), /*sample_error=*/true);
+  }
+  return *std::move(batch);
+}
+
+// Every field of a batch by name (any schema): dense fields as [B, ...] views; a padded
+// variable field also gives "<name>_lengths"; a ragged one its values and "<name>_offsets".
+py::dict FieldsOf(const feedline::Batch& b) {
+  auto keep = std::make_shared<const feedline::Batch>(b);
+  py::dict out;
+  const int64_t n = b.size();
+  for (int f = 0; f < b.num_fields(); ++f) {
+    const feedline::TensorView v = b.field(f);
+    const std::string name = b.schema().field(f).name();
+    out[py::str(name)] = ArrayView(keep, v.data, ImageDType(v.dtype), v.shape, v.device);
+    if (v.ragged()) {
+      out[py::str(name + "_offsets")] =
+          ArrayView(keep, const_cast<int64_t*>(v.offsets), DLDataType{kDLInt, 64, 1}, {n + 1}, -1);
+    } else if (v.lengths != nullptr) {
+      out[py::str(name + "_lengths")] =
+          ArrayView(keep, const_cast<int64_t*>(v.lengths), DLDataType{kDLInt, 64, 1}, {n}, -1);
+    }
+  }
+  return out;
+}
+
 PYBIND11_MODULE(_feedline, m) {
   m.doc() = "feedline: a high-throughput image loader (C++ core)";
   g_data_error = py::reinterpret_steal<py::object>(
@@ -311,6 +357,46 @@ PYBIND11_MODULE(_feedline, m) {
       "sample's fault, so never a DataError.",
       PyExc_RuntimeError, nullptr));
   m.attr("DeviceError") = g_device_error;
+
+  // The text built-in's token windows (feedline/text.h) on the generic engine.
+  m.def(
+      "token_loader",
+      [](const std::string& path, const std::string& dtype, int64_t seq_len, int64_t vocab_size,
+         int64_t batch_size, bool shuffle, uint64_t seed, bool drop_last, int rank, int world_size,
+         int workers, int prefetch, int64_t memory_budget, const std::string& on_error,
+         int64_t max_errors) {
+        feedline::text::TokenFileOptions t;
+        t.path = path;
+        t.dtype = ParseEnum<feedline::text::TokenDType>(
+            dtype, "dtype",
+            {{"uint16", feedline::text::TokenDType::kUint16},
+             {"uint32", feedline::text::TokenDType::kUint32}});
+        t.seq_len = seq_len;
+        t.vocab_size = vocab_size;
+        feedline::LoaderOptions o;
+        o.batch_size(batch_size).shuffle(shuffle).seed(seed).drop_last(drop_last);
+        o.rank(rank).world_size(world_size).workers(workers).prefetch(prefetch);
+        o.memory_budget(memory_budget).max_errors(max_errors);
+        o.on_error(ParseEnum<feedline::OnError>(
+            on_error, "on_error",
+            {{"raise", feedline::OnError::kRaise}, {"skip", feedline::OnError::kSkip}}));
+        absl::StatusOr<std::unique_ptr<feedline::Loader>> loader;
+        {
+          py::gil_scoped_release release;
+          absl::StatusOr<feedline::text::TokenWindows> w = feedline::text::OpenTokenWindows(t);
+          if (!w.ok()) {
+            loader = w.status();
+          } else {
+            loader = feedline::Loader::Create(w->dataset, w->transform, std::move(o));
+          }
+        }
+        if (!loader.ok()) ThrowStatus(loader.status(), false);
+        return std::move(*loader);
+      },
+      py::arg("path"), py::arg("dtype"), py::arg("seq_len"), py::arg("vocab_size"),
+      py::arg("batch_size"), py::arg("shuffle"), py::arg("seed"), py::arg("drop_last"),
+      py::arg("rank"), py::arg("world_size"), py::arg("workers"), py::arg("prefetch"),
+      py::arg("memory_budget"), py::arg("on_error"), py::arg("max_errors"));
 
   m.def("build_info", [] {
     feedline::BuildInfo b = feedline::GetBuildInfo();
@@ -339,37 +425,29 @@ PYBIND11_MODULE(_feedline, m) {
              e.Cancel();
            })
       // Returns (images, labels, indices, batch_index) or raises StopIteration.
-      .def("next", [](feedline::Epoch& e) {
-        absl::StatusOr<feedline::Batch> batch;
-        {
-          py::gil_scoped_release release;
-          batch = e.Next(
-              [] {
-                py::gil_scoped_acquire acquire;
-                if (PyErr_CheckSignals() != 0) return absl::CancelledError("interrupted");
-                return absl::OkStatus();
-              },
-              absl::Milliseconds(100));
-        }
-        if (!batch.ok()) {
-          if (PyErr_Occurred()) throw py::error_already_set();
-          if (absl::IsOutOfRange(batch.status()) || absl::IsCancelled(batch.status())) {
-            throw py::stop_iteration();
-          }
-          ThrowStatus(batch.status(), /*sample_error=*/true);
-        }
-        const feedline::Batch& b = *batch;
-        const auto shape = b.image_shape();
+      .def("next",
+           [](feedline::Epoch& e) {
+             const feedline::Batch b = NextBatch(e);
+             const auto shape = b.image_shape();
+             auto keep = std::make_shared<const feedline::Batch>(b);
+             const int64_t n = b.size();
+             const int device = b.device();
+             ArrayView images(keep, const_cast<uint8_t*>(b.images()), ImageDType(b.dtype()),
+                              {shape[0], shape[1], shape[2], shape[3]}, device);
+             ArrayView labels(keep, const_cast<int64_t*>(b.labels()), DLDataType{kDLInt, 64, 1},
+                              {n}, device);
+             ArrayView indices(keep, const_cast<int64_t*>(b.indices()), DLDataType{kDLInt, 64, 1},
+                               {n}, -1);
+             return py::make_tuple(std::move(images), std::move(labels), std::move(indices),
+                                   b.index());
+           })
+      // Any schema: ({field name: view}, indices, batch_index) or raises StopIteration.
+      .def("next_fields", [](feedline::Epoch& e) {
+        const feedline::Batch b = NextBatch(e);
         auto keep = std::make_shared<const feedline::Batch>(b);
-        const int64_t n = b.size();
-        const int device = b.device();
-        ArrayView images(keep, const_cast<uint8_t*>(b.images()), ImageDType(b.dtype()),
-                         {shape[0], shape[1], shape[2], shape[3]}, device);
-        ArrayView labels(keep, const_cast<int64_t*>(b.labels()), DLDataType{kDLInt, 64, 1}, {n},
-                         device);
-        ArrayView indices(keep, const_cast<int64_t*>(b.indices()), DLDataType{kDLInt, 64, 1}, {n},
-                          -1);
-        return py::make_tuple(std::move(images), std::move(labels), std::move(indices), b.index());
+        ArrayView indices(keep, const_cast<int64_t*>(b.indices()), DLDataType{kDLInt, 64, 1},
+                          {b.size()}, -1);
+        return py::make_tuple(FieldsOf(b), std::move(indices), b.index());
       });
 
   py::class_<feedline::Loader>(m, "Loader")

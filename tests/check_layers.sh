@@ -20,6 +20,7 @@ check src/core 'engine/|image/|io/|text/|cuda/|torch/|loaders/|tune/' "src/core 
 check src/tune 'engine/|image/|io/|text/|cuda/|torch/|loaders/' "src/tune is a pure model"
 check src/image 'engine/|io/|cuda/|torch/|loaders/' "src/image depends on the public API and core only"
 check src/io 'engine/|image/|cuda/|torch/|loaders/' "src/io depends on the public API and core only"
+check src/text 'engine/|image/|io/|cuda/|torch/|loaders/' "src/text depends on the public API and core only"
 check include/feedline 'core/|engine/|image/|io/|cuda/|tune/|loaders/' "public headers include public headers only"
 if ((status == 0)); then echo "layers: ok"; fi
 exit $status

@@ -17,7 +17,8 @@ import sys
 from . import _feedline
 from ._feedline import DataError, DeviceError
 
-__all__ = ["ImageLoader", "DataError", "DeviceError", "build_info", "__version__"]
+__all__ = ["ImageLoader", "TokenLoader", "DataError", "DeviceError", "build_info",
+           "__version__"]
 
 __version__ = _feedline.build_info()["version"]
 
@@ -336,6 +337,132 @@ class ImageLoader:
     def __repr__(self):
         return (f"feedline.ImageLoader({self.source!r}, batch_size={self.batch_size}, "
                 f"batches={len(self)}, workers={self.workers}, prefetch={self.prefetch})")
+
+
+class TokenLoader:
+    """Batches of token windows from a pre-tokenized token file (a flat array of uint16 or
+    uint32 ids: nanoGPT's train.bin, or np.array(ids, dtype).tofile(path)), memory-mapped.
+
+    Sample i is the window of seq_len + 1 tokens at token i * (seq_len + 1): the windows tile
+    the file (the tail shorter than a window is left out) and every epoch yields each window
+    once, shuffled. Each batch is a dict:
+        "input_ids": int64 [B, seq_len]    tokens [start, start + seq_len)
+        "labels":    int64 [B, seq_len]    tokens [start + 1, start + seq_len + 1)
+    vocab_size: when given, a token id >= vocab_size is a DataError naming the file and the
+    offset (on_error="skip" replaces the window instead). shuffle/seed/drop_last/rank/
+    world_size/workers/prefetch/memory_budget/state_dict/stats as for ImageLoader;
+    return_index=True adds "index" (the window numbers).
+    """
+
+    def __init__(self, path, seq_len, batch_size=32, dtype="uint16", shuffle=True, seed=0,
+                 drop_last=False, vocab_size=None, rank=None, world_size=None, workers="auto",
+                 prefetch="auto", memory_budget="auto", on_error="raise", max_errors=None,
+                 return_index=False):
+        path = os.fsdecode(os.fspath(_check_type("path", path, (str, bytes, os.PathLike),
+                                                 "a path")))
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"path: {path}: no such file")
+        _check_type("seq_len", seq_len, int, "an int")
+        if seq_len < 1:
+            raise ValueError(f"seq_len: must be >= 1, got {seq_len}")
+        dtype = str(dtype).replace("torch.", "").replace("numpy.", "")
+        if dtype not in ("uint16", "uint32"):
+            raise ValueError(f"dtype: expected 'uint16' or 'uint32', got {dtype!r}")
+        _check_type("batch_size", batch_size, int, "an int")
+        _check_type("shuffle", shuffle, bool, "a bool")
+        _check_type("seed", seed, int, "an int")
+        if seed < 0:
+            raise ValueError(f"seed: must be >= 0, got {seed}")
+        _check_type("drop_last", drop_last, bool, "a bool")
+        if vocab_size is not None:
+            _check_type("vocab_size", vocab_size, int, "an int")
+            if vocab_size < 1:
+                raise ValueError(f"vocab_size: must be >= 1, got {vocab_size}")
+        _check_type("on_error", on_error, str, "'raise' or 'skip'")
+        _check_type("return_index", return_index, bool, "a bool")
+        if rank is None or world_size is None:
+            r, w = _world()
+            rank = r if rank is None else rank
+            world_size = w if world_size is None else world_size
+        self._loader = _feedline.token_loader(
+            path=path, dtype=dtype, seq_len=seq_len, vocab_size=vocab_size or 0,
+            batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
+            world_size=world_size, workers=_parse_count("workers", workers),
+            prefetch=_parse_count("prefetch", prefetch),
+            memory_budget=_parse_bytes("memory_budget", memory_budget), on_error=on_error,
+            max_errors=_parse_count("max_errors", max_errors))
+        self.path = path
+        self.seq_len = seq_len
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self._return_index = return_index
+
+    def __len__(self):
+        """Batches per epoch for this rank."""
+        return len(self._loader)
+
+    def __iter__(self):
+        return _FieldsIterator(self._loader.start_epoch(), self._return_index, self)
+
+    @property
+    def num_samples(self):
+        """Windows per epoch for this rank."""
+        return self._loader.num_samples
+
+    set_epoch = ImageLoader.set_epoch
+    state_dict = ImageLoader.state_dict
+    load_state_dict = ImageLoader.load_state_dict
+    stats = ImageLoader.stats
+    save_trace = ImageLoader.save_trace
+    workers = ImageLoader.workers
+    prefetch = ImageLoader.prefetch
+
+    def __repr__(self):
+        return (f"feedline.TokenLoader({self.path!r}, seq_len={self.seq_len}, "
+                f"batch_size={self.batch_size}, batches={len(self)}, workers={self.workers})")
+
+
+class _FieldsIterator:
+    """One epoch of a loader of any schema: dicts of tensors by field name."""
+
+    def __init__(self, epoch, return_index, owner):
+        import torch
+        self._from_dlpack = torch.from_dlpack
+        self._owner = owner
+        self._epoch = epoch
+        self._return_index = return_index
+
+    def __iter__(self):
+        return self
+
+    def __len__(self):
+        return len(self._epoch) if self._epoch is not None else 0
+
+    def __next__(self):
+        if self._epoch is None:
+            raise StopIteration
+        try:
+            fields, indices, _ = self._epoch.next_fields()
+        except StopIteration:
+            self.close()
+            raise
+        out = {name: self._from_dlpack(view) for name, view in fields.items()}
+        if self._return_index:
+            out["index"] = self._from_dlpack(indices)
+        return out
+
+    def close(self):
+        epoch, self._epoch = self._epoch, None
+        if epoch is not None:
+            epoch.cancel()
+            del epoch
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 (interpreter shutdown)
+            pass
 
 
 class _EpochIterator:

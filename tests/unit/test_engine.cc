@@ -14,6 +14,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "feedline/feedline.h"
+#include "feedline/text.h"
+#include "test_util.h"
 
 using feedline::Batch;
 using feedline::Collate;
@@ -495,4 +497,52 @@ TEST_CASE("data sets with empty records: workers read inline; same bytes, errors
               absl::StrCat("sample ", want, ": multiple of 7"));
     }
   }
+}
+
+TEST_CASE("token windows: every window once, labels shifted, bad files named", "[engine]") {
+  feedline::testing::TempDir tmp;
+  const std::string dir = tmp.path();
+  const std::string path = dir + "/train.bin";
+  std::vector<uint16_t> ids(10007);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = uint16_t((i * 2654435761u) >> 16);
+  feedline::testing::WriteFile(
+      path, std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 2));
+  const int64_t L = 40;
+  auto w = feedline::text::OpenTokenWindows({path, feedline::text::TokenDType::kUint16, L, 0});
+  REQUIRE(w.ok());
+  REQUIRE(w->dataset->size() == int64_t(ids.size()) / (L + 1));
+  auto loader =
+      Loader::Create(w->dataset, w->transform, LoaderOptions().batch_size(16).seed(4).workers(2));
+  REQUIRE(loader.ok());
+  std::vector<int> seen(size_t(w->dataset->size()), 0);
+  auto epoch = (*loader)->StartEpoch();
+  for (;;) {
+    absl::StatusOr<feedline::Batch> b = epoch->Next();
+    if (absl::IsOutOfRange(b.status())) break;
+    REQUIRE(b.ok());
+    const auto* x = static_cast<const int64_t*>(b->field("input_ids").data);
+    const auto* y = static_cast<const int64_t*>(b->field("labels").data);
+    for (int64_t s = 0; s < b->size(); ++s) {
+      const int64_t win = b->indices()[s];
+      ++seen[size_t(win)];
+      for (int64_t j = 0; j < L; ++j) {
+        REQUIRE(x[s * L + j] == ids[size_t(win * (L + 1) + j)]);
+        REQUIRE(y[s * L + j] == ids[size_t(win * (L + 1) + j + 1)]);
+      }
+    }
+  }
+  for (int c : seen) REQUIRE(c == 1);
+  // A file that is not whole tokens, and a vocabulary check, name the file.
+  const std::string odd = dir + "/odd.bin";
+  feedline::testing::WriteFile(odd, "x");
+  auto bad = feedline::text::OpenTokenWindows({odd, feedline::text::TokenDType::kUint16, 4, 0});
+  REQUIRE(absl::IsDataLoss(bad.status()));
+  REQUIRE(std::string(bad.status().message()).find("odd.bin") != std::string::npos);
+  auto vocab = feedline::text::OpenTokenWindows({path, feedline::text::TokenDType::kUint16, L, 7});
+  REQUIRE(vocab.ok());
+  auto strict = Loader::Create(vocab->dataset, vocab->transform, LoaderOptions().batch_size(4));
+  REQUIRE(strict.ok());
+  absl::StatusOr<feedline::Batch> first = (*strict)->StartEpoch()->Next();
+  REQUIRE(absl::IsDataLoss(first.status()));
+  REQUIRE(std::string(first.status().message()).find("vocab_size 7") != std::string::npos);
 }
