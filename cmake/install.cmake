@@ -62,6 +62,7 @@ install(FILES
     # For the dependencies that ship no CMake package (see feedlineConfig.cmake.in).
     ${PROJECT_SOURCE_DIR}/cmake/FindSPNG.cmake
     ${PROJECT_SOURCE_DIR}/cmake/FindWebP.cmake
+    ${PROJECT_SOURCE_DIR}/cmake/FindSentencePiece.cmake
     ${PROJECT_SOURCE_DIR}/cmake/FindOpenCVImgproc.cmake
   DESTINATION ${FEEDLINE_INSTALL_CMAKEDIR}
   COMPONENT feedline)

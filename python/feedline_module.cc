@@ -398,6 +398,48 @@ PYBIND11_MODULE(_feedline, m) {
       py::arg("rank"), py::arg("world_size"), py::arg("workers"), py::arg("prefetch"),
       py::arg("memory_budget"), py::arg("on_error"), py::arg("max_errors"));
 
+  // Documents from text / JSON Lines files, tokenized in the workers (feedline/text.h).
+  m.def(
+      "text_loader",
+      [](const std::string& path, const std::string& field, const std::string& model,
+         int64_t max_length, bool add_bos, bool add_eos, int64_t batch_size, bool shuffle,
+         uint64_t seed, bool drop_last, int rank, int world_size, int workers, int prefetch,
+         int64_t memory_budget, const std::string& on_error, int64_t max_errors) {
+        feedline::LoaderOptions o;
+        o.batch_size(batch_size).shuffle(shuffle).seed(seed).drop_last(drop_last);
+        o.rank(rank).world_size(world_size).workers(workers).prefetch(prefetch);
+        o.memory_budget(memory_budget).max_errors(max_errors);
+        o.on_error(ParseEnum<feedline::OnError>(
+            on_error, "on_error",
+            {{"raise", feedline::OnError::kRaise}, {"skip", feedline::OnError::kSkip}}));
+        absl::StatusOr<std::unique_ptr<feedline::Loader>> loader;
+        {
+          py::gil_scoped_release release;
+          loader = [&]() -> absl::StatusOr<std::unique_ptr<feedline::Loader>> {
+            auto tokenizer = feedline::text::LoadSentencePiece(model);
+            if (!tokenizer.ok()) return tokenizer.status();
+            auto docs = feedline::text::OpenTextLines({path, field});
+            if (!docs.ok()) return docs.status();
+            feedline::text::TokenizeOptions t;
+            t.tokenizer = *tokenizer;
+            t.max_length = max_length;
+            t.add_bos = add_bos;
+            t.add_eos = add_eos;
+            t.field = field;
+            auto transform = feedline::text::MakeTokenizeTransform(t);
+            if (!transform.ok()) return transform.status();
+            return feedline::Loader::Create(*docs, *transform, std::move(o));
+          }();
+        }
+        if (!loader.ok()) ThrowStatus(loader.status(), false);
+        return std::move(*loader);
+      },
+      py::arg("path"), py::arg("field"), py::arg("model"), py::arg("max_length"),
+      py::arg("add_bos"), py::arg("add_eos"), py::arg("batch_size"), py::arg("shuffle"),
+      py::arg("seed"), py::arg("drop_last"), py::arg("rank"), py::arg("world_size"),
+      py::arg("workers"), py::arg("prefetch"), py::arg("memory_budget"), py::arg("on_error"),
+      py::arg("max_errors"));
+
   m.def("build_info", [] {
     feedline::BuildInfo b = feedline::GetBuildInfo();
     py::dict d;

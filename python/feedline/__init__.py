@@ -17,7 +17,7 @@ import sys
 from . import _feedline
 from ._feedline import DataError, DeviceError
 
-__all__ = ["ImageLoader", "TokenLoader", "DataError", "DeviceError", "build_info",
+__all__ = ["ImageLoader", "TextLoader", "TokenLoader", "DataError", "DeviceError", "build_info",
            "__version__"]
 
 __version__ = _feedline.build_info()["version"]
@@ -423,15 +423,107 @@ class TokenLoader:
                 f"batch_size={self.batch_size}, batches={len(self)}, workers={self.workers})")
 
 
+class TextLoader:
+    """Batches of tokenized documents: a text file (one document per line; blank lines are not
+    documents) or JSON Lines (field="text": the document's text in that field), tokenized by
+    SentencePiece in feedline's worker threads (no Python, no GIL), padded per batch.
+
+    tokenizer: the path of a SentencePiece model (.model, e.g. from spm_train): the ids equal
+        Python sentencepiece's encode for it; add_bos/add_eos add the model's BOS/EOS ids.
+    max_length: longer documents are truncated (after BOS/EOS).
+    Each batch is a dict of int64 tensors: "input_ids" [B, L] (L = the batch's longest, padded
+    with the model's pad id, else 0), "attention_mask" [B, L] (1 for real tokens), "lengths"
+    [B]; "index" [B] (the documents' line order) with return_index=True. An invalid UTF-8
+    line, a JSON line without the field and an empty document are DataErrors naming file:line
+    (on_error="skip" replaces them). shuffle/seed/rank/world_size/state_dict/stats as for
+    ImageLoader. pack="concat"/"bestfit" (sequence packing) is not built yet.
+    """
+
+    def __init__(self, source, tokenizer, max_length=512, batch_size=32, field=None,
+                 add_bos=False, add_eos=False, pack=None, shuffle=True, seed=0, drop_last=False,
+                 rank=None, world_size=None, workers="auto", prefetch="auto",
+                 memory_budget="auto", on_error="raise", max_errors=None, return_index=False):
+        source = os.fsdecode(os.fspath(_check_type("source", source, (str, bytes, os.PathLike),
+                                                   "a path")))
+        if not os.path.exists(source):
+            raise FileNotFoundError(f"source: {source}: no such file")
+        tokenizer = os.fsdecode(os.fspath(_check_type(
+            "tokenizer", tokenizer, (str, bytes, os.PathLike), "a SentencePiece model path")))
+        if not os.path.exists(tokenizer):
+            raise FileNotFoundError(f"tokenizer: {tokenizer}: no such file")
+        if pack is not None:
+            raise NotImplementedError("pack: sequence packing ('concat', 'bestfit') is not "
+                                      "built yet; use pack=None (padded batches)")
+        _check_type("max_length", max_length, int, "an int")
+        if max_length < 1:
+            raise ValueError(f"max_length: must be >= 1, got {max_length}")
+        if field is not None:
+            _check_type("field", field, str, "a JSON field name")
+            if not field:
+                raise ValueError("field: must not be empty")
+        for name, v in (("add_bos", add_bos), ("add_eos", add_eos), ("shuffle", shuffle),
+                        ("drop_last", drop_last), ("return_index", return_index)):
+            _check_type(name, v, bool, "a bool")
+        _check_type("batch_size", batch_size, int, "an int")
+        _check_type("seed", seed, int, "an int")
+        if seed < 0:
+            raise ValueError(f"seed: must be >= 0, got {seed}")
+        _check_type("on_error", on_error, str, "'raise' or 'skip'")
+        if rank is None or world_size is None:
+            r, w = _world()
+            rank = r if rank is None else rank
+            world_size = w if world_size is None else world_size
+        self._loader = _feedline.text_loader(
+            path=source, field=field or "", model=tokenizer, max_length=max_length,
+            add_bos=add_bos, add_eos=add_eos, batch_size=batch_size, shuffle=shuffle, seed=seed,
+            drop_last=drop_last, rank=rank, world_size=world_size,
+            workers=_parse_count("workers", workers),
+            prefetch=_parse_count("prefetch", prefetch),
+            memory_budget=_parse_bytes("memory_budget", memory_budget), on_error=on_error,
+            max_errors=_parse_count("max_errors", max_errors))
+        self.source = source
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self._return_index = return_index
+
+    def __len__(self):
+        return len(self._loader)
+
+    def __iter__(self):
+        return _FieldsIterator(self._loader.start_epoch(), self._return_index, self,
+                               padded="input_ids")
+
+    @property
+    def num_samples(self):
+        return self._loader.num_samples
+
+    set_epoch = ImageLoader.set_epoch
+    state_dict = ImageLoader.state_dict
+    load_state_dict = ImageLoader.load_state_dict
+    stats = ImageLoader.stats
+    save_trace = ImageLoader.save_trace
+    workers = ImageLoader.workers
+    prefetch = ImageLoader.prefetch
+
+    def __repr__(self):
+        return (f"feedline.TextLoader({self.source!r}, tokenizer={self.tokenizer!r}, "
+                f"batch_size={self.batch_size}, batches={len(self)}, workers={self.workers})")
+
+
 class _FieldsIterator:
     """One epoch of a loader of any schema: dicts of tensors by field name."""
 
-    def __init__(self, epoch, return_index, owner):
+    def __init__(self, epoch, return_index, owner, padded=None):
         import torch
+        self._torch = torch
         self._from_dlpack = torch.from_dlpack
         self._owner = owner
         self._epoch = epoch
         self._return_index = return_index
+        self._padded = padded  # a padded field: "lengths" and "attention_mask" from its lengths
 
     def __iter__(self):
         return self
@@ -448,6 +540,11 @@ class _FieldsIterator:
             self.close()
             raise
         out = {name: self._from_dlpack(view) for name, view in fields.items()}
+        if self._padded is not None:
+            lengths = out.pop(self._padded + "_lengths")
+            width = out[self._padded].shape[1]
+            out["attention_mask"] = (self._torch.arange(width)[None, :] < lengths[:, None]).long()
+            out["lengths"] = lengths
         if self._return_index:
             out["index"] = self._from_dlpack(indices)
         return out

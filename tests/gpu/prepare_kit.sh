@@ -16,14 +16,15 @@ cp /usr/include/opencv4/opencv2/{core.hpp,imgproc.hpp,opencv_modules.hpp,cvconfi
 cp /usr/include/opencv4/opencv2/{core.hpp,imgproc.hpp,opencv_modules.hpp} "$KIT/include/opencv4/opencv2/"
 cp /usr/include/jpeglib.h /usr/include/jerror.h /usr/include/jmorecfg.h /usr/include/turbojpeg.h \
    /usr/include/spng.h /usr/include/gif_lib.h "$KIT/include/"
-cp -r /usr/include/webp "$KIT/include/"
+cp -r /usr/include/webp /usr/include/nlohmann "$KIT/include/"
+cp /usr/include/sentencepiece_processor.h "$KIT/include/"
 cp /usr/include/x86_64-linux-gnu/tiff*.h "$KIT/include/"
 cp /usr/include/x86_64-linux-gnu/jconfig.h "$KIT/include/"
 # The libraries and everything they load that a minimal machine may lack (not glibc itself).
 libs=( $LIBDIR/libabsl_*.so.20220623* $LIBDIR/libtbb.so.12* $LIBDIR/libjpeg.so.62* \
        $LIBDIR/libturbojpeg.so.0* $LIBDIR/libspng.so.0* $LIBDIR/libopencv_core.so.4.6.0 \
        $LIBDIR/libopencv_imgproc.so.4.6.0 $LIBDIR/libwebp.so.7* $LIBDIR/libwebpdemux.so.2* \
-       $LIBDIR/libgif.so.7* $LIBDIR/libtiff.so.6* )
+       $LIBDIR/libgif.so.7* $LIBDIR/libtiff.so.6* $LIBDIR/libsentencepiece.so.0* )
 for l in "${libs[@]}"; do cp -a "$l" "$KIT/lib/"; done
 for dep in $(ldd $LIBDIR/libopencv_core.so.406 $LIBDIR/libspng.so.0 $LIBDIR/libtiff.so.6 \
                $LIBDIR/libwebpdemux.so.2 | awk '/=>/ {print $3}' | sort -u); do
@@ -39,7 +40,7 @@ done
   ln -sf libjpeg.so.62 libjpeg.so; ln -sf "$(ls libturbojpeg.so.0.* | head -1)" libturbojpeg.so.0 || true
   ln -sf libturbojpeg.so.0 libturbojpeg.so; ln -sf "$(ls libspng.so.0.* | head -1)" libspng.so.0 || true
   ln -sf libspng.so.0 libspng.so
-  for l in libwebp.so.7 libwebpdemux.so.2 libgif.so.7 libtiff.so.6; do
+  for l in libwebp.so.7 libwebpdemux.so.2 libgif.so.7 libtiff.so.6 libsentencepiece.so.0; do
     ln -sf "$(ls $l.* | head -1)" $l || true; ln -sf $l "${l%.so.*}.so"
   done )
 # kit.cmake: imported targets with paths relative to the kit, whatever the machine.
@@ -70,6 +71,10 @@ done
   echo 'set(GIF_LIBRARY "${_kit}/lib/libgif.so" CACHE FILEPATH "" FORCE)'
   echo 'set(TIFF_INCLUDE_DIR "${_kit}/include" CACHE PATH "" FORCE)'
   echo 'set(TIFF_LIBRARY "${_kit}/lib/libtiff.so" CACHE FILEPATH "" FORCE)'
+  echo 'set(SentencePiece_INCLUDE_DIR "${_kit}/include" CACHE PATH "" FORCE)'
+  echo 'set(SentencePiece_LIBRARY "${_kit}/lib/libsentencepiece.so" CACHE FILEPATH "" FORCE)'
+  echo 'add_library(nlohmann_json::nlohmann_json INTERFACE IMPORTED GLOBAL)'
+  echo 'set_target_properties(nlohmann_json::nlohmann_json PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${_kit}/include")'
   echo 'set(CMAKE_BUILD_RPATH "${_kit}/lib")'
 } > "$KIT/kit.cmake"
 du -sh "$KIT"

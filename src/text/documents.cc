@@ -1,0 +1,228 @@
+// Documents from text and JSON Lines files, tokenized in the workers (feedline/text.h).
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "feedline/schema.h"
+#include "feedline/text.h"
+#include "text/sentencepiece_model.h"
+
+namespace feedline::text {
+namespace {
+
+// Lines of a file: where each non-blank line starts and ends, found once at open.
+class TextLinesDataset final : public Dataset {
+ public:
+  TextLinesDataset(std::string path, std::string data, std::vector<int64_t> starts,
+                   std::vector<int64_t> ends, std::vector<int64_t> line_numbers, uint64_t fp)
+      : path_(std::move(path)),
+        data_(std::move(data)),
+        starts_(std::move(starts)),
+        ends_(std::move(ends)),
+        lines_(std::move(line_numbers)),
+        fingerprint_(fp) {}
+  int64_t size() const override { return int64_t(starts_.size()); }
+  absl::Status Read(int64_t index, Record* record) const override {
+    const auto a = size_t(starts_[size_t(index)]), b = size_t(ends_[size_t(index)]);
+    record->bytes.assign(data_.begin() + long(a), data_.begin() + long(b));
+    record->label = 0;
+    record->members.clear();
+    return absl::OkStatus();
+  }
+  std::string Describe(int64_t index) const override {
+    return absl::StrCat(path_, ":", lines_[size_t(index)]);
+  }
+  uint64_t Fingerprint() const override { return fingerprint_; }
+
+ private:
+  std::string path_;
+  std::string data_;  // the file's bytes (documents are read from memory)
+  std::vector<int64_t> starts_, ends_, lines_;
+  uint64_t fingerprint_;
+};
+
+bool ValidUtf8(const uint8_t* s, size_t n, size_t* bad_at) {
+  size_t i = 0;
+  while (i < n) {
+    const uint8_t c = s[i];
+    int len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (len == 0 || i + size_t(len) > n) {
+      *bad_at = i;
+      return false;
+    }
+    uint32_t cp = len == 1 ? c : c & (0x7F >> len);
+    for (int k = 1; k < len; ++k) {
+      if ((s[i + size_t(k)] & 0xC0) != 0x80) {
+        *bad_at = i;
+        return false;
+      }
+      cp = (cp << 6) | (s[i + size_t(k)] & 0x3F);
+    }
+    // overlong forms, surrogates, beyond U+10FFFF
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+        (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) {
+      *bad_at = i;
+      return false;
+    }
+    i += size_t(len);
+  }
+  return true;
+}
+
+class SentencePieceTokenizer final : public Tokenizer {
+ public:
+  explicit SentencePieceTokenizer(std::unique_ptr<SentencePieceModel> m) : m_(std::move(m)) {}
+  absl::Status Encode(absl::string_view text, std::vector<int>* ids) const override {
+    std::string error;
+    if (!m_->Encode(std::string_view(text.data(), text.size()), ids, &error)) {
+      return absl::InternalError(absl::StrCat("SentencePiece: ", error));
+    }
+    return absl::OkStatus();
+  }
+  int vocab_size() const override { return m_->vocab_size(); }
+  int bos_id() const override { return m_->bos_id(); }
+  int eos_id() const override { return m_->eos_id(); }
+  int pad_id() const override { return m_->pad_id(); }
+
+ private:
+  std::unique_ptr<SentencePieceModel> m_;
+};
+
+class TokenizeTransform final : public SampleTransform {
+ public:
+  TokenizeTransform(TokenizeOptions o, Schema schema)
+      : o_(std::move(o)), schema_(std::move(schema)) {}
+  const Schema& schema() const override { return schema_; }
+
+  struct State : WorkerState {
+    std::vector<int> ids;
+  };
+  std::unique_ptr<WorkerState> NewWorkerState() const override { return std::make_unique<State>(); }
+
+  absl::Status Apply(const Record& record, const SampleContext&, WorkerState* ws,
+                     SampleWriter& out) const override {
+    auto* state = static_cast<State*>(ws);
+    const auto* bytes = record.bytes.data();
+    size_t n = record.bytes.size();
+    if (n > 0 && bytes[n - 1] == '\r') --n;  // CRLF files
+    size_t bad = 0;
+    if (!ValidUtf8(bytes, n, &bad)) {
+      return absl::DataLossError(absl::StrCat("invalid UTF-8 at byte ", bad, " of the line"));
+    }
+    absl::string_view text(reinterpret_cast<const char*>(bytes), n);
+    std::string field_text;
+    if (!o_.field.empty()) {
+      const nlohmann::json doc = nlohmann::json::parse(text.begin(), text.end(), nullptr,
+                                                       /*allow_exceptions=*/false);
+      if (doc.is_discarded()) return absl::DataLossError("not a JSON line");
+      const auto it = doc.is_object() ? doc.find(o_.field) : doc.end();
+      if (!doc.is_object() || it == doc.end()) {
+        return absl::DataLossError(absl::StrCat("JSON line without the field \"", o_.field, "\""));
+      }
+      if (!it->is_string()) {
+        return absl::DataLossError(absl::StrCat("field \"", o_.field, "\" is not a string"));
+      }
+      field_text = it->get<std::string>();
+      text = field_text;
+    }
+    if (text.empty()) return absl::DataLossError("empty document");
+    std::vector<int>& ids = state->ids;
+    ids.clear();
+    if (o_.add_bos && o_.tokenizer->bos_id() >= 0) ids.push_back(o_.tokenizer->bos_id());
+    std::vector<int> body;
+    if (absl::Status s = o_.tokenizer->Encode(text, &body); !s.ok()) return s;
+    ids.insert(ids.end(), body.begin(), body.end());
+    if (o_.add_eos && o_.tokenizer->eos_id() >= 0) ids.push_back(o_.tokenizer->eos_id());
+    const int64_t len = std::min<int64_t>(int64_t(ids.size()), o_.max_length);
+    absl::StatusOr<int64_t*> dst = out.Shaped<int64_t>(0, {len});
+    if (!dst.ok()) return dst.status();
+    for (int64_t j = 0; j < len; ++j) (*dst)[j] = ids[size_t(j)];
+    return absl::OkStatus();
+  }
+
+ private:
+  const TokenizeOptions o_;
+  const Schema schema_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const Dataset>> OpenTextLines(const TextFileOptions& o) {
+  const int fd = ::open(o.path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(o.path, ": no such file"));
+    return absl::ErrnoToStatus(errno, absl::StrCat(o.path, ": open"));
+  }
+  std::string data;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0) data.resize(size_t(st.st_size));
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t k = ::pread(fd, data.data() + done, data.size() - done, off_t(done));
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) break;
+    done += size_t(k);
+  }
+  ::close(fd);
+  data.resize(done);
+  std::vector<int64_t> starts, ends, lines;
+  int64_t line = 0;
+  for (size_t a = 0; a < data.size();) {
+    size_t b = data.find('\n', a);
+    if (b == std::string::npos) b = data.size();
+    ++line;
+    bool blank = true;
+    for (size_t i = a; i < b; ++i) {
+      if (!std::isspace(static_cast<unsigned char>(data[i]))) {
+        blank = false;
+        break;
+      }
+    }
+    if (!blank) {
+      starts.push_back(int64_t(a));
+      ends.push_back(int64_t(b));
+      lines.push_back(line);
+    }
+    a = b + 1;
+  }
+  if (starts.empty()) return absl::DataLossError(absl::StrCat(o.path, ": no documents"));
+  uint64_t h = 1469598103934665603ULL;
+  auto mix = [&h](const void* d, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(d)[i]) * 1099511628211ULL;
+  };
+  mix(o.path.data(), o.path.size());
+  const uint64_t size = data.size();
+  mix(&size, sizeof(size));
+  mix(&st.st_mtim, sizeof(st.st_mtim));
+  return std::shared_ptr<const Dataset>(std::make_shared<TextLinesDataset>(
+      o.path, std::move(data), std::move(starts), std::move(ends), std::move(lines), h));
+}
+
+absl::StatusOr<std::shared_ptr<const Tokenizer>> LoadSentencePiece(const std::string& path) {
+  if (::access(path.c_str(), R_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat(path, ": no such SentencePiece model"));
+  }
+  std::string error;
+  std::unique_ptr<SentencePieceModel> m = SentencePieceModel::Load(path, &error);
+  if (m == nullptr) return absl::InvalidArgumentError(absl::StrCat(path, ": ", error));
+  return std::shared_ptr<const Tokenizer>(std::make_shared<SentencePieceTokenizer>(std::move(m)));
+}
+
+absl::StatusOr<std::shared_ptr<SampleTransform>> MakeTokenizeTransform(const TokenizeOptions& o) {
+  if (o.tokenizer == nullptr) return absl::InvalidArgumentError("tokenizer: required");
+  if (o.max_length < 1) return absl::InvalidArgumentError("max_length: must be >= 1");
+  const int pad = o.tokenizer->pad_id() >= 0 ? o.tokenizer->pad_id() : 0;
+  Schema schema({Field("input_ids", DType::kInt64, {Dim::UpTo(o.max_length)}).pad_value(pad)});
+  if (absl::Status s = schema.Validate(); !s.ok()) return s;
+  return std::shared_ptr<SampleTransform>(
+      std::make_shared<TokenizeTransform>(o, std::move(schema)));
+}
+
+}  // namespace feedline::text
