@@ -684,7 +684,9 @@ int RunPlain(const BenchFlags& flags, const std::string& data) {
   if (!created.ok()) return Fail(created.status());
   feedline::Loader& loader = **created;
 
-  const char* transform = flags.transform == feedline::Transform::kTrain ? "train" : "eval";
+  const char* transform = flags.transform == feedline::Transform::kTrain  ? "train"
+                          : flags.transform == feedline::Transform::kEval ? "eval"
+                                                                          : "eval_fast";
   const char* layout = flags.layout == feedline::Layout::kNCHW ? "nchw" : "nhwc";
   std::printf(
       "feedline-bench: %s: %zu %s, batch size %lld (%lld batches/epoch), transform %s, "
