@@ -16,6 +16,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "feedline/feedline.h"
@@ -418,7 +419,16 @@ PYBIND11_MODULE(_feedline, m) {
           loader = [&]() -> absl::StatusOr<std::unique_ptr<feedline::Loader>> {
             auto tokenizer = feedline::text::LoadSentencePiece(model);
             if (!tokenizer.ok()) return tokenizer.status();
-            auto docs = feedline::text::OpenTextLines({path, field});
+            // WebDataset shards (a .tar or a brace pattern): one document per key.
+            const bool shards = absl::EndsWith(path, ".tar") || absl::StrContains(path, "{");
+            absl::StatusOr<std::shared_ptr<const feedline::Dataset>> docs;
+            if (shards) {
+              auto w = feedline::OpenWebDataset(path);
+              if (!w.ok()) return w.status();
+              docs = std::shared_ptr<const feedline::Dataset>(*std::move(w));
+            } else {
+              docs = feedline::text::OpenTextLines({path, field});
+            }
             if (!docs.ok()) return docs.status();
             feedline::text::TokenizeOptions t;
             t.tokenizer = *tokenizer;

@@ -86,7 +86,8 @@ struct TokenizeOptions {
   std::string field;  // JSON Lines: the text field (as in TextFileOptions)
 };
 
-// Documents to "input_ids" (int64 [<= max_length]), padded to each batch's longest with the
+// Documents to "input_ids" (int64 [<= max_length]) — from OpenTextLines' records, or from
+// WebDataset keys (OpenWebDataset: the ".txt" member, or with `field` the ".json" one) — padded to each batch's longest with the
 // tokenizer's pad id (0 when it has none), the lengths beside them. A line that is not valid
 // UTF-8, a JSON line that does not parse or lacks the string field, and an empty document are
 // DataErrors naming the file and the line.

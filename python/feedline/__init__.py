@@ -425,7 +425,9 @@ class TokenLoader:
 
 class TextLoader:
     """Batches of tokenized documents: a text file (one document per line; blank lines are not
-    documents) or JSON Lines (field="text": the document's text in that field), tokenized by
+    documents), JSON Lines (field="text": the document's text in that field), or WebDataset
+    shards (a .tar or a "{000..009}" pattern: each key's .txt member, or with field its .json
+    member's field), tokenized by
     SentencePiece in feedline's worker threads (no Python, no GIL), padded per batch.
 
     tokenizer: the path of a SentencePiece model (.model, e.g. from spm_train): the ids equal
@@ -445,7 +447,7 @@ class TextLoader:
                  memory_budget="auto", on_error="raise", max_errors=None, return_index=False):
         source = os.fsdecode(os.fspath(_check_type("source", source, (str, bytes, os.PathLike),
                                                    "a path")))
-        if not os.path.exists(source):
+        if "{" not in source and not os.path.exists(source):
             raise FileNotFoundError(f"source: {source}: no such file")
         tokenizer = os.fsdecode(os.fspath(_check_type(
             "tokenizer", tokenizer, (str, bytes, os.PathLike), "a SentencePiece model path")))

@@ -109,8 +109,17 @@ class TokenizeTransform final : public SampleTransform {
   absl::Status Apply(const Record& record, const SampleContext&, WorkerState* ws,
                      SampleWriter& out) const override {
     auto* state = static_cast<State*>(ws);
-    const auto* bytes = record.bytes.data();
-    size_t n = record.bytes.size();
+    // A WebDataset key: the document is its ".json" member (with `field`) or its ".txt".
+    const std::vector<uint8_t>* payload = &record.bytes;
+    if (!record.members.empty()) {
+      const char* want = o_.field.empty() ? "txt" : "json";
+      payload = record.member(want);
+      if (payload == nullptr) {
+        return absl::DataLossError(absl::StrCat("the key has no .", want, " member"));
+      }
+    }
+    const auto* bytes = payload->data();
+    size_t n = payload->size();
     if (n > 0 && bytes[n - 1] == '\r') --n;  // CRLF files
     size_t bad = 0;
     if (!ValidUtf8(bytes, n, &bad)) {

@@ -126,3 +126,25 @@ def test_packing_is_refused_clearly(corpus):
         feedline.TextLoader(corpus["txt"], tokenizer=corpus["model"], pack="concat")
     with pytest.raises(FileNotFoundError, match="tokenizer"):
         feedline.TextLoader(corpus["txt"], tokenizer=str(corpus["dir"] / "none.model"))
+
+
+def test_webdataset_shards_txt_and_json_members(corpus, tmp_path):
+    """Documents as WebDataset keys: the .txt member, or the .json member's field."""
+    import io
+    import tarfile
+    docs = corpus["docs"][:30]
+    for k in range(2):
+        with tarfile.open(tmp_path / f"docs-{k:03d}.tar", "w") as tar:
+            for i in range(k * 15, (k + 1) * 15):
+                for ext, data in (("txt", docs[i].encode()),
+                                  ("json", json.dumps({"text": docs[i]}).encode())):
+                    info = tarfile.TarInfo(f"{i:05d}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    pattern = str(tmp_path / "docs-{000..001}.tar")
+    want = [corpus["sp"].encode(d) for d in docs]
+    for field in (None, "text"):
+        loader = feedline.TextLoader(pattern, tokenizer=corpus["model"], field=field,
+                                     batch_size=4, shuffle=False, return_index=True)
+        got = _collect(loader)
+        assert [got[i] for i in range(30)] == want
