@@ -153,6 +153,7 @@ absl::StatusOr<ImageHeader> ImageDecoder::ReadHeader(const uint8_t* data, size_t
     return h;
   }
   jpeg_->Reset();
+  jpeg_->err.accept_corrupt = accept_corrupt_;
   jpeg_decompress_struct& cinfo = jpeg_->cinfo;
   if (setjmp(jpeg_->err.jump)) {
     jpeg_abort_decompress(&cinfo);
