@@ -84,6 +84,18 @@ __attribute__((target("sse4.1"))) void HorizontalRowSse41(const uint8_t* in, uin
 #endif
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// One pixel's three bytes as 32-bit lanes, and back (shift, then saturate as Clip8 does).
+// Functions, not lambdas: clang does not give a lambda its enclosing function's target.
+__attribute__((target("sse4.1"))) inline __m128i LoadRgb(const uint8_t* q) {
+  return _mm_cvtepu8_epi32(
+      _mm_cvtsi32_si128(int(uint32_t{q[0]} | (uint32_t{q[1]} << 8) | (uint32_t{q[2]} << 16))));
+}
+__attribute__((target("sse4.1"))) inline void StoreRgb(__m128i acc, uint8_t* o) {
+  acc = _mm_srai_epi32(acc, kPrecisionBits);
+  const uint32_t v = uint32_t(_mm_cvtsi128_si32(_mm_packus_epi16(_mm_packs_epi32(acc, acc), acc)));
+  o[0] = uint8_t(v), o[1] = uint8_t(v >> 8), o[2] = uint8_t(v >> 16);
+}
+
 // Four rows at once: the same weights for each, four independent sums per tap (the one-row
 // loop waits on each multiply-add in turn).
 __attribute__((target("sse4.1"))) void HorizontalRows4Sse41(const uint8_t* const in[4],
@@ -91,16 +103,6 @@ __attribute__((target("sse4.1"))) void HorizontalRows4Sse41(const uint8_t* const
                                                             const PilAxis& ax, int w) {
   const int ks = ax.ksize;
   const __m128i half = _mm_set1_epi32(1 << (kPrecisionBits - 1));
-  auto load = [](const uint8_t* q) {
-    return _mm_cvtepu8_epi32(
-        _mm_cvtsi32_si128(int(uint32_t{q[0]} | (uint32_t{q[1]} << 8) | (uint32_t{q[2]} << 16))));
-  };
-  auto store = [](__m128i acc, uint8_t* o) {
-    acc = _mm_srai_epi32(acc, kPrecisionBits);
-    const uint32_t v =
-        uint32_t(_mm_cvtsi128_si32(_mm_packus_epi16(_mm_packs_epi32(acc, acc), acc)));
-    o[0] = uint8_t(v), o[1] = uint8_t(v >> 8), o[2] = uint8_t(v >> 16);
-  };
   for (int xx = 0; xx < w; ++xx) {
     const int taps = ax.taps[size_t(xx)];
     const int32_t* k = ax.weights.data() + size_t(xx) * size_t(ks);
@@ -109,15 +111,15 @@ __attribute__((target("sse4.1"))) void HorizontalRows4Sse41(const uint8_t* const
     for (int t = 0; t < taps; ++t) {
       const __m128i kt = _mm_set1_epi32(k[t]);
       const size_t o = at + 3 * size_t(t);
-      a0 = _mm_add_epi32(a0, _mm_mullo_epi32(load(in[0] + o), kt));
-      a1 = _mm_add_epi32(a1, _mm_mullo_epi32(load(in[1] + o), kt));
-      a2 = _mm_add_epi32(a2, _mm_mullo_epi32(load(in[2] + o), kt));
-      a3 = _mm_add_epi32(a3, _mm_mullo_epi32(load(in[3] + o), kt));
+      a0 = _mm_add_epi32(a0, _mm_mullo_epi32(LoadRgb(in[0] + o), kt));
+      a1 = _mm_add_epi32(a1, _mm_mullo_epi32(LoadRgb(in[1] + o), kt));
+      a2 = _mm_add_epi32(a2, _mm_mullo_epi32(LoadRgb(in[2] + o), kt));
+      a3 = _mm_add_epi32(a3, _mm_mullo_epi32(LoadRgb(in[3] + o), kt));
     }
-    store(a0, out[0] + 3 * size_t(xx));
-    store(a1, out[1] + 3 * size_t(xx));
-    store(a2, out[2] + 3 * size_t(xx));
-    store(a3, out[3] + 3 * size_t(xx));
+    StoreRgb(a0, out[0] + 3 * size_t(xx));
+    StoreRgb(a1, out[1] + 3 * size_t(xx));
+    StoreRgb(a2, out[2] + 3 * size_t(xx));
+    StoreRgb(a3, out[3] + 3 * size_t(xx));
   }
 }
 #endif
