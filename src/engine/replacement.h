@@ -19,7 +19,7 @@ namespace feedline {
 
 class Replacement {
  public:
-  static constexpr int kAttempts = 16;
+  static constexpr int kAttempts = 64;  // draws per position (a known-bad one costs no read)
 
   explicit Replacement(const EpochCore* core) : core_(core) {}
   // Records `sample` as bad in this epoch; true the first time (a file that fails twice in an
