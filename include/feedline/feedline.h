@@ -12,6 +12,7 @@
 #include "feedline/random.h"
 #include "feedline/schema.h"
 #include "feedline/stats.h"
+#include "feedline/text.h"
 #include "feedline/transform.h"
 
 #endif  // FEEDLINE_FEEDLINE_H_
