@@ -27,9 +27,6 @@ class LocalFileDataset final : public FileDataset {
   int64_t max_file_bytes_;
 };
 
-// Reads a whole file into `*bytes`.
-absl::Status ReadWholeFile(const std::string& path, int64_t max_bytes, std::vector<uint8_t>* bytes);
-
 }  // namespace feedline
 
 #endif  // FEEDLINE_SRC_IO_FILE_DATASET_H_

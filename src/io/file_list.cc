@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "core/fnv.h"
 #include "feedline/dataset.h"
 #include "io/list_file.h"
 
@@ -180,16 +181,12 @@ const std::vector<std::string>& ImageExtensions() {
 
 uint64_t FileList::Fingerprint() const {
   // FNV-1a over "path\0label\0" of every sample.
-  uint64_t h = 1469598103934665603ULL;
-  auto mix = [&h](const void* p, size_t n) {
-    const auto* b = static_cast<const unsigned char*>(p);
-    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ULL;
-  };
+  Fnv1a h;
   for (const Sample& s : samples) {
-    mix(s.path.data(), s.path.size() + 1);
-    mix(&s.label, sizeof(s.label));
+    h.Mix(s.path.data(), s.path.size() + 1);
+    h.Mix(&s.label, sizeof(s.label));
   }
-  return h;
+  return h.value;
 }
 
 absl::StatusOr<FileList> ScanFileList(const std::string& source) {

@@ -1,15 +1,17 @@
 // Documents from text and JSON Lines files, tokenized in the workers (feedline/text.h).
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
+#include <unistd.h>  // access
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "core/file_io.h"
+#include "core/fnv.h"
 #include "feedline/schema.h"
 #include "feedline/text.h"
 #include "text/sentencepiece_model.h"
@@ -20,7 +22,7 @@ namespace {
 // Lines of a file: where each non-blank line starts and ends, found once at open.
 class TextLinesDataset final : public Dataset {
  public:
-  TextLinesDataset(std::string path, std::string data, std::vector<int64_t> starts,
+  TextLinesDataset(std::string path, std::vector<uint8_t> data, std::vector<int64_t> starts,
                    std::vector<int64_t> ends, std::vector<int64_t> line_numbers, uint64_t fp)
       : path_(std::move(path)),
         data_(std::move(data)),
@@ -43,7 +45,7 @@ class TextLinesDataset final : public Dataset {
 
  private:
   std::string path_;
-  std::string data_;  // the file's bytes (documents are read from memory)
+  std::vector<uint8_t> data_;  // the file's bytes (documents are read from memory)
   std::vector<int64_t> starts_, ends_, lines_;
   uint64_t fingerprint_;
 };
@@ -164,28 +166,16 @@ class TokenizeTransform final : public SampleTransform {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const Dataset>> OpenTextLines(const TextFileOptions& o) {
-  const int fd = ::open(o.path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(o.path, ": no such file"));
-    return absl::ErrnoToStatus(errno, absl::StrCat(o.path, ": open"));
+  std::vector<uint8_t> data;
+  if (absl::Status s = ReadWholeFile(o.path, std::numeric_limits<int64_t>::max(), &data); !s.ok()) {
+    return s;
   }
-  std::string data;
   struct stat st {};
-  if (::fstat(fd, &st) == 0) data.resize(size_t(st.st_size));
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t k = ::pread(fd, data.data() + done, data.size() - done, off_t(done));
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) break;
-    done += size_t(k);
-  }
-  ::close(fd);
-  data.resize(done);
+  if (::stat(o.path.c_str(), &st) != 0) return ErrnoStatus(errno, o.path, "stat");
   std::vector<int64_t> starts, ends, lines;
   int64_t line = 0;
   for (size_t a = 0; a < data.size();) {
-    size_t b = data.find('\n', a);
-    if (b == std::string::npos) b = data.size();
+    size_t b = size_t(std::find(data.begin() + long(a), data.end(), uint8_t('\n')) - data.begin());
     ++line;
     bool blank = true;
     for (size_t i = a; i < b; ++i) {
@@ -202,16 +192,13 @@ absl::StatusOr<std::shared_ptr<const Dataset>> OpenTextLines(const TextFileOptio
     a = b + 1;
   }
   if (starts.empty()) return absl::DataLossError(absl::StrCat(o.path, ": no documents"));
-  uint64_t h = 1469598103934665603ULL;
-  auto mix = [&h](const void* d, size_t n) {
-    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(d)[i]) * 1099511628211ULL;
-  };
-  mix(o.path.data(), o.path.size());
+  Fnv1a h;
+  h.Mix(o.path.data(), o.path.size());
   const uint64_t size = data.size();
-  mix(&size, sizeof(size));
-  mix(&st.st_mtim, sizeof(st.st_mtim));
+  h.Mix(&size, sizeof(size));
+  h.Mix(&st.st_mtim, sizeof(st.st_mtim));
   return std::shared_ptr<const Dataset>(std::make_shared<TextLinesDataset>(
-      o.path, std::move(data), std::move(starts), std::move(ends), std::move(lines), h));
+      o.path, std::move(data), std::move(starts), std::move(ends), std::move(lines), h.value));
 }
 
 absl::StatusOr<std::shared_ptr<const Tokenizer>> LoadSentencePiece(const std::string& path) {

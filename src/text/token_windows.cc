@@ -7,6 +7,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "core/file_io.h"
+#include "core/fnv.h"
 #include "feedline/schema.h"
 #include "feedline/text.h"
 
@@ -106,15 +108,12 @@ absl::StatusOr<TokenWindows> OpenTokenWindows(const TokenFileOptions& o) {
   if (o.vocab_size < 0) return absl::InvalidArgumentError("vocab_size: must be >= 0");
   const int64_t token_bytes = o.dtype == TokenDType::kUint16 ? 2 : 4;
   const int fd = ::open(o.path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(o.path, ": no such file"));
-    return absl::ErrnoToStatus(errno, absl::StrCat(o.path, ": open"));
-  }
+  if (fd < 0) return ErrnoStatus(errno, o.path, "open");
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
     ::close(fd);
-    return absl::ErrnoToStatus(err, absl::StrCat(o.path, ": stat"));
+    return ErrnoStatus(err, o.path, "stat");
   }
   const int64_t bytes = st.st_size;
   if (bytes % token_bytes != 0) {
@@ -134,23 +133,20 @@ absl::StatusOr<TokenWindows> OpenTokenWindows(const TokenFileOptions& o) {
   void* p = mmap(nullptr, size_t(bytes), PROT_READ, MAP_SHARED, fd, 0);
   const int err = errno;
   ::close(fd);
-  if (p == MAP_FAILED) return absl::ErrnoToStatus(err, absl::StrCat(o.path, ": mmap"));
+  if (p == MAP_FAILED) return ErrnoStatus(err, o.path, "mmap");
   map->data = static_cast<const uint8_t*>(p);
   map->bytes = size_t(bytes);
   // Windows are read in a shuffled order: tell the kernel not to read ahead sequentially.
   madvise(p, size_t(bytes), MADV_RANDOM);
   // Identity: the path, size and modification time (a rewritten file is another data set).
-  uint64_t h = 1469598103934665603ULL;
-  auto mix = [&h](const void* d, size_t n) {
-    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(d)[i]) * 1099511628211ULL;
-  };
-  mix(o.path.data(), o.path.size());
-  mix(&bytes, sizeof(bytes));
-  mix(&st.st_mtim, sizeof(st.st_mtim));
-  mix(&o.seq_len, sizeof(o.seq_len));
+  Fnv1a h;
+  h.Mix(o.path.data(), o.path.size());
+  h.Mix(&bytes, sizeof(bytes));
+  h.Mix(&st.st_mtim, sizeof(st.st_mtim));
+  h.Mix(&o.seq_len, sizeof(o.seq_len));
   TokenWindows out;
   out.tokens = tokens;
-  out.dataset = std::make_shared<TokenFileDataset>(map, tokens / window, window, h);
+  out.dataset = std::make_shared<TokenFileDataset>(map, tokens / window, window, h.value);
   out.transform = std::make_shared<TokenWindowTransform>(map, o);
   return out;
 }
