@@ -344,6 +344,21 @@ py::dict FieldsOf(const feedline::Batch& b) {
   return out;
 }
 
+// The engine's options as the generic loaders (token_loader, text_loader) take them.
+feedline::LoaderOptions EngineOptions(int64_t batch_size, bool shuffle, uint64_t seed,
+                                      bool drop_last, int rank, int world_size, int workers,
+                                      int prefetch, int64_t memory_budget,
+                                      const std::string& on_error, int64_t max_errors) {
+  feedline::LoaderOptions o;
+  o.batch_size(batch_size).shuffle(shuffle).seed(seed).drop_last(drop_last);
+  o.rank(rank).world_size(world_size).workers(workers).prefetch(prefetch);
+  o.memory_budget(memory_budget).max_errors(max_errors);
+  o.on_error(ParseEnum<feedline::OnError>(
+      on_error, "on_error",
+      {{"raise", feedline::OnError::kRaise}, {"skip", feedline::OnError::kSkip}}));
+  return o;
+}
+
 PYBIND11_MODULE(_feedline, m) {
   m.doc() = "feedline: a high-throughput image loader (C++ core)";
   g_data_error = py::reinterpret_steal<py::object>(
@@ -374,13 +389,9 @@ PYBIND11_MODULE(_feedline, m) {
              {"uint32", feedline::text::TokenDType::kUint32}});
         t.seq_len = seq_len;
         t.vocab_size = vocab_size;
-        feedline::LoaderOptions o;
-        o.batch_size(batch_size).shuffle(shuffle).seed(seed).drop_last(drop_last);
-        o.rank(rank).world_size(world_size).workers(workers).prefetch(prefetch);
-        o.memory_budget(memory_budget).max_errors(max_errors);
-        o.on_error(ParseEnum<feedline::OnError>(
-            on_error, "on_error",
-            {{"raise", feedline::OnError::kRaise}, {"skip", feedline::OnError::kSkip}}));
+        feedline::LoaderOptions o =
+            EngineOptions(batch_size, shuffle, seed, drop_last, rank, world_size, workers, prefetch,
+                          memory_budget, on_error, max_errors);
         absl::StatusOr<std::unique_ptr<feedline::Loader>> loader;
         {
           py::gil_scoped_release release;
@@ -406,13 +417,9 @@ PYBIND11_MODULE(_feedline, m) {
          int64_t max_length, bool add_bos, bool add_eos, int64_t batch_size, bool shuffle,
          uint64_t seed, bool drop_last, int rank, int world_size, int workers, int prefetch,
          int64_t memory_budget, const std::string& on_error, int64_t max_errors) {
-        feedline::LoaderOptions o;
-        o.batch_size(batch_size).shuffle(shuffle).seed(seed).drop_last(drop_last);
-        o.rank(rank).world_size(world_size).workers(workers).prefetch(prefetch);
-        o.memory_budget(memory_budget).max_errors(max_errors);
-        o.on_error(ParseEnum<feedline::OnError>(
-            on_error, "on_error",
-            {{"raise", feedline::OnError::kRaise}, {"skip", feedline::OnError::kSkip}}));
+        feedline::LoaderOptions o =
+            EngineOptions(batch_size, shuffle, seed, drop_last, rank, world_size, workers, prefetch,
+                          memory_budget, on_error, max_errors);
         absl::StatusOr<std::unique_ptr<feedline::Loader>> loader;
         {
           py::gil_scoped_release release;

@@ -126,6 +126,30 @@ def _world():
     return rank, world
 
 
+def _engine_args(batch_size, shuffle, seed, drop_last, rank, world_size, workers, prefetch,
+                 memory_budget, on_error, max_errors):
+    """The engine's own options, checked and converted for the C++ loader factories (the
+    generic loaders': TokenLoader, TextLoader)."""
+    _check_type("batch_size", batch_size, int, "an int")
+    _check_type("shuffle", shuffle, bool, "a bool")
+    _check_type("seed", seed, int, "an int")
+    if seed < 0:
+        raise ValueError(f"seed: must be >= 0, got {seed}")
+    _check_type("drop_last", drop_last, bool, "a bool")
+    _check_type("on_error", on_error, str, "'raise' or 'skip'")
+    if rank is None or world_size is None:
+        r, w = _world()
+        rank = r if rank is None else rank
+        world_size = w if world_size is None else world_size
+    _check_type("rank", rank, int, "an int")
+    _check_type("world_size", world_size, int, "an int")
+    return dict(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
+                rank=rank, world_size=world_size, workers=_parse_count("workers", workers),
+                prefetch=_parse_count("prefetch", prefetch),
+                memory_budget=_parse_bytes("memory_budget", memory_budget), on_error=on_error,
+                max_errors=_parse_count("max_errors", max_errors))
+
+
 class ImageLoader:
     """Loads an image data set as batches of torch tensors, replacing torch's DataLoader.
 
@@ -368,34 +392,20 @@ class TokenLoader:
         dtype = str(dtype).replace("torch.", "").replace("numpy.", "")
         if dtype not in ("uint16", "uint32"):
             raise ValueError(f"dtype: expected 'uint16' or 'uint32', got {dtype!r}")
-        _check_type("batch_size", batch_size, int, "an int")
-        _check_type("shuffle", shuffle, bool, "a bool")
-        _check_type("seed", seed, int, "an int")
-        if seed < 0:
-            raise ValueError(f"seed: must be >= 0, got {seed}")
-        _check_type("drop_last", drop_last, bool, "a bool")
         if vocab_size is not None:
             _check_type("vocab_size", vocab_size, int, "an int")
             if vocab_size < 1:
                 raise ValueError(f"vocab_size: must be >= 1, got {vocab_size}")
-        _check_type("on_error", on_error, str, "'raise' or 'skip'")
         _check_type("return_index", return_index, bool, "a bool")
-        if rank is None or world_size is None:
-            r, w = _world()
-            rank = r if rank is None else rank
-            world_size = w if world_size is None else world_size
-        self._loader = _feedline.token_loader(
-            path=path, dtype=dtype, seq_len=seq_len, vocab_size=vocab_size or 0,
-            batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
-            world_size=world_size, workers=_parse_count("workers", workers),
-            prefetch=_parse_count("prefetch", prefetch),
-            memory_budget=_parse_bytes("memory_budget", memory_budget), on_error=on_error,
-            max_errors=_parse_count("max_errors", max_errors))
+        engine = _engine_args(batch_size, shuffle, seed, drop_last, rank, world_size, workers,
+                              prefetch, memory_budget, on_error, max_errors)
+        self._loader = _feedline.token_loader(path=path, dtype=dtype, seq_len=seq_len,
+                                              vocab_size=vocab_size or 0, **engine)
         self.path = path
         self.seq_len = seq_len
         self.batch_size = batch_size
-        self.rank = rank
-        self.world_size = world_size
+        self.rank = engine["rank"]
+        self.world_size = engine["world_size"]
         self._return_index = return_index
 
     def __len__(self):
@@ -463,32 +473,20 @@ class TextLoader:
             _check_type("field", field, str, "a JSON field name")
             if not field:
                 raise ValueError("field: must not be empty")
-        for name, v in (("add_bos", add_bos), ("add_eos", add_eos), ("shuffle", shuffle),
-                        ("drop_last", drop_last), ("return_index", return_index)):
+        for name, v in (("add_bos", add_bos), ("add_eos", add_eos),
+                        ("return_index", return_index)):
             _check_type(name, v, bool, "a bool")
-        _check_type("batch_size", batch_size, int, "an int")
-        _check_type("seed", seed, int, "an int")
-        if seed < 0:
-            raise ValueError(f"seed: must be >= 0, got {seed}")
-        _check_type("on_error", on_error, str, "'raise' or 'skip'")
-        if rank is None or world_size is None:
-            r, w = _world()
-            rank = r if rank is None else rank
-            world_size = w if world_size is None else world_size
-        self._loader = _feedline.text_loader(
-            path=source, field=field or "", model=tokenizer, max_length=max_length,
-            add_bos=add_bos, add_eos=add_eos, batch_size=batch_size, shuffle=shuffle, seed=seed,
-            drop_last=drop_last, rank=rank, world_size=world_size,
-            workers=_parse_count("workers", workers),
-            prefetch=_parse_count("prefetch", prefetch),
-            memory_budget=_parse_bytes("memory_budget", memory_budget), on_error=on_error,
-            max_errors=_parse_count("max_errors", max_errors))
+        engine = _engine_args(batch_size, shuffle, seed, drop_last, rank, world_size, workers,
+                              prefetch, memory_budget, on_error, max_errors)
+        self._loader = _feedline.text_loader(path=source, field=field or "", model=tokenizer,
+                                             max_length=max_length, add_bos=add_bos,
+                                             add_eos=add_eos, **engine)
         self.source = source
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.batch_size = batch_size
-        self.rank = rank
-        self.world_size = world_size
+        self.rank = engine["rank"]
+        self.world_size = engine["world_size"]
         self._return_index = return_index
 
     def __len__(self):
@@ -513,55 +511,6 @@ class TextLoader:
     def __repr__(self):
         return (f"feedline.TextLoader({self.source!r}, tokenizer={self.tokenizer!r}, "
                 f"batch_size={self.batch_size}, batches={len(self)}, workers={self.workers})")
-
-
-class _FieldsIterator:
-    """One epoch of a loader of any schema: dicts of tensors by field name."""
-
-    def __init__(self, epoch, return_index, owner, padded=None):
-        import torch
-        self._torch = torch
-        self._from_dlpack = torch.from_dlpack
-        self._owner = owner
-        self._epoch = epoch
-        self._return_index = return_index
-        self._padded = padded  # a padded field: "lengths" and "attention_mask" from its lengths
-
-    def __iter__(self):
-        return self
-
-    def __len__(self):
-        return len(self._epoch) if self._epoch is not None else 0
-
-    def __next__(self):
-        if self._epoch is None:
-            raise StopIteration
-        try:
-            fields, indices, _ = self._epoch.next_fields()
-        except StopIteration:
-            self.close()
-            raise
-        out = {name: self._from_dlpack(view) for name, view in fields.items()}
-        if self._padded is not None:
-            lengths = out.pop(self._padded + "_lengths")
-            width = out[self._padded].shape[1]
-            out["attention_mask"] = (self._torch.arange(width)[None, :] < lengths[:, None]).long()
-            out["lengths"] = lengths
-        if self._return_index:
-            out["index"] = self._from_dlpack(indices)
-        return out
-
-    def close(self):
-        epoch, self._epoch = self._epoch, None
-        if epoch is not None:
-            epoch.cancel()
-            del epoch
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 (interpreter shutdown)
-            pass
 
 
 class _EpochIterator:
@@ -606,3 +555,31 @@ class _EpochIterator:
             self.close()
         except Exception:
             pass
+
+
+class _FieldsIterator(_EpochIterator):
+    """One epoch of a loader of any schema: dicts of tensors by field name."""
+
+    def __init__(self, epoch, return_index, owner, padded=None):
+        import torch
+        super().__init__(epoch, return_index, owner)
+        self._torch = torch
+        self._padded = padded  # a padded field: "lengths" and "attention_mask" from its lengths
+
+    def __next__(self):
+        if self._epoch is None:
+            raise StopIteration
+        try:
+            fields, indices, _ = self._epoch.next_fields()
+        except StopIteration:
+            self.close()
+            raise
+        out = {name: self._from_dlpack(view) for name, view in fields.items()}
+        if self._padded is not None:
+            lengths = out.pop(self._padded + "_lengths")
+            width = out[self._padded].shape[1]
+            out["attention_mask"] = (self._torch.arange(width)[None, :] < lengths[:, None]).long()
+            out["lengths"] = lengths
+        if self._return_index:
+            out["index"] = self._from_dlpack(indices)
+        return out
