@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "image/byte_order.h"
 
 namespace feedline {
 
@@ -33,12 +34,6 @@ absl::Status UnknownFormat(size_t n) {
   return absl::InvalidArgumentError(
       "not an image in a supported format (JPEG, PNG, WebP, GIF, TIFF, BMP, PPM/PGM/PBM): "
       "unrecognised content");
-}
-
-absl::Status TooLarge(int64_t w, int64_t h, int64_t max_pixels) {
-  return absl::ResourceExhaustedError(absl::StrCat("image of ", w, "x", h, " = ", w * h,
-                                                   " pixels exceeds max_image_pixels (", max_pixels,
-                                                   "): refused before decoding"));
 }
 
 }  // namespace
@@ -143,12 +138,9 @@ absl::StatusOr<ImageHeader> ImageDecoder::ReadHeader(const uint8_t* data, size_t
   }
   if (format == ImageFormat::kPng) {
     if (size < 24) return absl::DataLossError("PNG header truncated");
-    auto be32 = [&](size_t o) {
-      return (uint32_t{data[o]} << 24) | (uint32_t{data[o + 1]} << 16) |
-             (uint32_t{data[o + 2]} << 8) | uint32_t{data[o + 3]};
-    };
     if (std::memcmp(data + 12, "IHDR", 4) != 0) return absl::DataLossError("PNG: IHDR missing");
-    ImageHeader h{ImageFormat::kPng, static_cast<int>(be32(16)), static_cast<int>(be32(20))};
+    ImageHeader h{ImageFormat::kPng, static_cast<int>(Be32(data + 16)),
+                  static_cast<int>(Be32(data + 20))};
     if (h.width <= 0 || h.height <= 0) return absl::DataLossError("PNG: invalid dimensions");
     return h;
   }
@@ -194,7 +186,7 @@ absl::StatusOr<DecodedRegion> ImageDecoder::Decode(const uint8_t* data, size_t s
   const int64_t W = cinfo.image_width, H = cinfo.image_height;
   if (W * H > max_pixels) {
     jpeg_abort_decompress(&cinfo);
-    return TooLarge(W, H, max_pixels);
+    return ImageTooLarge(W, H, max_pixels);
   }
   const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
   cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
@@ -319,7 +311,7 @@ absl::StatusOr<DecodedRegion> ImageDecoder::DecodePng(const uint8_t* data, size_
   if (rc == 0) rc = spng_get_ihdr(ctx, &ihdr);
   if (rc != 0) return absl::DataLossError(absl::StrCat("corrupt PNG: ", spng_strerror(rc)));
   if (int64_t{ihdr.width} * ihdr.height > max_pixels) {
-    return TooLarge(ihdr.width, ihdr.height, max_pixels);
+    return ImageTooLarge(ihdr.width, ihdr.height, max_pixels);
   }
   size_t out_size = 0;
   rc = spng_decoded_image_size(ctx, SPNG_FMT_RGB8, &out_size);

@@ -2,15 +2,10 @@
 
 #include <cstring>
 
+#include "image/byte_order.h"
+
 namespace feedline {
 namespace {
-
-uint32_t Be32(const uint8_t* p) {
-  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
-}
-uint32_t Le32(const uint8_t* p) {
-  return uint32_t{p[0]} | (uint32_t{p[1]} << 8) | (uint32_t{p[2]} << 16) | (uint32_t{p[3]} << 24);
-}
 
 int JpegOrientation(const uint8_t* d, size_t n) {
   // Segments after SOI: FF marker, then a big-endian length that counts itself. APP1 with an
@@ -68,9 +63,7 @@ int ExifOrientation(const uint8_t* e, size_t n) {
   if (n < 8) return 1;
   const bool le = e[0] == 'I' && e[1] == 'I';
   if (!le && !(e[0] == 'M' && e[1] == 'M')) return 1;
-  auto u16 = [&](size_t o) {
-    return le ? uint32_t{e[o]} | (uint32_t{e[o + 1]} << 8) : (uint32_t{e[o]} << 8) | e[o + 1];
-  };
+  auto u16 = [&](size_t o) { return le ? Le16(e + o) : Be16(e + o); };
   auto u32 = [&](size_t o) { return le ? Le32(e + o) : Be32(e + o); };
   if (u16(2) != 42) return 1;
   const size_t ifd = u32(4);

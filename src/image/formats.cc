@@ -14,12 +14,10 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "image/byte_order.h"
 
 namespace feedline {
 namespace {
-
-uint32_t Le16(const uint8_t* p) { return uint32_t{p[0]} | (uint32_t{p[1]} << 8); }
-uint32_t Le32(const uint8_t* p) { return Le16(p) | (Le16(p + 2) << 16); }
 
 absl::Status Corrupt(ImageFormat f, absl::string_view why) {
   return absl::DataLossError(absl::StrCat("corrupt ", FormatName(f), ": ", why));
@@ -29,11 +27,7 @@ absl::Status Unsupported(ImageFormat f, absl::string_view why) {
 }
 absl::Status CheckSize(ImageFormat f, int64_t w, int64_t h, int64_t max_pixels) {
   if (w <= 0 || h <= 0) return Corrupt(f, absl::StrCat("invalid dimensions ", w, "x", h));
-  if (w * h > max_pixels) {
-    return absl::ResourceExhaustedError(absl::StrCat("image of ", w, "x", h, " = ", w * h,
-                                                     " pixels exceeds max_image_pixels (",
-                                                     max_pixels, "): refused before decoding"));
-  }
+  if (w * h > max_pixels) return ImageTooLarge(w, h, max_pixels);
   return absl::OkStatus();
 }
 
@@ -652,6 +646,12 @@ absl::StatusOr<ImageSize> DecodePnm(const uint8_t* d, size_t n, int64_t max_pixe
 }
 
 }  // namespace
+
+absl::Status ImageTooLarge(int64_t w, int64_t h, int64_t max_pixels) {
+  return absl::ResourceExhaustedError(absl::StrCat("image of ", w, "x", h, " = ", w * h,
+                                                   " pixels exceeds max_image_pixels (", max_pixels,
+                                                   "): refused before decoding"));
+}
 
 const char* FormatName(ImageFormat format) {
   switch (format) {

@@ -26,6 +26,9 @@ enum class ImageFormat { kJpeg, kPng, kWebp, kGif, kTiff, kBmp, kPnm };
 // The format's name in messages ("JPEG", "PNG", "WebP", ...).
 const char* FormatName(ImageFormat format);
 
+// kResourceExhausted for a w x h image above `max_pixels` (max_image_pixels), before decoding.
+absl::Status ImageTooLarge(int64_t w, int64_t h, int64_t max_pixels);
+
 // The format of `data` by its magic bytes; false when it is none of the above.
 bool SniffFormat(const uint8_t* data, size_t size, ImageFormat* format);
 

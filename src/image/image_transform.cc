@@ -79,9 +79,7 @@ absl::StatusOr<std::shared_ptr<const SampleCache::Entry>> ImageTransform::Decode
   const bool swap = SwapsAxes(orientation);
   const int W = swap ? header->height : header->width, H = swap ? header->width : header->height;
   if (int64_t{W} * H > config_.max_image_pixels) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("image of ", W, "x", H, " pixels exceeds max_image_pixels (",
-                     config_.max_image_pixels, "): refused before decoding"));
+    return ImageTooLarge(W, H, config_.max_image_pixels);
   }
   const int shorter = std::min(W, H);
   const int target = std::min(shorter, kDecodedCacheScale * config_.size);
@@ -154,9 +152,7 @@ absl::Status ImageTransform::Apply(const Record& record, const SampleContext& ct
     if (!h.ok()) return h.status();
     // Refuse absurd sizes before any geometry is computed from them (nor memory allocated).
     if (int64_t{h->width} * h->height > config_.max_image_pixels) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("image of ", h->width, "x", h->height, " pixels exceeds max_image_pixels (",
-                       config_.max_image_pixels, "): refused before decoding"));
+      return ImageTooLarge(h->width, h->height, config_.max_image_pixels);
     }
     header_value = *h;
     if (config_.exif_transpose) {
