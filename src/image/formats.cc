@@ -162,11 +162,6 @@ absl::StatusOr<ImageSize> GifHeader(const uint8_t* data, size_t size) {
 absl::StatusOr<ImageSize> DecodeGif(const uint8_t* data, size_t size, int64_t max_pixels,
                                     std::vector<uint8_t>* rgb) {
   if (size < 10) return Corrupt(ImageFormat::kGif, "header truncated");
-  // The logical screen first: a bound before giflib allocates anything for the frame.
-  if (absl::Status c = CheckSize(ImageFormat::kGif, Le16(data + 6), Le16(data + 8), max_pixels);
-      !c.ok() && !absl::IsDataLoss(c)) {
-    return c;
-  }
   GifInput input{data, size, 0};
   int err = 0;
   GifFileType* gif = DGifOpen(&input, &GifRead, &err);
@@ -530,6 +525,19 @@ absl::StatusOr<ImageSize> DecodeBmp(const uint8_t* d, size_t n, int64_t max_pixe
 // P1-P6 (plain and raw). Values are scaled to 8 bits as PIL scales them: round(v / maxval * 255)
 // (half to even), clamped; PBM 1 = black.
 
+// Whitespace and comments ('#' to the end of the line) between a PNM's numbers.
+void SkipSpaceAndComments(const uint8_t* d, size_t n, size_t* at) {
+  while (*at < n) {
+    if (d[*at] == '#') {
+      while (*at < n && d[*at] != '\n' && d[*at] != '\r') ++*at;
+    } else if (std::isspace(d[*at])) {
+      ++*at;
+    } else {
+      return;
+    }
+  }
+}
+
 struct PnmInfo {
   int kind = 0;  // 1..6
   int64_t width = 0, height = 0;
@@ -545,17 +553,8 @@ absl::StatusOr<PnmInfo> ParsePnm(const uint8_t* d, size_t n) {
   const int fields = (p.kind == 1 || p.kind == 4) ? 2 : 3;
   int64_t v[3] = {0, 0, 1};
   for (int i = 0; i < fields; ++i) {
-    // whitespace and comments (# to the end of the line) between the header's numbers
-    for (;;) {
-      if (at >= n) return Corrupt(f, "header truncated");
-      if (d[at] == '#') {
-        while (at < n && d[at] != '\n' && d[at] != '\r') ++at;
-      } else if (std::isspace(d[at])) {
-        ++at;
-      } else {
-        break;
-      }
-    }
+    SkipSpaceAndComments(d, n, &at);
+    if (at >= n) return Corrupt(f, "header truncated");
     if (!std::isdigit(d[at])) return Corrupt(f, "a header field is not a number");
     int64_t x = 0;
     while (at < n && std::isdigit(d[at])) {
@@ -614,13 +613,7 @@ absl::StatusOr<ImageSize> DecodePnm(const uint8_t* d, size_t n, int64_t max_pixe
     }
   } else {  // plain (ASCII) numbers; P1 digits need no separators
     for (size_t i = 0; i < samples; ++i) {
-      while (at < n && (std::isspace(d[at]) || d[at] == '#')) {
-        if (d[at] == '#') {
-          while (at < n && d[at] != '\n') ++at;
-        } else {
-          ++at;
-        }
-      }
+      SkipSpaceAndComments(d, n, &at);
       if (at >= n || !std::isdigit(d[at])) return Corrupt(f, "pixel data truncated");
       uint32_t v = 0;
       if (p.kind == 1) {

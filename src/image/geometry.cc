@@ -91,6 +91,22 @@ cv::Mat RegionMat(const DecodedRegion& r) {
   return cv::Mat(r.height, r.width, CV_8UC3, const_cast<uint8_t*>(r.pixels), r.stride);
 }
 
+// The crop window's part inside the resized image, in resized coordinates.
+struct Visible {
+  int64_t x0, y0;
+  int w, h;
+  bool inside;  // the whole window is inside: no padding
+};
+Visible VisiblePart(const EvalGeometry& g, int out_w, int out_h) {
+  const int64_t ix0 = std::max<int64_t>(g.crop_left, 0), iy0 = std::max<int64_t>(g.crop_top, 0);
+  const int64_t ix1 = std::min<int64_t>(g.crop_left + out_w, g.resized_w);
+  const int64_t iy1 = std::min<int64_t>(g.crop_top + out_h, g.resized_h);
+  Visible v{ix0, iy0, int(std::max<int64_t>(ix1 - ix0, 0)), int(std::max<int64_t>(iy1 - iy0, 0)),
+            false};
+  v.inside = v.w == out_w && v.h == out_h;
+  return v;
+}
+
 }  // namespace
 
 CropBox RandomResizedCropBox(int width, int height, std::pair<double, double> scale,
@@ -174,16 +190,13 @@ void ResizeThenCropInto(const DecodedRegion& region, const EvalGeometry& g, int 
                         int out_w, int out_h, Layout layout, uint8_t* dst,
                         ResampleScratch* scratch) {
   DisableOpenCvThreads();
-  // The crop window in resized coordinates, and the part of it inside the resized image; the
-  // rest (CenterCrop larger than the resized image) is zero padding, as in torchvision.
-  const int64_t wx0 = g.crop_left, wy0 = g.crop_top;
-  const int64_t ix0 = std::max<int64_t>(wx0, 0), iy0 = std::max<int64_t>(wy0, 0);
-  const int64_t ix1 = std::min<int64_t>(wx0 + out_w, g.resized_w);
-  const int64_t iy1 = std::min<int64_t>(wy0 + out_h, g.resized_h);
-  const bool inside = ix0 == wx0 && iy0 == wy0 && ix1 == wx0 + out_w && iy1 == wy0 + out_h;
-  const bool empty = ix1 <= ix0 || iy1 <= iy0;
-  const int within_w = empty ? 0 : int(ix1 - ix0), within_h = empty ? 0 : int(iy1 - iy0);
-  const cv::Rect within(int(ix0 - wx0), int(iy0 - wy0), within_w, within_h);
+  // The crop window's part inside the resized image; the rest (CenterCrop larger than the
+  // resized image) is zero padding, as in torchvision.
+  const Visible v = VisiblePart(g, out_w, out_h);
+  const int64_t ix0 = v.x0, iy0 = v.y0;
+  const bool inside = v.inside, empty = v.w == 0 || v.h == 0;
+  const int within_w = v.w, within_h = v.h;
+  const cv::Rect within(int(ix0 - g.crop_left), int(iy0 - g.crop_top), within_w, within_h);
 
   // Padding is rare (CenterCrop larger than the resized image); the window is assembled here.
   std::vector<uint8_t> padded;
@@ -222,24 +235,6 @@ void ResizeThenCropInto(const DecodedRegion& region, const EvalGeometry& g, int 
   }
   Store(cv::Mat(out_h, out_w, CV_8UC3, padded.data()), /*flip=*/false, layout, dst, nullptr);
 }
-
-namespace {
-// The crop window's part inside the resized image, in resized coordinates.
-struct Visible {
-  int64_t x0, y0;
-  int w, h;
-  bool inside;  // the whole window is inside: no padding
-};
-Visible VisiblePart(const EvalGeometry& g, int out_w, int out_h) {
-  const int64_t ix0 = std::max<int64_t>(g.crop_left, 0), iy0 = std::max<int64_t>(g.crop_top, 0);
-  const int64_t ix1 = std::min<int64_t>(g.crop_left + out_w, g.resized_w);
-  const int64_t iy1 = std::min<int64_t>(g.crop_top + out_h, g.resized_h);
-  Visible v{ix0, iy0, int(std::max<int64_t>(ix1 - ix0, 0)), int(std::max<int64_t>(iy1 - iy0, 0)),
-            false};
-  v.inside = v.w == out_w && v.h == out_h;
-  return v;
-}
-}  // namespace
 
 int EvalRowsNeeded(const EvalGeometry& g, int height, int out_h) {
   const Visible v = VisiblePart(g, out_h, out_h);  // rows only depend on the height
