@@ -26,7 +26,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "feedline/schema.h"
+#include "feedline/transform.h"
 
 namespace feedline {
 
@@ -34,6 +36,7 @@ namespace internal {
 struct BatchSlot;
 struct DeviceBatch;
 }  // namespace internal
+class SlotPool;
 
 // One field of a batch: a dense tensor (fixed shapes, or variable ones padded to the batch's
 // longest) or a ragged one (values back to back, with offsets).
@@ -112,12 +115,51 @@ class Batch {
 
  private:
   friend class EpochRun;
+  friend class BatchBuilder;
   std::shared_ptr<internal::BatchSlot> slot_;
   std::shared_ptr<internal::DeviceBatch> device_batch_;  // device() >= 0
   int64_t size_ = 0;
   int64_t index_ = 0;
   int64_t epoch_ = 0;
   int device_ = -1;
+};
+
+// Host batches of a schema made outside a loader's ring, by a stage that builds its own rows
+// from a loader's batches (the text packer, feedline/text.h): the same columns, padding, ragged
+// offsets and lifetime as a loader's batches. Slots are recycled when the batches are released.
+//
+//   auto builder = feedline::BatchBuilder::Create(schema, /*batch_size=*/8);
+//   for (int64_t row = 0; row < n; ++row) {
+//     feedline::SampleWriter& w = (*builder)->Writer(row);
+//     ... w.Fixed<int64_t>(0) ..., (*builder)->indices()[row] = ...;
+//   }
+//   absl::StatusOr<feedline::Batch> batch = (*builder)->Finish(n, batch_index, epoch);
+//
+// Thread safety: one thread builds; the batches it finishes are as a loader's.
+class BatchBuilder {
+ public:
+  // kInvalidArgument for an invalid schema or a batch_size < 1.
+  static absl::StatusOr<std::unique_ptr<BatchBuilder>> Create(Schema schema, int64_t batch_size);
+  ~BatchBuilder();
+  BatchBuilder(const BatchBuilder&) = delete;
+  BatchBuilder& operator=(const BatchBuilder&) = delete;
+
+  const Schema& schema() const noexcept;
+  int64_t batch_size() const noexcept;
+  // The writer of sample `pos` (< batch_size) of the batch being built, fresh at each call (a
+  // slot is taken at the first call after Finish). Valid until the next call for `pos`.
+  SampleWriter& Writer(int64_t pos);
+  // The batch's sample indices (batch_size entries), for the builder to fill.
+  int64_t* indices();
+  // The first `n` samples as a batch (variable fields padded or made ragged as in a loader).
+  // kInvalidArgument when a sample below `n` left a field unwritten (naming it) or n is out of
+  // [1, batch_size]; the slot is then reused for the next batch.
+  absl::StatusOr<Batch> Finish(int64_t n, int64_t index, int64_t epoch);
+
+ private:
+  struct Impl;
+  explicit BatchBuilder(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace feedline

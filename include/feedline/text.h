@@ -24,13 +24,17 @@
 #define FEEDLINE_TEXT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "feedline/batch.h"
 #include "feedline/dataset.h"
+#include "feedline/loader.h"
 #include "feedline/transform.h"
 
 namespace feedline::text {
@@ -84,15 +88,136 @@ struct TokenizeOptions {
   int64_t max_length = 512;  // longer documents are truncated (after BOS/EOS are added)
   bool add_bos = false, add_eos = false;
   std::string field;  // JSON Lines: the text field (as in TextFileOptions)
+  // The "input_ids" field: padded int64 (TextLoader's batches), or ragged int32 (the packer's
+  // input: documents back to back with offsets, 4 bytes a token in the ring).
+  bool ragged = false;
 };
 
 // Documents to "input_ids" (int64 [<= max_length]) — from OpenTextLines' records, or from
-// WebDataset keys (OpenWebDataset: the ".txt" member, or with `field` the ".json" one) — padded to each batch's longest with the
-// tokenizer's pad id (0 when it has none), the lengths beside them. A line that is not valid
-// UTF-8, a JSON line that does not parse or lacks the string field, and an empty document are
-// DataErrors naming the file and the line.
+// WebDataset keys (OpenWebDataset: the ".txt" member, or with `field` the ".json" one) —
+// padded to each batch's longest with the tokenizer's pad id (0 when it has none), the lengths
+// beside them (or ragged int32, see `ragged`). A line that is not valid UTF-8, a JSON line that
+// does not parse or lacks the string field, and an empty document are DataErrors naming the
+// file and the line.
 absl::StatusOr<std::shared_ptr<SampleTransform>> MakeTokenizeTransform(
     const TokenizeOptions& options);
+
+// --- Packing ----------------------------------------------------------------------------------
+//
+// Rows of exactly `seq_len` tokens made from tokenized documents (a Loader whose "input_ids"
+// field is ragged: MakeTokenizeTransform with `ragged`), in the documents' epoch order:
+//   kConcat   the documents' tokens back to back, cut into rows (GPT pre-training): a document
+//             may continue in the next row; only the epoch's last row has padding.
+//   kBestFit  whole documents placed into rows by best fit, `window` documents of the epoch's
+//             order at a time (SFT): no document is cut, except one longer than a row (split
+//             into seq_len pieces, or truncated, by `split_long`); the rest of a row is padding.
+// Each batch (int64 [B, seq_len] unless noted):
+//   "input_ids"      the tokens; padding holds `pad_id`
+//   "labels"         the next token of the same document; -100 at padding and at a document's
+//                    last token (with kConcat and mask_boundaries = false: the next document's
+//                    first token instead; a row's last label is the stream's next token)
+//   "position_ids"   0, 1, ... from the start of each segment (a document's run of tokens in
+//                    a row); 0 at padding
+//   "attention_mask" 1 at tokens, 0 at padding
+//   "cu_seqlens"     int32 ragged: where each segment starts in the flattened batch [B * seq_len]
+//                    (padding is a segment), and B * seq_len last (flash-attention's varlen
+//                    layout)
+// and the batch's indices() are each row's first document.
+//
+// The packer runs on the consumer's thread over the document loader's batches (tokenization
+// stays in its worker threads, autotuned). It holds no tokens across batches beyond the current
+// document (kConcat) or window (kBestFit), so its state is small: a resumed run (LoadState)
+// gives the uninterrupted run's batches bit for bit, whatever the worker count. Rows per epoch
+// are known only once the epoch's documents are tokenized (no num_batches); ranks (the document
+// loader's rank / world_size) may get different row counts.
+enum class PackMode { kConcat, kBestFit };
+
+struct PackOptions {
+  PackMode mode = PackMode::kConcat;
+  int64_t seq_len = 2048;
+  int64_t batch_size = 8;       // rows per batch
+  int64_t window = 1024;        // kBestFit: documents packed together (a multiple of the
+                                // document loader's batch size: rounded up to one)
+  bool split_long = true;       // kBestFit: cut a document longer than seq_len (else truncate)
+  bool mask_boundaries = true;  // kConcat: labels -100 at each document's last token
+  bool drop_last = false;       // drop the epoch's last batch when it has fewer rows
+  int64_t pad_id = 0;
+};
+
+struct PackStats {
+  int64_t rows = 0;
+  int64_t tokens = 0;          // real tokens in those rows
+  int64_t documents = 0;       // documents taken
+  int64_t truncated = 0;       // kBestFit: documents cut to seq_len (split_long = false)
+  int64_t split = 0;           // kBestFit: documents split into pieces
+  double efficiency() const {  // real tokens / slots
+    return rows > 0 ? double(tokens) / double(rows * seq_len) : 0.0;
+  }
+  int64_t seq_len = 0;
+};
+
+class PackedLoader;
+
+class PackedEpoch {
+ public:
+  ~PackedEpoch();
+  PackedEpoch(const PackedEpoch&) = delete;
+  PackedEpoch& operator=(const PackedEpoch&) = delete;
+  // The next batch of rows; kOutOfRange at the end of the epoch; a document's error (under
+  // OnError::kRaise) at the batch where it would have been packed (the next call goes on).
+  absl::StatusOr<Batch> Next();
+  absl::StatusOr<Batch> Next(const std::function<absl::Status()>& interrupted, absl::Duration poll);
+  int64_t epoch() const noexcept;
+  void Cancel();
+
+ private:
+  friend class PackedLoader;
+  struct Run;
+  explicit PackedEpoch(std::unique_ptr<Run> run);
+  std::unique_ptr<Run> run_;
+};
+
+class PackedLoader {
+ public:
+  // kInvalidArgument: a document loader without a ragged int32/int64 "input_ids" field, or an
+  // option out of range (seq_len, batch_size, window >= 1; batch_size * seq_len < 2^31).
+  static absl::StatusOr<std::unique_ptr<PackedLoader>> Create(std::unique_ptr<Loader> documents,
+                                                              PackOptions options);
+  ~PackedLoader();
+  PackedLoader(const PackedLoader&) = delete;
+  PackedLoader& operator=(const PackedLoader&) = delete;
+
+  // Starts the next epoch (cancelling one in progress), or the one a LoadState left off.
+  std::unique_ptr<PackedEpoch> StartEpoch();
+  void set_epoch(int64_t epoch);
+  int64_t next_epoch() const noexcept;
+  Loader& documents() noexcept;  // its stats, workers, trace
+  const Loader& documents() const noexcept;
+  const PackOptions& options() const noexcept;
+  PackStats pack_stats() const;  // over every epoch so far
+
+  // Where the packer is: the document loader's state (epoch, seed, layout) plus the row cursor
+  // — kConcat: the next document's position in the epoch and the tokens of it already packed;
+  // kBestFit: the window and its rows already yielded. A few hundred bytes.
+  struct State {
+    Loader::State documents;
+    int64_t batches_done = 0;
+    int64_t document = 0;  // kConcat: position in the epoch; kBestFit: the window's first one
+    int64_t offset = 0;    // kConcat: tokens of it packed; kBestFit: rows of the window yielded
+    int64_t seq_len = 0, batch_size = 0, window = 0;
+    int mode = 0;
+  };
+  State state() const;
+  // kInvalidArgument for a state of other packing options or of another document loader (as
+  // Loader::LoadState).
+  absl::Status LoadState(const State& state);
+
+  struct Shared;  // the implementation's (src/text/packing.cc)
+
+ private:
+  explicit PackedLoader(std::shared_ptr<Shared> shared);
+  std::shared_ptr<Shared> shared_;
+};
 
 }  // namespace feedline::text
 

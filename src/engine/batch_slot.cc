@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/float16.h"
+#include "feedline/batch.h"
 
 namespace feedline {
 namespace internal {
@@ -351,6 +352,85 @@ void SlotPool::set_keep(int n) {
 int64_t SlotPool::cached() const {
   std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int64_t>(free_.size());
+}
+
+// ---------------------------------------------------------------------------------------------
+// BatchBuilder (batch.h): a SlotPool of its own, the loader's assembly.
+
+struct BatchBuilder::Impl {
+  std::shared_ptr<const internal::SlotLayout> layout;
+  std::shared_ptr<SlotPool> pool;
+  std::shared_ptr<internal::BatchSlot> slot;  // the batch being built
+  std::vector<SampleWriter> writers;
+  std::vector<char> started;
+  std::vector<uint8_t> scratch;
+
+  void Take() {
+    if (slot != nullptr) return;
+    slot = pool->Acquire();
+    std::fill(started.begin(), started.end(), 0);
+  }
+};
+
+absl::StatusOr<std::unique_ptr<BatchBuilder>> BatchBuilder::Create(Schema schema,
+                                                                   int64_t batch_size) {
+  if (absl::Status s = schema.Validate(); !s.ok()) return s;
+  if (batch_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("batch_size: must be >= 1, got ", batch_size));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->layout = std::make_shared<const internal::SlotLayout>(
+      internal::SlotLayout::Make(std::move(schema), batch_size));
+  impl->pool = std::make_shared<SlotPool>(DefaultHostAllocator(), impl->layout);
+  impl->pool->set_keep(2);
+  impl->started.assign(size_t(batch_size), 0);
+  for (int64_t i = 0; i < batch_size; ++i) {
+    impl->writers.push_back(impl->layout->Writer(nullptr, i));
+  }
+  return std::unique_ptr<BatchBuilder>(new BatchBuilder(std::move(impl)));
+}
+
+BatchBuilder::BatchBuilder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+BatchBuilder::~BatchBuilder() = default;
+
+const Schema& BatchBuilder::schema() const noexcept { return impl_->layout->schema; }
+int64_t BatchBuilder::batch_size() const noexcept { return impl_->layout->batch_size; }
+
+SampleWriter& BatchBuilder::Writer(int64_t pos) {
+  assert(pos >= 0 && pos < batch_size());
+  impl_->Take();
+  impl_->started[size_t(pos)] = 1;
+  impl_->writers[size_t(pos)] = impl_->layout->Writer(impl_->slot.get(), pos);
+  return impl_->writers[size_t(pos)];
+}
+
+int64_t* BatchBuilder::indices() {
+  impl_->Take();
+  return impl_->slot->indices.data();
+}
+
+absl::StatusOr<Batch> BatchBuilder::Finish(int64_t n, int64_t index, int64_t epoch) {
+  if (n < 1 || n > batch_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BatchBuilder::Finish: ", n, " samples, the batch holds 1 to ", batch_size()));
+  }
+  impl_->Take();
+  for (int64_t i = 0; i < n; ++i) {
+    absl::Status s = impl_->started[size_t(i)]
+                         ? internal::SlotLayout::CheckWritten(impl_->writers[size_t(i)])
+                         : absl::InvalidArgumentError("no field written");
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("sample ", i, " of the batch: ", s.message()));
+    }
+  }
+  internal::AssembleBatch(impl_->slot.get(), n, &impl_->scratch);
+  impl_->pool->MarkHandedOut(impl_->slot.get());
+  Batch b;
+  b.slot_ = std::move(impl_->slot);
+  b.size_ = n;
+  b.index_ = index;
+  b.epoch_ = epoch;
+  return b;
 }
 
 }  // namespace feedline

@@ -104,7 +104,7 @@ class TokenizeTransform final : public SampleTransform {
   const Schema& schema() const override { return schema_; }
 
   struct State : WorkerState {
-    std::vector<int> ids;
+    std::vector<int> ids, body;
   };
   std::unique_ptr<WorkerState> NewWorkerState() const override { return std::make_unique<State>(); }
 
@@ -147,14 +147,21 @@ class TokenizeTransform final : public SampleTransform {
     std::vector<int>& ids = state->ids;
     ids.clear();
     if (o_.add_bos && o_.tokenizer->bos_id() >= 0) ids.push_back(o_.tokenizer->bos_id());
-    std::vector<int> body;
+    std::vector<int>& body = state->body;
+    body.clear();
     if (absl::Status s = o_.tokenizer->Encode(text, &body); !s.ok()) return s;
     ids.insert(ids.end(), body.begin(), body.end());
     if (o_.add_eos && o_.tokenizer->eos_id() >= 0) ids.push_back(o_.tokenizer->eos_id());
     const int64_t len = std::min<int64_t>(int64_t(ids.size()), o_.max_length);
+    if (o_.ragged) {
+      absl::StatusOr<int32_t*> dst = out.Shaped<int32_t>(0, {len});
+      if (!dst.ok()) return dst.status();
+      std::copy(ids.begin(), ids.begin() + len, *dst);
+      return absl::OkStatus();
+    }
     absl::StatusOr<int64_t*> dst = out.Shaped<int64_t>(0, {len});
     if (!dst.ok()) return dst.status();
-    for (int64_t j = 0; j < len; ++j) (*dst)[j] = ids[size_t(j)];
+    std::copy(ids.begin(), ids.begin() + len, *dst);
     return absl::OkStatus();
   }
 
@@ -215,7 +222,10 @@ absl::StatusOr<std::shared_ptr<SampleTransform>> MakeTokenizeTransform(const Tok
   if (o.tokenizer == nullptr) return absl::InvalidArgumentError("tokenizer: required");
   if (o.max_length < 1) return absl::InvalidArgumentError("max_length: must be >= 1");
   const int pad = o.tokenizer->pad_id() >= 0 ? o.tokenizer->pad_id() : 0;
-  Schema schema({Field("input_ids", DType::kInt64, {Dim::UpTo(o.max_length)}).pad_value(pad)});
+  Schema schema(
+      {o.ragged
+           ? Field("input_ids", DType::kInt32, {Dim::UpTo(o.max_length)}).collate(Collate::kRagged)
+           : Field("input_ids", DType::kInt64, {Dim::UpTo(o.max_length)}).pad_value(pad)});
   if (absl::Status s = schema.Validate(); !s.ok()) return s;
   return std::shared_ptr<SampleTransform>(
       std::make_shared<TokenizeTransform>(o, std::move(schema)));

@@ -1,0 +1,600 @@
+// Sequence packing (feedline/text.h): rows of seq_len tokens from a document loader's ragged
+// batches, built on the consumer's thread, with a cursor (document position and offset, or
+// window and row) as the whole resume state.
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "feedline/random.h"
+#include "feedline/schema.h"
+#include "feedline/text.h"
+
+namespace feedline::text {
+namespace {
+
+constexpr int64_t kIgnoreLabel = -100;                // torch's cross-entropy ignore_index
+constexpr uint64_t kRngPackRows = uint64_t{1} << 31;  // kBestFit's row order (a library stream)
+
+enum PackedField { kInputIds, kLabels, kPositionIds, kAttentionMask, kCuSeqlens };
+
+// One document of the epoch's stream.
+struct Doc {
+  std::vector<int64_t> tokens;
+  int64_t position = -1;  // in this rank's epoch order
+  int64_t index = -1;     // the data set's
+};
+
+// A run of one document's tokens in a row.
+struct Segment {
+  int64_t start = 0, len = 0;
+  bool doc_end = false;  // the document's last token is the segment's
+};
+
+struct Row {
+  std::vector<int64_t> ids;  // the real tokens (padding is added when written)
+  std::vector<Segment> segments;
+  std::vector<int64_t> labels;  // ids.size() entries, set once the row is complete
+  int64_t first_doc = -1;
+};
+
+// The documents of one epoch, in order, one at a time out of the document loader's batches.
+class DocStream {
+ public:
+  DocStream(std::unique_ptr<Epoch> epoch, int64_t docs_per_batch, int64_t skip_before)
+      : epoch_(std::move(epoch)), per_batch_(docs_per_batch), skip_before_(skip_before) {}
+
+  // True and the next document; false at the end of the epoch; a document batch's error (the
+  // batch is then gone: the next call goes on with the next one).
+  absl::StatusOr<bool> Next(Doc* doc, const std::function<absl::Status()>& interrupted,
+                            absl::Duration poll) {
+    if (held_) {
+      held_ = false;
+      *doc = std::move(held_doc_);
+      return true;
+    }
+    for (;;) {
+      if (in_batch_ < batch_.size()) {
+        const int64_t i = in_batch_++;
+        const int64_t position = batch_.index() * per_batch_ + i;
+        if (position < skip_before_) continue;
+        const int64_t a = ids_.offsets[i], b = ids_.offsets[i + 1];
+        doc->tokens.resize(size_t(b - a));
+        if (ids_.dtype == DType::kInt32) {
+          const int32_t* p = static_cast<const int32_t*>(ids_.data) + a;
+          for (int64_t j = 0; j < b - a; ++j) doc->tokens[size_t(j)] = p[j];
+        } else {
+          std::memcpy(doc->tokens.data(), static_cast<const int64_t*>(ids_.data) + a,
+                      size_t(b - a) * sizeof(int64_t));
+        }
+        doc->position = position;
+        doc->index = batch_.indices()[i];
+        return true;
+      }
+      if (ended_) return false;
+      absl::StatusOr<Batch> next = interrupted ? epoch_->Next(interrupted, poll) : epoch_->Next();
+      if (!next.ok()) {
+        if (absl::IsOutOfRange(next.status())) {
+          ended_ = true;
+          batch_ = Batch();
+          in_batch_ = 0;
+          return false;
+        }
+        return next.status();
+      }
+      batch_ = *std::move(next);
+      ids_ = batch_.field("input_ids");
+      in_batch_ = 0;
+    }
+  }
+  // Gives `doc` back: the next Next() returns it again.
+  void Unget(Doc doc) {
+    held_doc_ = std::move(doc);
+    held_ = true;
+  }
+  void Cancel() { epoch_->Cancel(); }
+
+ private:
+  std::unique_ptr<Epoch> epoch_;
+  const int64_t per_batch_;
+  const int64_t skip_before_;
+  Batch batch_;
+  TensorView ids_;
+  int64_t in_batch_ = 0;
+  bool ended_ = false;
+  bool held_ = false;
+  Doc held_doc_;
+};
+
+// Labels of a row whose tokens are one document's runs: the next token within a segment,
+// -100 at a segment's end when `mask_end` says so for it (else the next segment's first token,
+// or `after` for the row's last token).
+void SetLabels(Row* row, bool mask_doc_ends, int64_t after) {
+  const int64_t n = int64_t(row->ids.size());
+  row->labels.resize(size_t(n));
+  for (int64_t t = 0; t + 1 < n; ++t) row->labels[size_t(t)] = row->ids[size_t(t + 1)];
+  if (n > 0) row->labels[size_t(n - 1)] = after;
+  for (const Segment& s : row->segments) {
+    if (s.doc_end && mask_doc_ends) row->labels[size_t(s.start + s.len - 1)] = kIgnoreLabel;
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+struct PackedLoader::Shared {
+  std::unique_ptr<Loader> documents;
+  PackOptions o;
+  int64_t docs_per_batch = 1;
+  std::unique_ptr<BatchBuilder> builder;
+
+  std::atomic<int64_t> rows{0}, tokens{0}, docs{0}, truncated{0}, split{0};
+
+  // The cursor of the epoch in progress (after its last batch), for state().
+  mutable std::mutex mu;
+  int64_t run_id = 0;
+  bool active = false, finished = false;
+  int64_t epoch = 0, batches_done = 0, document = 0, offset = 0;
+  // What LoadState left for the next StartEpoch (when it starts that epoch).
+  bool has_resume = false;
+  State resume;
+};
+
+struct PackedEpoch::Run {
+  std::shared_ptr<PackedLoader::Shared> sh;
+  int64_t run_id = 0;
+  int64_t epoch = 0;
+  DocStream docs;
+  int64_t batches_done = 0;
+  bool done = false;
+  bool stream_end = false;
+  std::vector<Row> batch_rows;  // the batch in progress
+
+  // kConcat
+  Doc cur;
+  bool has_cur = false;
+  int64_t off = 0;          // tokens of `cur` already in rows
+  int64_t resume_doc = -1;  // the first document's position and offset when resumed
+  int64_t resume_off = 0;
+  Row row;                // the row in progress
+  bool row_full = false;  // its tokens are in; its last label waits for the next token
+
+  // kBestFit
+  int64_t window_first = 0;  // position of the window's first document
+  std::vector<Doc> window_docs;
+  std::vector<Row> window_rows;
+  size_t window_next = 0;
+  int64_t window_skip = 0;  // rows of the first window already yielded (resume)
+
+  Run(std::shared_ptr<PackedLoader::Shared> s, int64_t id, int64_t e, std::unique_ptr<Epoch> inner,
+      int64_t skip_before)
+      : sh(std::move(s)),
+        run_id(id),
+        epoch(e),
+        docs(std::move(inner), sh->docs_per_batch, skip_before) {}
+
+  using Interrupt = std::function<absl::Status()>;
+
+  // kConcat: fills `row` (kept across calls that fail); OK with row.ids empty at the end.
+  absl::Status NextConcatRow(const Interrupt& in, absl::Duration poll) {
+    const int64_t L = sh->o.seq_len;
+    while (!row_full && int64_t(row.ids.size()) < L) {
+      if (!has_cur || off == int64_t(cur.tokens.size())) {
+        absl::StatusOr<bool> got = docs.Next(&cur, in, poll);
+        if (!got.ok()) return got.status();
+        if (!*got) {
+          stream_end = true;
+          has_cur = false;
+          break;
+        }
+        has_cur = true;
+        off = cur.position == resume_doc ? std::min<int64_t>(resume_off, cur.tokens.size()) : 0;
+        sh->docs.fetch_add(1, std::memory_order_relaxed);
+      }
+      const int64_t k = std::min<int64_t>(L - int64_t(row.ids.size()), cur.tokens.size() - off);
+      if (row.first_doc < 0) row.first_doc = cur.index;
+      Segment s;
+      s.start = int64_t(row.ids.size());
+      s.len = k;
+      s.doc_end = off + k == int64_t(cur.tokens.size());
+      row.segments.push_back(s);
+      row.ids.insert(row.ids.end(), cur.tokens.begin() + off, cur.tokens.begin() + off + k);
+      off += k;
+    }
+    if (row.ids.empty()) return absl::OkStatus();
+    row_full = true;
+    // The row's last label: the document's next token, or at its end the next document's
+    // first (when boundaries are not masked).
+    int64_t after = kIgnoreLabel;
+    const Segment& last = row.segments.back();
+    if (!last.doc_end) {
+      after = cur.tokens[size_t(off)];
+    } else if (!sh->o.mask_boundaries && !stream_end) {
+      absl::StatusOr<bool> got = docs.Next(&cur, in, poll);
+      if (!got.ok()) return got.status();  // the row waits, complete, for the next call
+      if (*got) {
+        has_cur = true;
+        off = 0;
+        sh->docs.fetch_add(1, std::memory_order_relaxed);
+        after = cur.tokens[0];
+      } else {
+        stream_end = true;
+        has_cur = false;
+      }
+    }
+    SetLabels(&row, sh->o.mask_boundaries, after);
+    return absl::OkStatus();
+  }
+
+  // kBestFit: the window's documents into rows.
+  void PackWindow() {
+    const int64_t L = sh->o.seq_len;
+    struct Piece {
+      const Doc* doc;
+      int64_t from, len;
+    };
+    std::vector<Piece> pieces;
+    for (const Doc& d : window_docs) {
+      const int64_t n = int64_t(d.tokens.size());
+      if (n <= L) {
+        pieces.push_back({&d, 0, n});
+      } else if (sh->o.split_long) {
+        sh->split.fetch_add(1, std::memory_order_relaxed);
+        for (int64_t a = 0; a < n; a += L) pieces.push_back({&d, a, std::min(L, n - a)});
+      } else {
+        sh->truncated.fetch_add(1, std::memory_order_relaxed);
+        pieces.push_back({&d, 0, L});
+      }
+    }
+    // Best fit, longest first: each piece goes to the row it leaves the least room in.
+    std::stable_sort(pieces.begin(), pieces.end(),
+                     [](const Piece& a, const Piece& b) { return a.len > b.len; });
+    window_rows.clear();
+    std::multimap<int64_t, size_t> room;  // free tokens -> row
+    for (const Piece& p : pieces) {
+      auto it = room.lower_bound(p.len);
+      size_t r;
+      if (it == room.end()) {
+        r = window_rows.size();
+        window_rows.emplace_back();
+        window_rows.back().first_doc = p.doc->index;
+      } else {
+        r = it->second;
+        room.erase(it);
+      }
+      Row& row = window_rows[r];
+      Segment s;
+      s.start = int64_t(row.ids.size());
+      s.len = p.len;
+      s.doc_end = true;
+      row.segments.push_back(s);
+      row.ids.insert(row.ids.end(), p.doc->tokens.begin() + p.from,
+                     p.doc->tokens.begin() + p.from + p.len);
+      if (int64_t left = L - int64_t(row.ids.size()); left > 0) room.emplace(left, r);
+    }
+    for (Row& row : window_rows) SetLabels(&row, /*mask_doc_ends=*/true, kIgnoreLabel);
+    // Rows in a shuffled order (else each window would start with its longest documents).
+    if (sh->documents->options().shuffle() && window_rows.size() > 1) {
+      SampleRng rng(sh->documents->options().seed(), uint64_t(epoch), uint64_t(window_first),
+                    kRngPackRows);
+      for (size_t i = window_rows.size() - 1; i > 0; --i) {
+        std::swap(window_rows[i], window_rows[size_t(rng.Below(i + 1))]);
+      }
+    }
+    window_docs.clear();
+  }
+
+  // kBestFit: the next row (false at the end of the epoch).
+  absl::StatusOr<bool> NextFitRow(Row* out, const Interrupt& in, absl::Duration poll) {
+    const int64_t W = sh->o.window;
+    while (window_next >= window_rows.size()) {
+      if (!window_rows.empty()) {  // the window is done: on to the next
+        window_rows.clear();
+        window_next = 0;
+        window_first += W;
+      }
+      if (stream_end && window_docs.empty()) return false;
+      while (!stream_end) {
+        Doc d;
+        absl::StatusOr<bool> got = docs.Next(&d, in, poll);
+        if (!got.ok()) return got.status();
+        if (!*got) {
+          stream_end = true;
+          break;
+        }
+        if (d.position >= window_first + W) {
+          docs.Unget(std::move(d));
+          break;
+        }
+        sh->docs.fetch_add(1, std::memory_order_relaxed);
+        window_docs.push_back(std::move(d));
+      }
+      if (window_docs.empty()) {
+        if (stream_end) return false;
+        window_first += W;  // a window whose documents all failed
+        continue;
+      }
+      PackWindow();
+      window_next = size_t(std::min<int64_t>(window_skip, int64_t(window_rows.size())));
+      window_skip = 0;
+    }
+    *out = std::move(window_rows[window_next++]);
+    return true;
+  }
+
+  absl::StatusOr<Batch> Next(const Interrupt& in, absl::Duration poll) {
+    if (done) return absl::OutOfRangeError("the epoch is over");
+    const PackOptions& o = sh->o;
+    while (int64_t(batch_rows.size()) < o.batch_size) {
+      if (o.mode == PackMode::kConcat) {
+        if (absl::Status s = NextConcatRow(in, poll); !s.ok()) return s;
+        if (row.ids.empty()) break;
+        batch_rows.push_back(std::move(row));
+        row = Row();
+        row_full = false;
+      } else {
+        Row r;
+        absl::StatusOr<bool> got = NextFitRow(&r, in, poll);
+        if (!got.ok()) return got.status();
+        if (!*got) break;
+        batch_rows.push_back(std::move(r));
+      }
+    }
+    if (batch_rows.empty() || (o.drop_last && int64_t(batch_rows.size()) < o.batch_size)) {
+      Finish();
+      return absl::OutOfRangeError("the epoch is over");
+    }
+    absl::StatusOr<Batch> batch = Write();
+    batch_rows.clear();
+    if (!batch.ok()) return batch.status();
+    ++batches_done;
+    Publish();
+    return batch;
+  }
+
+  absl::StatusOr<Batch> Write() {
+    const int64_t L = sh->o.seq_len;
+    const int64_t n = int64_t(batch_rows.size());
+    BatchBuilder& b = *sh->builder;
+    int64_t real = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      const Row& row = batch_rows[size_t(r)];
+      const int64_t len = int64_t(row.ids.size());
+      real += len;
+      SampleWriter& w = b.Writer(r);
+      int64_t* ids = w.Fixed<int64_t>(kInputIds);
+      int64_t* labels = w.Fixed<int64_t>(kLabels);
+      int64_t* pos = w.Fixed<int64_t>(kPositionIds);
+      int64_t* mask = w.Fixed<int64_t>(kAttentionMask);
+      std::copy(row.ids.begin(), row.ids.end(), ids);
+      std::fill(ids + len, ids + L, sh->o.pad_id);
+      std::copy(row.labels.begin(), row.labels.end(), labels);
+      std::fill(labels + len, labels + L, kIgnoreLabel);
+      for (const Segment& s : row.segments) std::iota(pos + s.start, pos + s.start + s.len, 0);
+      std::fill(pos + len, pos + L, 0);
+      std::fill(mask, mask + len, 1);
+      std::fill(mask + len, mask + L, 0);
+      const int64_t entries =
+          int64_t(row.segments.size()) + (len < L ? 1 : 0) + (r + 1 == n ? 1 : 0);
+      absl::StatusOr<int32_t*> cu = w.Shaped<int32_t>(kCuSeqlens, {entries});
+      if (!cu.ok()) return cu.status();
+      int32_t* c = *cu;
+      for (const Segment& s : row.segments) *c++ = int32_t(r * L + s.start);
+      if (len < L) *c++ = int32_t(r * L + len);
+      if (r + 1 == n) *c++ = int32_t(n * L);
+      b.indices()[r] = row.first_doc;
+    }
+    sh->rows.fetch_add(n, std::memory_order_relaxed);
+    sh->tokens.fetch_add(real, std::memory_order_relaxed);
+    return b.Finish(n, batches_done, epoch);
+  }
+
+  // The cursor after the last batch, for PackedLoader::state().
+  void Publish() {
+    int64_t document, offset;
+    if (sh->o.mode == PackMode::kConcat) {
+      if (has_cur && off < int64_t(cur.tokens.size())) {
+        document = cur.position;
+        offset = off;
+      } else if (has_cur) {
+        document = cur.position + 1;
+        offset = 0;
+      } else {
+        document = stream_end ? sh->documents->num_samples() : std::max<int64_t>(resume_doc, 0);
+        offset = stream_end ? 0 : resume_off;
+      }
+    } else if (window_next < window_rows.size()) {
+      document = window_first;
+      offset = int64_t(window_next);
+    } else {
+      document = window_rows.empty() ? window_first : window_first + sh->o.window;
+      offset = 0;
+    }
+    std::lock_guard<std::mutex> lock(sh->mu);
+    if (sh->run_id != run_id) return;
+    sh->batches_done = batches_done;
+    sh->document = document;
+    sh->offset = offset;
+    sh->finished = document >= sh->documents->num_samples() && offset == 0;
+  }
+
+  void Finish() {
+    done = true;
+    std::lock_guard<std::mutex> lock(sh->mu);
+    if (sh->run_id == run_id) sh->finished = true;
+  }
+};
+
+PackedEpoch::PackedEpoch(std::unique_ptr<Run> run) : run_(std::move(run)) {}
+PackedEpoch::~PackedEpoch() = default;
+
+absl::StatusOr<Batch> PackedEpoch::Next() { return run_->Next(nullptr, absl::ZeroDuration()); }
+absl::StatusOr<Batch> PackedEpoch::Next(const std::function<absl::Status()>& interrupted,
+                                        absl::Duration poll) {
+  return run_->Next(interrupted, poll);
+}
+int64_t PackedEpoch::epoch() const noexcept { return run_->epoch; }
+void PackedEpoch::Cancel() {
+  run_->docs.Cancel();
+  run_->done = true;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<PackedLoader>> PackedLoader::Create(
+    std::unique_ptr<Loader> documents, PackOptions o) {
+  if (documents == nullptr) return absl::InvalidArgumentError("documents: a loader is required");
+  const Schema& in = documents->schema();
+  const int f = in.Find("input_ids");
+  if (f < 0 || in.field(f).collate() != Collate::kRagged ||
+      (in.field(f).dtype() != DType::kInt32 && in.field(f).dtype() != DType::kInt64)) {
+    return absl::InvalidArgumentError(
+        "documents: the loader's schema needs a ragged int32 or int64 \"input_ids\" field "
+        "(MakeTokenizeTransform with ragged = true)");
+  }
+  if (o.seq_len < 1) return absl::InvalidArgumentError("seq_len: must be >= 1");
+  if (o.batch_size < 1) return absl::InvalidArgumentError("batch_size: must be >= 1");
+  if (o.window < 1) return absl::InvalidArgumentError("window: must be >= 1");
+  if (o.seq_len * o.batch_size >= (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError("batch_size * seq_len: must be below 2^31 (cu_seqlens)");
+  }
+  auto sh = std::make_shared<Shared>();
+  sh->docs_per_batch = documents->options().batch_size();
+  if (documents->options().drop_last()) {
+    return absl::InvalidArgumentError("documents: the loader must not drop_last");
+  }
+  o.window = (o.window + sh->docs_per_batch - 1) / sh->docs_per_batch * sh->docs_per_batch;
+  const int64_t L = o.seq_len;
+  const std::vector<Dim> row{Dim(L)};
+  Schema schema({Field("input_ids", DType::kInt64, row), Field("labels", DType::kInt64, row),
+                 Field("position_ids", DType::kInt64, row),
+                 Field("attention_mask", DType::kInt64, row),
+                 Field("cu_seqlens", DType::kInt32, {Dim::UpTo(L + 1)}).collate(Collate::kRagged)});
+  absl::StatusOr<std::unique_ptr<BatchBuilder>> builder =
+      BatchBuilder::Create(std::move(schema), o.batch_size);
+  if (!builder.ok()) return builder.status();
+  sh->builder = *std::move(builder);
+  sh->documents = std::move(documents);
+  sh->o = o;
+  return std::unique_ptr<PackedLoader>(new PackedLoader(std::move(sh)));
+}
+
+PackedLoader::PackedLoader(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
+PackedLoader::~PackedLoader() = default;
+
+std::unique_ptr<PackedEpoch> PackedLoader::StartEpoch() {
+  Shared& sh = *shared_;
+  const int64_t epoch = sh.documents->next_epoch();
+  State resume;
+  bool resuming = false;
+  int64_t id;
+  {
+    std::lock_guard<std::mutex> lock(sh.mu);
+    if (sh.has_resume && sh.resume.documents.epoch == epoch) {
+      resume = sh.resume;
+      resuming = true;
+    }
+    sh.has_resume = false;
+    id = ++sh.run_id;
+    sh.active = true;
+    sh.finished = false;
+    sh.epoch = epoch;
+    sh.batches_done = resuming ? resume.batches_done : 0;
+    sh.document = resuming ? resume.document : 0;
+    sh.offset = resuming ? resume.offset : 0;
+  }
+  std::unique_ptr<Epoch> inner = sh.documents->StartEpoch();
+  auto run = std::make_unique<PackedEpoch::Run>(shared_, id, epoch, std::move(inner),
+                                                resuming ? resume.document : 0);
+  if (resuming) {
+    run->batches_done = resume.batches_done;
+    if (sh.o.mode == PackMode::kConcat) {
+      run->resume_doc = resume.document;
+      run->resume_off = resume.offset;
+    } else {
+      run->window_first = resume.document;
+      run->window_skip = resume.offset;
+    }
+  }
+  return std::unique_ptr<PackedEpoch>(new PackedEpoch(std::move(run)));
+}
+
+void PackedLoader::set_epoch(int64_t epoch) {
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->has_resume = false;
+  }
+  shared_->documents->set_epoch(epoch);
+}
+int64_t PackedLoader::next_epoch() const noexcept { return shared_->documents->next_epoch(); }
+Loader& PackedLoader::documents() noexcept { return *shared_->documents; }
+const Loader& PackedLoader::documents() const noexcept { return *shared_->documents; }
+const PackOptions& PackedLoader::options() const noexcept { return shared_->o; }
+
+PackStats PackedLoader::pack_stats() const {
+  const Shared& sh = *shared_;
+  PackStats s;
+  s.rows = sh.rows.load(std::memory_order_relaxed);
+  s.tokens = sh.tokens.load(std::memory_order_relaxed);
+  s.documents = sh.docs.load(std::memory_order_relaxed);
+  s.truncated = sh.truncated.load(std::memory_order_relaxed);
+  s.split = sh.split.load(std::memory_order_relaxed);
+  s.seq_len = sh.o.seq_len;
+  return s;
+}
+
+PackedLoader::State PackedLoader::state() const {
+  const Shared& sh = *shared_;
+  State st;
+  st.documents = sh.documents->state();
+  st.seq_len = sh.o.seq_len;
+  st.batch_size = sh.o.batch_size;
+  st.window = sh.o.window;
+  st.mode = int(sh.o.mode);
+  std::lock_guard<std::mutex> lock(sh.mu);
+  if (sh.has_resume) {  // loaded, not started yet
+    st.documents = sh.resume.documents;
+    st.batches_done = sh.resume.batches_done;
+    st.document = sh.resume.document;
+    st.offset = sh.resume.offset;
+  } else if (sh.active && !sh.finished) {
+    st.documents.epoch = sh.epoch;
+    st.batches_done = sh.batches_done;
+    st.document = sh.document;
+    st.offset = sh.offset;
+  } else {  // before the first epoch, or after one (or a set_epoch): the next from its start
+    st.documents.epoch = sh.documents->next_epoch();
+  }
+  st.documents.batches_done = st.document / sh.docs_per_batch;
+  return st;
+}
+
+absl::Status PackedLoader::LoadState(const State& st) {
+  Shared& sh = *shared_;
+  if (st.mode != int(sh.o.mode) || st.seq_len != sh.o.seq_len || st.batch_size != sh.o.batch_size ||
+      st.window != sh.o.window) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("state_dict: made for packing (mode ", st.mode, ", seq_len ", st.seq_len,
+                     ", batch_size ", st.batch_size, ", window ", st.window,
+                     ") but this loader packs (mode ", int(sh.o.mode), ", seq_len ", sh.o.seq_len,
+                     ", batch_size ", sh.o.batch_size, ", window ", sh.o.window, ")"));
+  }
+  if (st.document < 0 || st.offset < 0 || st.batches_done < 0 ||
+      st.documents.batches_done != st.document / sh.docs_per_batch ||
+      (sh.o.mode == PackMode::kBestFit && st.document % sh.o.window != 0)) {
+    return absl::InvalidArgumentError("state_dict: an inconsistent packing position");
+  }
+  if (absl::Status s = sh.documents->LoadState(st.documents); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(sh.mu);
+  sh.resume = st;
+  sh.has_resume = true;
+  return absl::OkStatus();
+}
+
+}  // namespace feedline::text

@@ -1,0 +1,396 @@
+// Sequence packing (feedline/text.h) over real threads and a real text file, with a byte
+// tokenizer (one id per byte: the expected rows follow from the text alone).
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "feedline/text.h"
+#include "test_util.h"
+
+namespace feedline::text {
+namespace {
+
+constexpr int kEos = 300;
+
+class ByteTokenizer final : public Tokenizer {
+ public:
+  absl::Status Encode(absl::string_view text, std::vector<int>* ids) const override {
+    ids->clear();
+    for (unsigned char c : text) ids->push_back(int(c) + 1);
+    return absl::OkStatus();
+  }
+  int vocab_size() const override { return 301; }
+  int bos_id() const override { return -1; }
+  int eos_id() const override { return kEos; }
+  int pad_id() const override { return 0; }
+};
+
+// Documents with long-tailed lengths (log-normal, 1 to 3000 bytes), lower-case words.
+std::vector<std::string> Documents(int n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::lognormal_distribution<double> len(4.5, 1.0);
+  std::vector<std::string> docs;
+  for (int i = 0; i < n; ++i) {
+    const int target = std::max(1, std::min(3000, int(len(rng))));
+    std::string d;
+    while (int(d.size()) < target) d.push_back(char('a' + rng() % 26));
+    docs.push_back(d);
+  }
+  return docs;
+}
+
+struct Corpus {
+  testing::TempDir dir;
+  std::string path;
+  std::vector<std::string> docs;
+  explicit Corpus(int n, uint64_t seed = 7) : docs(Documents(n, seed)) {
+    path = dir.path() + "/docs.txt";
+    std::string text;
+    for (const std::string& d : docs) text += d + "\n";
+    testing::WriteFile(path, text);
+  }
+  // Document i's ids as the packer sees them (bytes + 1, then EOS).
+  std::vector<int64_t> Ids(int64_t i) const {
+    std::vector<int64_t> ids;
+    for (unsigned char c : docs[size_t(i)]) ids.push_back(int64_t(c) + 1);
+    ids.push_back(kEos);
+    return ids;
+  }
+};
+
+std::unique_ptr<Loader> DocumentLoader(const std::string& path, LoaderOptions o,
+                                       int64_t max_length = 4096) {
+  auto docs = OpenTextLines({path, ""});
+  REQUIRE(docs.ok());
+  TokenizeOptions t;
+  t.tokenizer = std::make_shared<ByteTokenizer>();
+  t.max_length = max_length;
+  t.add_eos = true;
+  t.ragged = true;
+  auto transform = MakeTokenizeTransform(t);
+  REQUIRE(transform.ok());
+  auto loader = Loader::Create(*docs, *transform, std::move(o));
+  REQUIRE(loader.ok());
+  return *std::move(loader);
+}
+
+std::unique_ptr<PackedLoader> Packed(const Corpus& c, PackOptions p, LoaderOptions o) {
+  auto packed = PackedLoader::Create(DocumentLoader(c.path, std::move(o)), p);
+  REQUIRE(packed.ok());
+  return *std::move(packed);
+}
+
+// A batch's fields copied out (rows x seq_len), for comparisons.
+struct Rows {
+  std::vector<std::vector<int64_t>> ids, labels, pos, mask;
+  std::vector<int32_t> cu;  // this batch's cu_seqlens
+  std::vector<int64_t> first_doc;
+};
+
+Rows Copy(const Batch& b) {
+  Rows r;
+  const int64_t n = b.size(), L = b.field("input_ids").shape[1];
+  auto rows = [&](const char* name, std::vector<std::vector<int64_t>>* out) {
+    const TensorView v = b.field(name);
+    REQUIRE(v.dtype == DType::kInt64);
+    REQUIRE(v.shape == std::vector<int64_t>{n, L});
+    const auto* p = static_cast<const int64_t*>(v.data);
+    for (int64_t i = 0; i < n; ++i) out->emplace_back(p + i * L, p + (i + 1) * L);
+  };
+  rows("input_ids", &r.ids);
+  rows("labels", &r.labels);
+  rows("position_ids", &r.pos);
+  rows("attention_mask", &r.mask);
+  const TensorView cu = b.field("cu_seqlens");
+  REQUIRE(cu.dtype == DType::kInt32);
+  REQUIRE(cu.ragged());
+  const auto* c = static_cast<const int32_t*>(cu.data);
+  r.cu.assign(c, c + cu.shape[0]);
+  r.first_doc.assign(b.indices(), b.indices() + n);
+  return r;
+}
+
+std::vector<Rows> Epoch(PackedLoader& loader, int64_t max_batches = -1) {
+  std::vector<Rows> out;
+  auto epoch = loader.StartEpoch();
+  for (;;) {
+    if (max_batches >= 0 && int64_t(out.size()) == max_batches) break;
+    absl::StatusOr<Batch> b = epoch->Next();
+    if (absl::IsOutOfRange(b.status())) break;
+    REQUIRE(b.ok());
+    out.push_back(Copy(*b));
+  }
+  return out;
+}
+
+// The document order of an epoch (the engine's permutation), from the document loader alone.
+std::vector<int64_t> DocumentOrder(const Corpus& c, LoaderOptions o, int64_t epoch) {
+  auto loader = DocumentLoader(c.path, std::move(o));
+  loader->set_epoch(epoch);
+  std::vector<int64_t> order;
+  for (auto& b : *loader) {
+    REQUIRE(b.ok());
+    order.insert(order.end(), b->indices(), b->indices() + b->size());
+  }
+  return order;
+}
+
+// Checks the invariants every packed row holds: position ids count from 0 in each segment,
+// cu_seqlens are the segment starts, labels are the next token of the segment (-100 at the
+// segment ends that `masked` says, and at padding), the mask covers the real tokens.
+void CheckRows(const Rows& r, int64_t L, bool mask_doc_ends) {
+  const int64_t n = int64_t(r.ids.size());
+  REQUIRE(!r.cu.empty());
+  CHECK(r.cu.front() == 0);
+  CHECK(r.cu.back() == n * L);
+  for (size_t k = 1; k < r.cu.size(); ++k) REQUIRE(r.cu[k] > r.cu[k - 1]);
+  size_t at = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t len = 0;
+    while (len < L && r.mask[size_t(i)][size_t(len)] == 1) ++len;
+    for (int64_t t = len; t < L; ++t) {
+      REQUIRE(r.mask[size_t(i)][size_t(t)] == 0);
+      REQUIRE(r.labels[size_t(i)][size_t(t)] == -100);
+      REQUIRE(r.ids[size_t(i)][size_t(t)] == 0);
+    }
+    // Segments of this row from cu_seqlens.
+    std::vector<int64_t> starts;
+    while (at < r.cu.size() && r.cu[at] < (i + 1) * L) starts.push_back(r.cu[at++] - i * L);
+    REQUIRE(!starts.empty());
+    REQUIRE(starts[0] == 0);
+    for (size_t s = 0; s < starts.size(); ++s) {
+      const int64_t a = starts[s], b = s + 1 < starts.size() ? starts[s + 1] : L;
+      if (a >= len) {  // the padding segment
+        REQUIRE(a == len);
+        REQUIRE(b == L);
+        continue;
+      }
+      REQUIRE(b <= len);
+      for (int64_t t = a; t < b; ++t) REQUIRE(r.pos[size_t(i)][size_t(t)] == t - a);
+      for (int64_t t = a; t + 1 < b; ++t) {
+        REQUIRE(r.labels[size_t(i)][size_t(t)] == r.ids[size_t(i)][size_t(t + 1)]);
+      }
+      const int64_t last = r.labels[size_t(i)][size_t(b - 1)];
+      if (r.ids[size_t(i)][size_t(b - 1)] == kEos && mask_doc_ends) REQUIRE(last == -100);
+    }
+  }
+}
+
+TEST_CASE("packing concat: the documents' tokens in epoch order, cut into full rows", "[text]") {
+  const Corpus c(600);
+  for (bool shuffle : {false, true}) {
+    for (bool mask : {true, false}) {
+      INFO("shuffle " << shuffle << " mask_boundaries " << mask);
+      PackOptions p;
+      p.seq_len = 256;
+      p.batch_size = 4;
+      p.mask_boundaries = mask;
+      LoaderOptions o;
+      o.batch_size(16).shuffle(shuffle).seed(5).workers(2);
+      auto packed = Packed(c, p, o);
+      const std::vector<Rows> batches = Epoch(*packed);
+      // The reference: the documents in the epoch's order, concatenated.
+      std::vector<int64_t> stream;
+      for (int64_t d : DocumentOrder(c, o, 0)) {
+        const auto ids = c.Ids(d);
+        stream.insert(stream.end(), ids.begin(), ids.end());
+      }
+      std::vector<int64_t> got, labels;
+      int64_t rows = 0;
+      for (const Rows& b : batches) {
+        CheckRows(b, p.seq_len, mask);
+        for (size_t i = 0; i < b.ids.size(); ++i, ++rows) {
+          for (int64_t t = 0; t < p.seq_len; ++t) {
+            if (b.mask[i][size_t(t)] == 0) continue;
+            got.push_back(b.ids[i][size_t(t)]);
+            labels.push_back(b.labels[i][size_t(t)]);
+          }
+        }
+      }
+      REQUIRE(got == stream);
+      CHECK(rows == (int64_t(stream.size()) + p.seq_len - 1) / p.seq_len);
+      // Every label is the stream's next token, except at document ends when masked.
+      for (size_t t = 0; t < stream.size(); ++t) {
+        const int64_t want = t + 1 == stream.size()        ? -100
+                             : (mask && stream[t] == kEos) ? -100
+                                                           : stream[t + 1];
+        REQUIRE(labels[t] == want);
+      }
+      const PackStats s = packed->pack_stats();
+      CHECK(s.tokens == int64_t(stream.size()));
+      CHECK(s.documents == int64_t(c.docs.size()));
+    }
+  }
+}
+
+TEST_CASE("packing bestfit: whole documents, each once, rows nearly full", "[text]") {
+  const Corpus c(3000);
+  PackOptions p;
+  p.mode = PackMode::kBestFit;
+  p.seq_len = 1024;
+  p.batch_size = 8;
+  p.window = 1000;
+  LoaderOptions o;
+  o.batch_size(64).shuffle(true).seed(3).workers(2);
+  auto packed = Packed(c, p, o);
+  CHECK(packed->options().window == 1024);   // rounded up to the document batches
+  std::map<std::vector<int64_t>, int> want;  // document (or piece) -> count
+  for (size_t d = 0; d < c.docs.size(); ++d) {
+    const auto ids = c.Ids(int64_t(d));
+    for (size_t a = 0; a < ids.size(); a += size_t(p.seq_len)) {
+      ++want[std::vector<int64_t>(ids.begin() + long(a),
+                                  ids.begin() + long(std::min(ids.size(), a + p.seq_len)))];
+    }
+  }
+  std::map<std::vector<int64_t>, int> got;
+  for (const Rows& b : Epoch(*packed)) {
+    CheckRows(b, p.seq_len, /*mask_doc_ends=*/true);
+    for (size_t k = 0; k + 1 < b.cu.size(); ++k) {
+      const int64_t row = b.cu[k] / p.seq_len, a = b.cu[k] % p.seq_len;
+      const int64_t e = b.cu[k + 1] - row * p.seq_len;
+      if (b.mask[size_t(row)][size_t(a)] == 0) continue;  // padding
+      const auto& ids = b.ids[size_t(row)];
+      ++got[std::vector<int64_t>(ids.begin() + a, ids.begin() + e)];
+      // A segment's last label is -100: no label crosses into another document.
+      REQUIRE(b.labels[size_t(row)][size_t(e - 1)] == -100);
+    }
+  }
+  REQUIRE(got == want);
+  const PackStats s = packed->pack_stats();
+  INFO("rows " << s.rows << " tokens " << s.tokens << " efficiency " << s.efficiency());
+  CHECK(s.efficiency() >= 0.98);
+  CHECK(s.split > 0);  // the corpus has documents longer than a row
+}
+
+TEST_CASE("packing bestfit truncates long documents when asked", "[text]") {
+  const Corpus c(300);
+  PackOptions p;
+  p.mode = PackMode::kBestFit;
+  p.seq_len = 128;
+  p.split_long = false;
+  LoaderOptions o;
+  o.batch_size(32).shuffle(false);
+  auto packed = Packed(c, p, o);
+  int64_t segments = 0;
+  for (const Rows& b : Epoch(*packed)) {
+    CheckRows(b, p.seq_len, true);
+    for (size_t i = 0; i < b.ids.size(); ++i) {
+      for (int64_t t = 0; t < p.seq_len; ++t)
+        segments += b.mask[i][size_t(t)] && b.pos[i][size_t(t)] == 0;
+    }
+  }
+  CHECK(segments == int64_t(c.docs.size()));
+  int64_t longer = 0;
+  for (const auto& d : c.docs) longer += int64_t(d.size()) + 1 > p.seq_len;
+  CHECK(packed->pack_stats().truncated == longer);
+}
+
+TEST_CASE("packing resumes exactly, with another worker count, from a small state", "[text]") {
+  const Corpus c(800);
+  for (PackMode mode : {PackMode::kConcat, PackMode::kBestFit}) {
+    PackOptions p;
+    p.mode = mode;
+    p.seq_len = 200;
+    p.batch_size = 3;
+    p.window = 96;
+    LoaderOptions o;
+    o.batch_size(32).shuffle(true).seed(11);
+    auto full = Packed(c, p, LoaderOptions(o).workers(1));
+    full->set_epoch(1);
+    const std::vector<Rows> reference = Epoch(*full);
+    REQUIRE(reference.size() > 20);
+    for (int64_t cut : {int64_t(1), int64_t(7), int64_t(reference.size() / 2),
+                        int64_t(reference.size() - 1), int64_t(reference.size())}) {
+      INFO("mode " << int(mode) << " cut at batch " << cut);
+      auto first = Packed(c, p, LoaderOptions(o).workers(2));
+      first->set_epoch(1);
+      const std::vector<Rows> head = Epoch(*first, cut);
+      REQUIRE(int64_t(head.size()) == cut);
+      const PackedLoader::State st = first->state();
+      if (cut == int64_t(reference.size())) {  // the epoch is done: the state is the next one's
+        CHECK(st.documents.epoch == 2);
+        CHECK(st.document == 0);
+        continue;
+      }
+      auto second = Packed(c, p, LoaderOptions(o).workers(3));
+      REQUIRE(second->LoadState(st).ok());
+      const std::vector<Rows> tail = Epoch(*second);
+      REQUIRE(int64_t(head.size() + tail.size()) == int64_t(reference.size()));
+      for (size_t k = 0; k < tail.size(); ++k) {
+        const Rows& want = reference[size_t(cut) + k];
+        REQUIRE(tail[k].ids == want.ids);
+        REQUIRE(tail[k].labels == want.labels);
+        REQUIRE(tail[k].pos == want.pos);
+        REQUIRE(tail[k].cu == want.cu);
+        REQUIRE(tail[k].first_doc == want.first_doc);
+      }
+    }
+    // A state of other packing options is refused.
+    PackOptions other = p;
+    other.seq_len = 100;
+    auto mismatched = Packed(c, other, o);
+    CHECK(absl::IsInvalidArgument(mismatched->LoadState(full->state())));
+  }
+}
+
+TEST_CASE("packing: a bad document is an error at its batch, or skipped", "[text]") {
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/docs.txt";
+  std::string text;
+  for (int i = 0; i < 200; ++i)
+    text += i == 77 ? std::string("bad \xff byte\n") : "document " + std::to_string(i) + "\n";
+  testing::WriteFile(path, text);
+  PackOptions p;
+  p.seq_len = 64;
+  p.batch_size = 2;
+  {
+    auto packed =
+        PackedLoader::Create(DocumentLoader(path, LoaderOptions().batch_size(8).shuffle(false)), p);
+    REQUIRE(packed.ok());
+    auto epoch = (*packed)->StartEpoch();
+    int errors = 0, batches = 0;
+    for (;;) {
+      absl::StatusOr<Batch> b = epoch->Next();
+      if (absl::IsOutOfRange(b.status())) break;
+      if (!b.ok()) {
+        ++errors;
+        CHECK_THAT(std::string(b.status().message()), Catch::Contains("docs.txt:78"));
+        CHECK_THAT(std::string(b.status().message()), Catch::Contains("UTF-8"));
+        continue;
+      }
+      ++batches;
+    }
+    CHECK(errors == 1);
+    CHECK(batches > 10);
+  }
+  {
+    auto packed = PackedLoader::Create(
+        DocumentLoader(path, LoaderOptions().batch_size(8).shuffle(false).on_error(OnError::kSkip)),
+        p);
+    REQUIRE(packed.ok());
+    for (const Rows& b : Epoch(**packed)) CheckRows(b, p.seq_len, true);
+    CHECK((*packed)->documents().stats().error_count == 1);
+  }
+}
+
+TEST_CASE("packing refuses a document loader that is not ragged token ids", "[text]") {
+  const Corpus c(10);
+  auto docs = OpenTextLines({c.path, ""});
+  REQUIRE(docs.ok());
+  TokenizeOptions t;
+  t.tokenizer = std::make_shared<ByteTokenizer>();
+  auto padded = MakeTokenizeTransform(t);  // padded int64: not the packer's input
+  REQUIRE(padded.ok());
+  auto loader = Loader::Create(*docs, *padded, LoaderOptions().batch_size(4));
+  REQUIRE(loader.ok());
+  auto packed = PackedLoader::Create(*std::move(loader), PackOptions());
+  CHECK(absl::IsInvalidArgument(packed.status()));
+}
+
+}  // namespace
+}  // namespace feedline::text
