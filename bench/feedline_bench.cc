@@ -6,6 +6,7 @@
 //   feedline-bench --io-latency-ms 20 --plot run.svg --trace run.trace.json
 //   feedline-bench --tune-grid --json grid.json --plot grid.svg      # issue 4's table
 //   feedline-bench --compare-torch --json cmp.json --plot cmp.svg    # issue 5's table
+//   feedline-bench --compare-text --json text.json                   # text workloads
 //
 // A plain run consumes batches as fast as the loader delivers them (or with a simulated
 // training step, --consumer-ms), so the figures are the loader's ceiling. The first epoch
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -32,6 +34,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "bench_util.h"
@@ -120,6 +123,12 @@ modes:
                         costly: 64 sin() per float) through feedline vs
                         torch::data::make_data_loader with its best worker count (needs
                         the LibTorch adapter; batch 64 unless --batch-size)
+  --compare-text        the text workloads on a bundled corpus (20,000 long-tailed
+                        documents, a SentencePiece model from spm_train): feedline padded,
+                        packed concat and bestfit rows against torch's DataLoader with
+                        Python sentencepiece in its workers, and the tokenizer limit
+                        (single-thread C++ encode x cores): tokens/s, CPU per token,
+                        packing efficiency, peak memory
   --dataset-variant overhead|cheap|computed|costly|all
                         which of --compare-dataset's variants to run (default all)
   --torch-workers LIST  the DataLoader worker counts to try, e.g. 1,2,4 (default: 1, 2,
@@ -156,6 +165,7 @@ struct BenchFlags {
   double grid_seconds = 6;
   bool compare_torch = false;
   bool compare_dataset = false;
+  bool compare_text = false;
   std::string dataset_variant = "all";
   std::vector<int> torch_workers;  // empty: the default list
   std::string python;
@@ -204,7 +214,7 @@ constexpr absl::string_view kValueFlags[] = {
     "--json",     "--io-latency-ms", "--consumer-ms",   "--plot",    "--trace",
     "--source",   "--grid-seconds",  "--torch-workers", "--python",  "--dataset-variant"};
 constexpr absl::string_view kSwitches[] = {"--quiet", "--tune-grid", "--compare-torch",
-                                           "--compare-dataset"};
+                                           "--compare-dataset", "--compare-text"};
 
 // Accepts "--flag value" and "--flag=value".
 absl::StatusOr<BenchFlags> ParseFlags(int argc, char** argv) {
@@ -221,6 +231,7 @@ absl::StatusOr<BenchFlags> ParseFlags(int argc, char** argv) {
       if (arg == "--tune-grid") flags.tune_grid = true;
       if (arg == "--compare-torch") flags.compare_torch = true;
       if (arg == "--compare-dataset") flags.compare_dataset = true;
+      if (arg == "--compare-text") flags.compare_text = true;
       continue;
     }
     if (arg.substr(0, 2) != "--") {
@@ -345,9 +356,22 @@ absl::Status CheckCombinations(const BenchFlags& f) {
     }
     return absl::OkStatus();
   };
-  if (int(f.tune_grid) + int(f.compare_torch) + int(f.compare_dataset) > 1) {
+  if (int(f.tune_grid) + int(f.compare_torch) + int(f.compare_dataset) + int(f.compare_text) > 1) {
     return absl::InvalidArgumentError(
-        "--tune-grid, --compare-torch and --compare-dataset are separate runs");
+        "--tune-grid, --compare-torch, --compare-dataset and --compare-text are separate runs");
+  }
+  if (f.compare_text) {
+    for (const char* flag :
+         {"--data", "--source", "--workers", "--prefetch", "--io-depth", "--transform", "--layout",
+          "--device", "--io-latency-ms", "--consumer-ms", "--plot", "--trace", "--seed",
+          "--batch-size", "--dataset-variant", "--grid-seconds"}) {
+      if (f.given.count(flag) > 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--compare-text: ", flag,
+            " does not apply (the bundled corpus, feedline with its automatic settings)"));
+      }
+    }
+    return absl::OkStatus();
   }
   if (f.compare_dataset) {
     for (const char* flag : {"--data", "--source", "--workers", "--prefetch", "--io-depth",
@@ -620,6 +644,36 @@ int RunDatasetCompare(const BenchFlags& flags) {
 #endif
 }
 
+// --compare-text runs feedline-bench-text (beside this program): see feedline_bench_text.cc.
+int RunTextCompare(const BenchFlags& flags) {
+  absl::StatusOr<std::string> python = FindPython(flags);
+  if (!python.ok()) return Fail(python.status());
+  absl::StatusOr<std::string> scripts = FindScriptDir();
+  if (!scripts.ok()) return Fail(scripts.status());
+  const std::vector<int> workers =
+      flags.torch_workers.empty() ? DefaultTorchWorkers() : flags.torch_workers;
+  std::vector<std::string> args = {
+      (feedline::bench::ExecutableDir() / "feedline-bench-text").string(),
+      "--data-dir",
+      DataSetDir("text-v1").string(),
+      "--python",
+      *python,
+      "--script-dir",
+      *scripts,
+      "--epochs",
+      absl::StrCat(flags.epochs),
+      "--torch-workers",
+      absl::StrJoin(workers, ",")};
+  if (!flags.json.empty()) args.insert(args.end(), {"--json", flags.json});
+  if (flags.quiet) args.push_back("--quiet");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::fflush(nullptr);
+  ::execv(argv[0], argv.data());
+  return Fail(absl::ErrnoToStatus(errno, absl::StrCat("cannot run ", args[0])));
+}
+
 int RunCompare(const BenchFlags& flags, const std::string& data) {
   std::error_code ec;
   if (!fs::is_directory(data, ec)) {
@@ -819,6 +873,7 @@ int main(int argc, char** argv) {
   }
 
   if (flags.compare_dataset) return RunDatasetCompare(flags);
+  if (flags.compare_text) return RunTextCompare(flags);
   std::string data = flags.data;
   if (flags.synthetic) {
     absl::StatusOr<std::string> tiny = EnsureTinyData();

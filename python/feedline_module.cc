@@ -169,7 +169,8 @@ DLDataType ImageDType(feedline::DType t) {
 
 // Destroying an epoch joins its threads: never with the GIL held.
 struct ReleaseGilDeleter {
-  void operator()(feedline::Epoch* e) const {
+  template <typename E>
+  void operator()(E* e) const {
     if (PyGILState_Check()) {
       py::gil_scoped_release release;
       delete e;
@@ -179,6 +180,7 @@ struct ReleaseGilDeleter {
   }
 };
 using EpochHolder = std::unique_ptr<feedline::Epoch, ReleaseGilDeleter>;
+using PackedEpochHolder = std::unique_ptr<feedline::text::PackedEpoch, ReleaseGilDeleter>;
 
 [[noreturn]] void ThrowStatus(const absl::Status& s, bool sample_error) {
   const std::string msg(s.message());
@@ -301,7 +303,8 @@ const feedline::FileList& FilesOf(const feedline::Loader& l) {
 
 // The epoch's next batch, waiting with the GIL released (and Ctrl-C honoured); StopIteration at
 // the end, the sample's error (DataError, DeviceError, ...) when it failed.
-feedline::Batch NextBatch(feedline::Epoch& e) {
+template <typename E>  // feedline::Epoch, feedline::text::PackedEpoch
+feedline::Batch NextBatch(E& e) {
   absl::StatusOr<feedline::Batch> batch;
   {
     py::gil_scoped_release release;
@@ -357,6 +360,78 @@ feedline::LoaderOptions EngineOptions(int64_t batch_size, bool shuffle, uint64_t
       on_error, "on_error",
       {{"raise", feedline::OnError::kRaise}, {"skip", feedline::OnError::kSkip}}));
   return o;
+}
+
+py::dict StateToDict(const feedline::Loader::State& s) {
+  py::dict d;
+  d["epoch"] = s.epoch;
+  d["batches_done"] = s.batches_done;
+  d["seed"] = s.seed;
+  d["rank"] = s.rank;
+  d["world_size"] = s.world_size;
+  d["batch_size"] = s.batch_size;
+  d["shuffle"] = s.shuffle;
+  d["drop_last"] = s.drop_last;
+  d["dataset_size"] = s.dataset_size;
+  d["dataset_fingerprint"] = absl::StrCat(absl::Hex(s.dataset_fingerprint));
+  d["version"] = 1;
+  return d;
+}
+
+feedline::Loader::State DictToState(const py::dict& d) {
+  const char* keys[] = {"epoch",        "batches_done",       "seed",    "rank",
+                        "world_size",   "batch_size",         "shuffle", "drop_last",
+                        "dataset_size", "dataset_fingerprint"};
+  for (const char* k : keys) {
+    if (!d.contains(k)) throw py::value_error(absl::StrCat("state_dict: missing key '", k, "'"));
+  }
+  feedline::Loader::State s;
+  try {
+    s.epoch = d["epoch"].cast<int64_t>();
+    s.batches_done = d["batches_done"].cast<int64_t>();
+    s.seed = d["seed"].cast<uint64_t>();
+    s.rank = d["rank"].cast<int>();
+    s.world_size = d["world_size"].cast<int>();
+    s.batch_size = d["batch_size"].cast<int64_t>();
+    s.shuffle = d["shuffle"].cast<bool>();
+    s.drop_last = d["drop_last"].cast<bool>();
+    s.dataset_size = d["dataset_size"].cast<int64_t>();
+    const std::string fp = d["dataset_fingerprint"].cast<std::string>();
+    if (!absl::SimpleHexAtoi(fp, &s.dataset_fingerprint)) throw py::cast_error();
+  } catch (const py::cast_error&) {
+    throw py::type_error("state_dict: a value has the wrong type");
+  }
+  return s;
+}
+
+// Documents of a text / JSON Lines file or WebDataset shards, tokenized by a SentencePiece
+// model in the workers: padded int64 ids, or ragged int32 ones for the packer.
+absl::StatusOr<std::unique_ptr<feedline::Loader>> DocumentLoader(
+    const std::string& path, const std::string& field, const std::string& model, int64_t max_length,
+    bool add_bos, bool add_eos, bool ragged, feedline::LoaderOptions o) {
+  auto tokenizer = feedline::text::LoadSentencePiece(model);
+  if (!tokenizer.ok()) return tokenizer.status();
+  // WebDataset shards (a .tar or a brace pattern): one document per key.
+  const bool shards = absl::EndsWith(path, ".tar") || absl::StrContains(path, "{");
+  absl::StatusOr<std::shared_ptr<const feedline::Dataset>> docs;
+  if (shards) {
+    auto w = feedline::OpenWebDataset(path);
+    if (!w.ok()) return w.status();
+    docs = std::shared_ptr<const feedline::Dataset>(*std::move(w));
+  } else {
+    docs = feedline::text::OpenTextLines({path, field});
+  }
+  if (!docs.ok()) return docs.status();
+  feedline::text::TokenizeOptions t;
+  t.tokenizer = *tokenizer;
+  t.max_length = max_length;
+  t.add_bos = add_bos;
+  t.add_eos = add_eos;
+  t.field = field;
+  t.ragged = ragged;
+  auto transform = feedline::text::MakeTokenizeTransform(t);
+  if (!transform.ok()) return transform.status();
+  return feedline::Loader::Create(*docs, *transform, std::move(o));
 }
 
 PYBIND11_MODULE(_feedline, m) {
@@ -423,30 +498,8 @@ PYBIND11_MODULE(_feedline, m) {
         absl::StatusOr<std::unique_ptr<feedline::Loader>> loader;
         {
           py::gil_scoped_release release;
-          loader = [&]() -> absl::StatusOr<std::unique_ptr<feedline::Loader>> {
-            auto tokenizer = feedline::text::LoadSentencePiece(model);
-            if (!tokenizer.ok()) return tokenizer.status();
-            // WebDataset shards (a .tar or a brace pattern): one document per key.
-            const bool shards = absl::EndsWith(path, ".tar") || absl::StrContains(path, "{");
-            absl::StatusOr<std::shared_ptr<const feedline::Dataset>> docs;
-            if (shards) {
-              auto w = feedline::OpenWebDataset(path);
-              if (!w.ok()) return w.status();
-              docs = std::shared_ptr<const feedline::Dataset>(*std::move(w));
-            } else {
-              docs = feedline::text::OpenTextLines({path, field});
-            }
-            if (!docs.ok()) return docs.status();
-            feedline::text::TokenizeOptions t;
-            t.tokenizer = *tokenizer;
-            t.max_length = max_length;
-            t.add_bos = add_bos;
-            t.add_eos = add_eos;
-            t.field = field;
-            auto transform = feedline::text::MakeTokenizeTransform(t);
-            if (!transform.ok()) return transform.status();
-            return feedline::Loader::Create(*docs, *transform, std::move(o));
-          }();
+          loader = DocumentLoader(path, field, model, max_length, add_bos, add_eos,
+                                  /*ragged=*/false, std::move(o));
         }
         if (!loader.ok()) ThrowStatus(loader.status(), false);
         return std::move(*loader);
@@ -456,6 +509,53 @@ PYBIND11_MODULE(_feedline, m) {
       py::arg("seed"), py::arg("drop_last"), py::arg("rank"), py::arg("world_size"),
       py::arg("workers"), py::arg("prefetch"), py::arg("memory_budget"), py::arg("on_error"),
       py::arg("max_errors"));
+
+  // Packed rows of tokenized documents (feedline/text.h PackedLoader): `batch_size` rows per
+  // batch; the documents are tokenized `doc_batch` at a time in the workers.
+  m.def(
+      "packed_text_loader",
+      [](const std::string& path, const std::string& field, const std::string& model,
+         int64_t max_length, bool add_bos, bool add_eos, const std::string& pack, int64_t seq_len,
+         int64_t window_rows, bool split_long, bool mask_boundaries, int64_t doc_batch,
+         int64_t batch_size, bool shuffle, uint64_t seed, bool drop_last, int rank, int world_size,
+         int workers, int prefetch, int64_t memory_budget, const std::string& on_error,
+         int64_t max_errors) {
+        feedline::text::PackOptions p;
+        p.mode =
+            ParseEnum<feedline::text::PackMode>(pack, "pack",
+                                                {{"concat", feedline::text::PackMode::kConcat},
+                                                 {"bestfit", feedline::text::PackMode::kBestFit}});
+        p.seq_len = seq_len;
+        p.batch_size = batch_size;
+        p.window_rows = window_rows;
+        p.split_long = split_long;
+        p.mask_boundaries = mask_boundaries;
+        p.drop_last = drop_last;
+        feedline::LoaderOptions o =
+            EngineOptions(doc_batch, shuffle, seed, /*drop_last=*/false, rank, world_size, workers,
+                          prefetch, memory_budget, on_error, max_errors);
+        absl::StatusOr<std::unique_ptr<feedline::text::PackedLoader>> packed;
+        {
+          py::gil_scoped_release release;
+          packed = [&]() -> absl::StatusOr<std::unique_ptr<feedline::text::PackedLoader>> {
+            auto docs = DocumentLoader(path, field, model, max_length, add_bos, add_eos,
+                                       /*ragged=*/true, std::move(o));
+            if (!docs.ok()) return docs.status();
+            auto tokenizer = feedline::text::LoadSentencePiece(model);
+            if (!tokenizer.ok()) return tokenizer.status();
+            p.pad_id = std::max((*tokenizer)->pad_id(), 0);
+            return feedline::text::PackedLoader::Create(*std::move(docs), p);
+          }();
+        }
+        if (!packed.ok()) ThrowStatus(packed.status(), false);
+        return std::move(*packed);
+      },
+      py::arg("path"), py::arg("field"), py::arg("model"), py::arg("max_length"),
+      py::arg("add_bos"), py::arg("add_eos"), py::arg("pack"), py::arg("seq_len"),
+      py::arg("window_rows"), py::arg("split_long"), py::arg("mask_boundaries"),
+      py::arg("doc_batch"), py::arg("batch_size"), py::arg("shuffle"), py::arg("seed"),
+      py::arg("drop_last"), py::arg("rank"), py::arg("world_size"), py::arg("workers"),
+      py::arg("prefetch"), py::arg("memory_budget"), py::arg("on_error"), py::arg("max_errors"));
 
   m.def("build_info", [] {
     feedline::BuildInfo b = feedline::GetBuildInfo();
@@ -507,6 +607,120 @@ PYBIND11_MODULE(_feedline, m) {
         ArrayView indices(keep, const_cast<int64_t*>(b.indices()), DLDataType{kDLInt, 64, 1},
                           {b.size()}, -1);
         return py::make_tuple(FieldsOf(b), std::move(indices), b.index());
+      });
+
+  py::class_<feedline::text::PackedEpoch, PackedEpochHolder>(m, "PackedEpoch")
+      .def_property_readonly("epoch", &feedline::text::PackedEpoch::epoch)
+      .def("__len__",
+           [](const feedline::text::PackedEpoch&) -> int64_t {
+             throw py::type_error("packed rows per epoch are known only once it is tokenized");
+           })
+      .def("cancel",
+           [](feedline::text::PackedEpoch& e) {
+             py::gil_scoped_release release;
+             e.Cancel();
+           })
+      .def("next_fields", [](feedline::text::PackedEpoch& e) {
+        const feedline::Batch b = NextBatch(e);
+        auto keep = std::make_shared<const feedline::Batch>(b);
+        ArrayView indices(keep, const_cast<int64_t*>(b.indices()), DLDataType{kDLInt, 64, 1},
+                          {b.size()}, -1);
+        return py::make_tuple(FieldsOf(b), std::move(indices), b.index());
+      });
+
+  py::class_<feedline::text::PackedLoader>(m, "PackedLoader")
+      .def("start_epoch",
+           [](feedline::text::PackedLoader& l) {
+             std::unique_ptr<feedline::text::PackedEpoch> e;
+             {
+               py::gil_scoped_release release;
+               e = l.StartEpoch();
+             }
+             return PackedEpochHolder(e.release());
+           })
+      .def_property_readonly(
+          "num_samples",
+          [](const feedline::text::PackedLoader& l) { return l.documents().num_samples(); })
+      .def("set_epoch", &feedline::text::PackedLoader::set_epoch)
+      .def_property_readonly("next_epoch", &feedline::text::PackedLoader::next_epoch)
+      .def("state",
+           [](const feedline::text::PackedLoader& l) {
+             const feedline::text::PackedLoader::State s = l.state();
+             py::dict d;
+             d["documents"] = StateToDict(s.documents);
+             d["batches_done"] = s.batches_done;
+             d["document"] = s.document;
+             d["offset"] = s.offset;
+             d["seq_len"] = s.seq_len;
+             d["batch_size"] = s.batch_size;
+             d["window_rows"] = s.window_rows;
+             d["mode"] = s.mode == int(feedline::text::PackMode::kConcat) ? "concat" : "bestfit";
+             d["version"] = 1;
+             return d;
+           })
+      .def("load_state",
+           [](feedline::text::PackedLoader& l, const py::dict& d, bool resplit) {
+             if (resplit) throw py::value_error("resplit: not supported for packed rows");
+             for (const char* k : {"documents", "batches_done", "document", "offset", "seq_len",
+                                   "batch_size", "window_rows", "mode"}) {
+               if (!d.contains(k)) {
+                 throw py::value_error(absl::StrCat("state_dict: missing key '", k, "'"));
+               }
+             }
+             feedline::text::PackedLoader::State s;
+             if (!py::isinstance<py::dict>(d["documents"])) {
+               throw py::type_error("state_dict: 'documents' must be a dict");
+             }
+             s.documents = DictToState(d["documents"].cast<py::dict>());
+             try {
+               s.batches_done = d["batches_done"].cast<int64_t>();
+               s.document = d["document"].cast<int64_t>();
+               s.offset = d["offset"].cast<int64_t>();
+               s.seq_len = d["seq_len"].cast<int64_t>();
+               s.batch_size = d["batch_size"].cast<int64_t>();
+               s.window_rows = d["window_rows"].cast<int64_t>();
+               s.mode = d["mode"].cast<std::string>() == "concat"
+                            ? int(feedline::text::PackMode::kConcat)
+                            : int(feedline::text::PackMode::kBestFit);
+             } catch (const py::cast_error&) {
+               throw py::type_error("state_dict: a value has the wrong type");
+             }
+             absl::Status st = l.LoadState(s);
+             if (!st.ok()) ThrowStatus(st, false);
+           })
+      .def("save_trace",
+           [](const feedline::text::PackedLoader& l, const std::string& path) {
+             absl::Status s;
+             {
+               py::gil_scoped_release release;
+               s = l.documents().SaveTrace(path);
+             }
+             if (!s.ok()) ThrowStatus(s, false);
+           })
+      .def("stats",
+           [](const feedline::text::PackedLoader& l) {
+             py::dict d = StatsToDict(l.documents().stats());
+             const feedline::text::PackStats p = l.pack_stats();
+             py::dict packing;
+             packing["rows"] = p.rows;
+             packing["tokens"] = p.tokens;
+             packing["slots"] = p.rows * p.seq_len;
+             packing["documents"] = p.documents;
+             packing["truncated"] = p.truncated;
+             packing["split"] = p.split;
+             packing["efficiency"] = p.efficiency();
+             d["packing"] = packing;
+             return d;
+           })
+      .def("set_workers",
+           [](feedline::text::PackedLoader& l, int n) { l.documents().set_workers(n); })
+      .def("set_prefetch",
+           [](feedline::text::PackedLoader& l, int n) { l.documents().set_prefetch(n); })
+      .def_property_readonly(
+          "workers",
+          [](const feedline::text::PackedLoader& l) { return l.documents().stats().workers; })
+      .def_property_readonly("prefetch", [](const feedline::text::PackedLoader& l) {
+        return l.documents().stats().prefetch;
       });
 
   py::class_<feedline::Loader>(m, "Loader")
@@ -594,50 +808,10 @@ PYBIND11_MODULE(_feedline, m) {
                                return out;
                              })
       .def("set_epoch", &feedline::Loader::set_epoch)
-      .def("state",
-           [](const feedline::Loader& l) {
-             const feedline::Loader::State s = l.state();
-             py::dict d;
-             d["epoch"] = s.epoch;
-             d["batches_done"] = s.batches_done;
-             d["seed"] = s.seed;
-             d["rank"] = s.rank;
-             d["world_size"] = s.world_size;
-             d["batch_size"] = s.batch_size;
-             d["shuffle"] = s.shuffle;
-             d["drop_last"] = s.drop_last;
-             d["dataset_size"] = s.dataset_size;
-             d["dataset_fingerprint"] = absl::StrCat(absl::Hex(s.dataset_fingerprint));
-             d["version"] = 1;
-             return d;
-           })
+      .def("state", [](const feedline::Loader& l) { return StateToDict(l.state()); })
       .def("load_state",
            [](feedline::Loader& l, const py::dict& d, bool resplit) {
-             const char* keys[] = {"epoch",        "batches_done",       "seed",    "rank",
-                                   "world_size",   "batch_size",         "shuffle", "drop_last",
-                                   "dataset_size", "dataset_fingerprint"};
-             for (const char* k : keys) {
-               if (!d.contains(k)) {
-                 throw py::value_error(absl::StrCat("state_dict: missing key '", k, "'"));
-               }
-             }
-             feedline::Loader::State s;
-             try {
-               s.epoch = d["epoch"].cast<int64_t>();
-               s.batches_done = d["batches_done"].cast<int64_t>();
-               s.seed = d["seed"].cast<uint64_t>();
-               s.rank = d["rank"].cast<int>();
-               s.world_size = d["world_size"].cast<int>();
-               s.batch_size = d["batch_size"].cast<int64_t>();
-               s.shuffle = d["shuffle"].cast<bool>();
-               s.drop_last = d["drop_last"].cast<bool>();
-               s.dataset_size = d["dataset_size"].cast<int64_t>();
-               const std::string fp = d["dataset_fingerprint"].cast<std::string>();
-               if (!absl::SimpleHexAtoi(fp, &s.dataset_fingerprint)) throw py::cast_error();
-             } catch (const py::cast_error&) {
-               throw py::type_error("state_dict: a value has the wrong type");
-             }
-             absl::Status st = l.LoadState(s, resplit);
+             absl::Status st = l.LoadState(DictToState(d), resplit);
              if (!st.ok()) ThrowStatus(st, false);
            })
       .def("save_trace",

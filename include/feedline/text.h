@@ -108,9 +108,10 @@ absl::StatusOr<std::shared_ptr<SampleTransform>> MakeTokenizeTransform(
 // field is ragged: MakeTokenizeTransform with `ragged`), in the documents' epoch order:
 //   kConcat   the documents' tokens back to back, cut into rows (GPT pre-training): a document
 //             may continue in the next row; only the epoch's last row has padding.
-//   kBestFit  whole documents placed into rows by best fit, `window` documents of the epoch's
-//             order at a time (SFT): no document is cut, except one longer than a row (split
-//             into seq_len pieces, or truncated, by `split_long`); the rest of a row is padding.
+//   kBestFit  whole documents placed into rows by best fit, a window of the epoch's order at a
+//             time (the documents that fill `window_rows` rows; SFT): no document is cut, except
+//             one longer than a row (split into seq_len pieces, or truncated, by `split_long`); the
+//             rest of a row is padding.
 // Each batch (int64 [B, seq_len] unless noted):
 //   "input_ids"      the tokens; padding holds `pad_id`
 //   "labels"         the next token of the same document; -100 at padding and at a document's
@@ -136,8 +137,7 @@ struct PackOptions {
   PackMode mode = PackMode::kConcat;
   int64_t seq_len = 2048;
   int64_t batch_size = 8;       // rows per batch
-  int64_t window = 1024;        // kBestFit: documents packed together (a multiple of the
-                                // document loader's batch size: rounded up to one)
+  int64_t window_rows = 128;    // kBestFit: the documents packed together fill this many rows
   bool split_long = true;       // kBestFit: cut a document longer than seq_len (else truncate)
   bool mask_boundaries = true;  // kConcat: labels -100 at each document's last token
   bool drop_last = false;       // drop the epoch's last batch when it has fewer rows
@@ -180,7 +180,7 @@ class PackedEpoch {
 class PackedLoader {
  public:
   // kInvalidArgument: a document loader without a ragged int32/int64 "input_ids" field, or an
-  // option out of range (seq_len, batch_size, window >= 1; batch_size * seq_len < 2^31).
+  // option out of range (seq_len, batch_size, window_rows >= 1; batch_size * seq_len < 2^31).
   static absl::StatusOr<std::unique_ptr<PackedLoader>> Create(std::unique_ptr<Loader> documents,
                                                               PackOptions options);
   ~PackedLoader();
@@ -204,7 +204,7 @@ class PackedLoader {
     int64_t batches_done = 0;
     int64_t document = 0;  // kConcat: position in the epoch; kBestFit: the window's first one
     int64_t offset = 0;    // kConcat: tokens of it packed; kBestFit: rows of the window yielded
-    int64_t seq_len = 0, batch_size = 0, window = 0;
+    int64_t seq_len = 0, batch_size = 0, window_rows = 0;
     int mode = 0;
   };
   State state() const;

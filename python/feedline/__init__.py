@@ -448,11 +448,27 @@ class TextLoader:
     [B]; "index" [B] (the documents' line order) with return_index=True. An invalid UTF-8
     line, a JSON line without the field and an empty document are DataErrors naming file:line
     (on_error="skip" replaces them). shuffle/seed/rank/world_size/state_dict/stats as for
-    ImageLoader. pack="concat"/"bestfit" (sequence packing) is not built yet.
+    ImageLoader.
+
+    pack="concat" or "bestfit" gives packed rows of exactly seq_len tokens instead (batch_size
+    rows per batch; the documents are tokenized in the workers, the rows made as batches are
+    asked for): "concat" joins the documents' tokens in the epoch's order and cuts them into
+    rows (GPT pre-training; add_eos=True marks the joins); "bestfit" places whole documents
+    into rows by best fit, a window of the epoch's order at a time (the documents that fill
+    window_rows rows; SFT; a document longer than a row is
+    split into seq_len pieces, or truncated with split_long=False). Each batch: "input_ids",
+    "labels" (the next token; -100 at padding and at each document's last token, except with
+    pack="concat", mask_boundaries=False), "position_ids" (from 0 in each document's run),
+    "attention_mask" [B, seq_len] int64, and "cu_seqlens" int32 (segment starts in the flattened
+    batch, then B * seq_len: flash-attention's varlen layout). Documents are read up to
+    max_length tokens (default 65536 when packing). len() is not known before the epoch is
+    tokenized (TypeError); stats()["packing"] gives rows, tokens and the packing efficiency;
+    state_dict() resumes exactly (a document position and offset, never buffered tokens).
     """
 
-    def __init__(self, source, tokenizer, max_length=512, batch_size=32, field=None,
-                 add_bos=False, add_eos=False, pack=None, shuffle=True, seed=0, drop_last=False,
+    def __init__(self, source, tokenizer, max_length=None, batch_size=32, field=None,
+                 add_bos=False, add_eos=False, pack=None, seq_len=None, window_rows=128,
+                 split_long=True, mask_boundaries=True, shuffle=True, seed=0, drop_last=False,
                  rank=None, world_size=None, workers="auto", prefetch="auto",
                  memory_budget="auto", on_error="raise", max_errors=None, return_index=False):
         source = os.fsdecode(os.fspath(_check_type("source", source, (str, bytes, os.PathLike),
@@ -463,9 +479,23 @@ class TextLoader:
             "tokenizer", tokenizer, (str, bytes, os.PathLike), "a SentencePiece model path")))
         if not os.path.exists(tokenizer):
             raise FileNotFoundError(f"tokenizer: {tokenizer}: no such file")
-        if pack is not None:
-            raise NotImplementedError("pack: sequence packing ('concat', 'bestfit') is not "
-                                      "built yet; use pack=None (padded batches)")
+        if pack not in (None, "concat", "bestfit"):
+            raise ValueError(f"pack: expected None, 'concat' or 'bestfit', got {pack!r}")
+        if pack is None:
+            if seq_len is not None:
+                raise ValueError("seq_len: only with pack='concat' or 'bestfit' (padded batches "
+                                 "take max_length)")
+        else:
+            _check_type("seq_len", seq_len, int, "an int (the row length)")
+            if seq_len < 1:
+                raise ValueError(f"seq_len: must be >= 1, got {seq_len}")
+            _check_type("window_rows", window_rows, int, "an int")
+            if window_rows < 1:
+                raise ValueError(f"window_rows: must be >= 1, got {window_rows}")
+            for name, v in (("split_long", split_long), ("mask_boundaries", mask_boundaries)):
+                _check_type(name, v, bool, "a bool")
+        if max_length is None:
+            max_length = 512 if pack is None else 65536
         _check_type("max_length", max_length, int, "an int")
         if max_length < 1:
             raise ValueError(f"max_length: must be >= 1, got {max_length}")
@@ -478,9 +508,20 @@ class TextLoader:
             _check_type(name, v, bool, "a bool")
         engine = _engine_args(batch_size, shuffle, seed, drop_last, rank, world_size, workers,
                               prefetch, memory_budget, on_error, max_errors)
-        self._loader = _feedline.text_loader(path=source, field=field or "", model=tokenizer,
-                                             max_length=max_length, add_bos=add_bos,
-                                             add_eos=add_eos, **engine)
+        if pack is None:
+            self._loader = _feedline.text_loader(path=source, field=field or "", model=tokenizer,
+                                                 max_length=max_length, add_bos=add_bos,
+                                                 add_eos=add_eos, **engine)
+        else:
+            # The documents are tokenized 64 at a time (the workers' unit); rows are packed
+            # from them as the batches are asked for.
+            engine["doc_batch"] = 64
+            self._loader = _feedline.packed_text_loader(
+                path=source, field=field or "", model=tokenizer, max_length=max_length,
+                add_bos=add_bos, add_eos=add_eos, pack=pack, seq_len=seq_len, window_rows=window_rows,
+                split_long=split_long, mask_boundaries=mask_boundaries, **engine)
+        self.pack = pack
+        self.seq_len = seq_len
         self.source = source
         self.tokenizer = tokenizer
         self.max_length = max_length
@@ -490,9 +531,15 @@ class TextLoader:
         self._return_index = return_index
 
     def __len__(self):
+        if self.pack is not None:
+            raise TypeError("len(): packed rows per epoch are known only once the epoch's "
+                            "documents are tokenized")
         return len(self._loader)
 
     def __iter__(self):
+        if self.pack is not None:
+            return _FieldsIterator(self._loader.start_epoch(), self._return_index, self,
+                                   drop=("cu_seqlens_offsets",))
         return _FieldsIterator(self._loader.start_epoch(), self._return_index, self,
                                padded="input_ids")
 
@@ -509,8 +556,10 @@ class TextLoader:
     prefetch = ImageLoader.prefetch
 
     def __repr__(self):
+        shape = (f"batches={len(self)}" if self.pack is None
+                 else f"pack={self.pack!r}, seq_len={self.seq_len}")
         return (f"feedline.TextLoader({self.source!r}, tokenizer={self.tokenizer!r}, "
-                f"batch_size={self.batch_size}, batches={len(self)}, workers={self.workers})")
+                f"batch_size={self.batch_size}, {shape}, workers={self.workers})")
 
 
 class _EpochIterator:
@@ -560,11 +609,12 @@ class _EpochIterator:
 class _FieldsIterator(_EpochIterator):
     """One epoch of a loader of any schema: dicts of tensors by field name."""
 
-    def __init__(self, epoch, return_index, owner, padded=None):
+    def __init__(self, epoch, return_index, owner, padded=None, drop=()):
         import torch
         super().__init__(epoch, return_index, owner)
         self._torch = torch
         self._padded = padded  # a padded field: "lengths" and "attention_mask" from its lengths
+        self._drop = drop  # views the dicts leave out
 
     def __next__(self):
         if self._epoch is None:
@@ -574,7 +624,8 @@ class _FieldsIterator(_EpochIterator):
         except StopIteration:
             self.close()
             raise
-        out = {name: self._from_dlpack(view) for name, view in fields.items()}
+        out = {name: self._from_dlpack(view) for name, view in fields.items()
+               if name not in self._drop}
         if self._padded is not None:
             lengths = out.pop(self._padded + "_lengths")
             width = out[self._padded].shape[1]

@@ -53,11 +53,6 @@ class DocStream {
   // batch is then gone: the next call goes on with the next one).
   absl::StatusOr<bool> Next(Doc* doc, const std::function<absl::Status()>& interrupted,
                             absl::Duration poll) {
-    if (held_) {
-      held_ = false;
-      *doc = std::move(held_doc_);
-      return true;
-    }
     for (;;) {
       if (in_batch_ < batch_.size()) {
         const int64_t i = in_batch_++;
@@ -92,11 +87,6 @@ class DocStream {
       in_batch_ = 0;
     }
   }
-  // Gives `doc` back: the next Next() returns it again.
-  void Unget(Doc doc) {
-    held_doc_ = std::move(doc);
-    held_ = true;
-  }
   void Cancel() { epoch_->Cancel(); }
 
  private:
@@ -107,8 +97,6 @@ class DocStream {
   TensorView ids_;
   int64_t in_batch_ = 0;
   bool ended_ = false;
-  bool held_ = false;
-  Doc held_doc_;
 };
 
 // Labels of a row whose tokens are one document's runs: the next token within a segment,
@@ -167,6 +155,8 @@ struct PackedEpoch::Run {
 
   // kBestFit
   int64_t window_first = 0;  // position of the window's first document
+  int64_t next_first = 0;    // and of the document after its last
+  int64_t window_tokens = 0;
   std::vector<Doc> window_docs;
   std::vector<Row> window_rows;
   size_t window_next = 0;
@@ -290,37 +280,34 @@ struct PackedEpoch::Run {
     window_docs.clear();
   }
 
-  // kBestFit: the next row (false at the end of the epoch).
+  // kBestFit: the next row (false at the end of the epoch). A window is the documents, in the
+  // epoch's order, that fill window_rows rows.
   absl::StatusOr<bool> NextFitRow(Row* out, const Interrupt& in, absl::Duration poll) {
-    const int64_t W = sh->o.window;
+    const int64_t L = sh->o.seq_len, budget = sh->o.window_rows * L;
     while (window_next >= window_rows.size()) {
       if (!window_rows.empty()) {  // the window is done: on to the next
         window_rows.clear();
         window_next = 0;
-        window_first += W;
+        window_first = next_first;
       }
-      if (stream_end && window_docs.empty()) return false;
-      while (!stream_end) {
+      while (!stream_end && window_tokens < budget) {
         Doc d;
         absl::StatusOr<bool> got = docs.Next(&d, in, poll);
-        if (!got.ok()) return got.status();
+        if (!got.ok()) return got.status();  // what was collected stays for the next call
         if (!*got) {
           stream_end = true;
           break;
         }
-        if (d.position >= window_first + W) {
-          docs.Unget(std::move(d));
-          break;
-        }
+        if (window_docs.empty()) window_first = d.position;
+        next_first = d.position + 1;
+        const int64_t n = int64_t(d.tokens.size());
+        window_tokens += sh->o.split_long ? n : std::min(n, L);
         sh->docs.fetch_add(1, std::memory_order_relaxed);
         window_docs.push_back(std::move(d));
       }
-      if (window_docs.empty()) {
-        if (stream_end) return false;
-        window_first += W;  // a window whose documents all failed
-        continue;
-      }
+      if (window_docs.empty()) return false;
       PackWindow();
+      window_tokens = 0;
       window_next = size_t(std::min<int64_t>(window_skip, int64_t(window_rows.size())));
       window_skip = 0;
     }
@@ -413,7 +400,7 @@ struct PackedEpoch::Run {
       document = window_first;
       offset = int64_t(window_next);
     } else {
-      document = window_rows.empty() ? window_first : window_first + sh->o.window;
+      document = window_rows.empty() ? window_first : next_first;
       offset = 0;
     }
     std::lock_guard<std::mutex> lock(sh->mu);
@@ -460,7 +447,7 @@ absl::StatusOr<std::unique_ptr<PackedLoader>> PackedLoader::Create(
   }
   if (o.seq_len < 1) return absl::InvalidArgumentError("seq_len: must be >= 1");
   if (o.batch_size < 1) return absl::InvalidArgumentError("batch_size: must be >= 1");
-  if (o.window < 1) return absl::InvalidArgumentError("window: must be >= 1");
+  if (o.window_rows < 1) return absl::InvalidArgumentError("window_rows: must be >= 1");
   if (o.seq_len * o.batch_size >= (int64_t{1} << 31)) {
     return absl::InvalidArgumentError("batch_size * seq_len: must be below 2^31 (cu_seqlens)");
   }
@@ -469,7 +456,6 @@ absl::StatusOr<std::unique_ptr<PackedLoader>> PackedLoader::Create(
   if (documents->options().drop_last()) {
     return absl::InvalidArgumentError("documents: the loader must not drop_last");
   }
-  o.window = (o.window + sh->docs_per_batch - 1) / sh->docs_per_batch * sh->docs_per_batch;
   const int64_t L = o.seq_len;
   const std::vector<Dim> row{Dim(L)};
   Schema schema({Field("input_ids", DType::kInt64, row), Field("labels", DType::kInt64, row),
@@ -518,7 +504,7 @@ std::unique_ptr<PackedEpoch> PackedLoader::StartEpoch() {
       run->resume_doc = resume.document;
       run->resume_off = resume.offset;
     } else {
-      run->window_first = resume.document;
+      run->window_first = run->next_first = resume.document;
       run->window_skip = resume.offset;
     }
   }
@@ -555,7 +541,7 @@ PackedLoader::State PackedLoader::state() const {
   st.documents = sh.documents->state();
   st.seq_len = sh.o.seq_len;
   st.batch_size = sh.o.batch_size;
-  st.window = sh.o.window;
+  st.window_rows = sh.o.window_rows;
   st.mode = int(sh.o.mode);
   std::lock_guard<std::mutex> lock(sh.mu);
   if (sh.has_resume) {  // loaded, not started yet
@@ -578,16 +564,15 @@ PackedLoader::State PackedLoader::state() const {
 absl::Status PackedLoader::LoadState(const State& st) {
   Shared& sh = *shared_;
   if (st.mode != int(sh.o.mode) || st.seq_len != sh.o.seq_len || st.batch_size != sh.o.batch_size ||
-      st.window != sh.o.window) {
+      st.window_rows != sh.o.window_rows) {
     return absl::InvalidArgumentError(
         absl::StrCat("state_dict: made for packing (mode ", st.mode, ", seq_len ", st.seq_len,
-                     ", batch_size ", st.batch_size, ", window ", st.window,
+                     ", batch_size ", st.batch_size, ", window_rows ", st.window_rows,
                      ") but this loader packs (mode ", int(sh.o.mode), ", seq_len ", sh.o.seq_len,
-                     ", batch_size ", sh.o.batch_size, ", window ", sh.o.window, ")"));
+                     ", batch_size ", sh.o.batch_size, ", window_rows ", sh.o.window_rows, ")"));
   }
   if (st.document < 0 || st.offset < 0 || st.batches_done < 0 ||
-      st.documents.batches_done != st.document / sh.docs_per_batch ||
-      (sh.o.mode == PackMode::kBestFit && st.document % sh.o.window != 0)) {
+      st.documents.batches_done != st.document / sh.docs_per_batch) {
     return absl::InvalidArgumentError("state_dict: an inconsistent packing position");
   }
   if (absl::Status s = sh.documents->LoadState(st.documents); !s.ok()) return s;

@@ -121,9 +121,126 @@ def test_resume_is_exact_across_worker_counts(corpus):
     assert head + [b["index"].tolist() for b in again] == full
 
 
-def test_packing_is_refused_clearly(corpus):
-    with pytest.raises(NotImplementedError, match="pack"):
-        feedline.TextLoader(corpus["txt"], tokenizer=corpus["model"], pack="concat")
+def _segments(b):
+    """Each row's segments (start, end) from cu_seqlens; padding segments left out."""
+    L = b["input_ids"].shape[1]
+    cu = b["cu_seqlens"].tolist()
+    assert cu[0] == 0 and cu[-1] == b["input_ids"].numel()
+    out = [[] for _ in range(b["input_ids"].shape[0])]
+    for a, e in zip(cu, cu[1:]):
+        r = a // L
+        assert (e - 1) // L == r  # a segment never crosses rows
+        if b["attention_mask"][r, a - r * L]:
+            out[r].append((a - r * L, e - r * L))
+    return out
+
+
+def _check_packed(b, seq_len, mask_ends=True):
+    x, labels, pos, mask = b["input_ids"], b["labels"], b["position_ids"], b["attention_mask"]
+    for t in (x, labels, pos, mask):
+        assert t.dtype == torch.int64 and t.shape[1] == seq_len
+    assert b["cu_seqlens"].dtype == torch.int32
+    assert bool((labels[mask == 0] == -100).all())
+    for r, segs in enumerate(_segments(b)):
+        real = int(mask[r].sum())
+        assert bool(mask[r, :real].all()) and not bool(mask[r, real:].any())
+        for a, e in segs:
+            assert pos[r, a:e].tolist() == list(range(e - a))
+            assert labels[r, a:e - 1].tolist() == x[r, a + 1:e].tolist()
+            if mask_ends and int(x[r, e - 1]) == 2:  # the model's EOS
+                assert int(labels[r, e - 1]) == -100
+
+
+def test_concat_rows_are_the_reference_concatenation(corpus):
+    sp = corpus["sp"]
+    assert sp.eos_id() == 2
+    want = []
+    for d in corpus["docs"]:
+        want += sp.encode(d) + [sp.eos_id()]
+    for mask in (True, False):
+        ld = feedline.TextLoader(corpus["txt"], tokenizer=corpus["model"], pack="concat",
+                                 seq_len=256, batch_size=4, add_eos=True, shuffle=False,
+                                 mask_boundaries=mask)
+        got, labels, rows = [], [], 0
+        for b in ld:
+            _check_packed(b, 256, mask)
+            got += b["input_ids"][b["attention_mask"] == 1].tolist()
+            labels += b["labels"][b["attention_mask"] == 1].tolist()
+            rows += b["input_ids"].shape[0]
+        assert got == want
+        assert rows == -(-len(want) // 256)  # full rows, only the last one padded
+        ref = [(-100 if (mask and t == sp.eos_id()) else n) for t, n in zip(want, want[1:])]
+        assert labels == ref + [-100]
+        st = ld.stats()["packing"]
+        assert st["tokens"] == len(want) and st["rows"] == rows
+        assert st["efficiency"] == len(want) / (rows * 256)
+
+
+def test_bestfit_rows_hold_whole_documents_densely(corpus):
+    sp = corpus["sp"]
+    docs = {}
+    for d in corpus["docs"]:
+        ids = tuple(sp.encode(d) + [sp.eos_id()])
+        docs[ids] = docs.get(ids, 0) + 1
+    ld = feedline.TextLoader(corpus["txt"], tokenizer=corpus["model"], pack="bestfit",
+                             seq_len=512, batch_size=4, add_eos=True, seed=2)
+    got = {}
+    for b in ld:
+        _check_packed(b, 512)
+        for r, segs in enumerate(_segments(b)):
+            for a, e in segs:
+                ids = tuple(b["input_ids"][r, a:e].tolist())
+                got[ids] = got.get(ids, 0) + 1
+    assert got == docs  # every document once, whole (none here is longer than a row)
+    st = ld.stats()["packing"]
+    # One window here: best fit needs no row more than the tokens fill (no row is wasted).
+    assert st["rows"] == -(-st["tokens"] // 512)
+    packed = st["efficiency"]
+    # Beside it, what padding each batch to its longest wastes on the same corpus.
+    padded = feedline.TextLoader(corpus["txt"], tokenizer=corpus["model"], batch_size=32,
+                                 add_eos=True, max_length=4096, seed=2)
+    real = slots = 0
+    for b in padded:
+        real += int(b["lengths"].sum())
+        slots += b["input_ids"].numel()
+    assert packed >= 0.97 and real / slots < 0.9 * packed
+
+
+@pytest.mark.parametrize("pack", ["concat", "bestfit"])
+def test_packed_resume_is_exact_across_worker_counts(corpus, pack):
+    kw = dict(tokenizer=corpus["model"], pack=pack, seq_len=128, batch_size=2, window_rows=6,
+              add_eos=True, seed=9)
+    full = [b["input_ids"] for b in feedline.TextLoader(corpus["txt"], workers=2, **kw)]
+    first = feedline.TextLoader(corpus["txt"], workers=1, **kw)
+    it = iter(first)
+    cut = len(full) // 3
+    head = [next(it)["input_ids"] for _ in range(cut)]
+    state = first.state_dict()
+    del it
+    assert len(json.dumps(state)) < 64 * 1024
+    again = feedline.TextLoader(corpus["txt"], workers=2, **kw)
+    again.load_state_dict(json.loads(json.dumps(state)))
+    rest = [b["input_ids"] for b in again]
+    assert len(head) + len(rest) == len(full)
+    for a, b in zip(head + rest, full):
+        assert torch.equal(a, b)
+    other = feedline.TextLoader(corpus["txt"], **dict(kw, seq_len=64))
+    with pytest.raises(ValueError, match="packing"):
+        other.load_state_dict(state)
+
+
+def test_packing_arguments(corpus):
+    kw = dict(tokenizer=corpus["model"])
+    with pytest.raises(ValueError, match="pack"):
+        feedline.TextLoader(corpus["txt"], pack="greedy", seq_len=8, **kw)
+    with pytest.raises(TypeError, match="seq_len"):
+        feedline.TextLoader(corpus["txt"], pack="concat", **kw)
+    with pytest.raises(ValueError, match="seq_len"):
+        feedline.TextLoader(corpus["txt"], seq_len=8, **kw)
+    ld = feedline.TextLoader(corpus["txt"], pack="bestfit", seq_len=64, **kw)
+    with pytest.raises(TypeError, match="known only"):
+        len(ld)
+    assert "pack='bestfit'" in repr(ld)
     with pytest.raises(FileNotFoundError, match="tokenizer"):
         feedline.TextLoader(corpus["txt"], tokenizer=str(corpus["dir"] / "none.model"))
 

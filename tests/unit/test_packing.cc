@@ -234,11 +234,10 @@ TEST_CASE("packing bestfit: whole documents, each once, rows nearly full", "[tex
   p.mode = PackMode::kBestFit;
   p.seq_len = 1024;
   p.batch_size = 8;
-  p.window = 1000;
+  p.window_rows = 64;
   LoaderOptions o;
   o.batch_size(64).shuffle(true).seed(3).workers(2);
   auto packed = Packed(c, p, o);
-  CHECK(packed->options().window == 1024);   // rounded up to the document batches
   std::map<std::vector<int64_t>, int> want;  // document (or piece) -> count
   for (size_t d = 0; d < c.docs.size(); ++d) {
     const auto ids = c.Ids(int64_t(d));
@@ -297,7 +296,7 @@ TEST_CASE("packing resumes exactly, with another worker count, from a small stat
     p.mode = mode;
     p.seq_len = 200;
     p.batch_size = 3;
-    p.window = 96;
+    p.window_rows = 5;
     LoaderOptions o;
     o.batch_size(32).shuffle(true).seed(11);
     auto full = Packed(c, p, LoaderOptions(o).workers(1));

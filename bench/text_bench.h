@@ -1,0 +1,55 @@
+// feedline-bench --compare-text: the text workloads on a bundled corpus (made once: 20,000
+// documents with long-tailed lengths, a SentencePiece model trained on it with spm_train), in
+// one run:
+//   tokenizer limit   single-thread C++ SentencePiece encode of every document, x cores
+//   feedline padded   documents tokenized in feedline's workers, padded per batch (batch 32)
+//   feedline concat   packed rows (seq_len 2048, 8 rows a batch), documents joined with EOS
+//   feedline bestfit  packed rows of whole documents, best fit per window of 1024
+//   torch DataLoader  Python sentencepiece in the workers and a padding collate (batch 32), one
+//                     process per worker count tried (bench/peer_text.py), best kept
+// Each reports real tokens/s, CPU per token, packing efficiency (real tokens / slots) and peak
+// memory (feedline: this process; torch: its process tree).
+#ifndef FEEDLINE_BENCH_TEXT_BENCH_H_
+#define FEEDLINE_BENCH_TEXT_BENCH_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "bench_util.h"
+
+namespace feedline::bench {
+
+struct TextCompareOptions {
+  std::string data_dir;  // where the corpus and the model are (made there once)
+  int epochs = 3;        // figures over epochs 2..epochs
+  std::vector<int> torch_workers;
+  std::string python, script_dir, pythonpath;
+  bool quiet = false;
+};
+
+struct TextContender {
+  std::string name;
+  int workers = 0;
+  double tokens_per_s = 0;
+  double cpu_us_per_token = 0;
+  double efficiency = 0;  // real tokens / slots of the batches
+  int64_t peak_bytes = 0;
+};
+
+struct TextCompareResult {
+  int64_t documents = 0, tokens = 0;       // the corpus (tokens: without BOS/EOS)
+  double limit_one_thread = 0, limit = 0;  // tokens/s
+  double limit_all_threads = 0;            // every core encoding at once
+  std::vector<TextContender> contenders;   // feedline's, then torch's
+  TextContender best_torch;
+  double padded_vs_torch = 0, padded_vs_limit = 0;
+};
+
+absl::StatusOr<TextCompareResult> RunTextComparison(const TextCompareOptions& options);
+void WriteTextJson(const TextCompareResult& result, JsonWriter& json);
+
+}  // namespace feedline::bench
+
+#endif  // FEEDLINE_BENCH_TEXT_BENCH_H_
