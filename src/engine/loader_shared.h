@@ -68,7 +68,7 @@ class LoaderShared {
   // batch such that every worker gets two chunks of it. Epochs of cheap samples may last less
   // than a tuning interval, so the workers set it themselves, after every item (UpdateChunk).
   std::atomic<int> chunk{1};
-  static constexpr int64_t kChunkWorkNs = 50000;
+  static constexpr int64_t kChunkWorkNs = 250000;
   static constexpr int kMaxChunk = 64;
   // `map_ns`: a worker's smoothed map time per sample; the read time per sample (latency
   // included) is the read stage's average so far.
