@@ -362,6 +362,23 @@ feedline::LoaderOptions EngineOptions(int64_t batch_size, bool shuffle, uint64_t
   return o;
 }
 
+feedline::text::PackOptions PackOptionsOf(const std::string& pack, int64_t seq_len,
+                                          int64_t window_rows, bool split_long,
+                                          bool mask_boundaries, int64_t batch_size,
+                                          bool drop_last) {
+  feedline::text::PackOptions p;
+  p.mode = ParseEnum<feedline::text::PackMode>(pack, "pack",
+                                               {{"concat", feedline::text::PackMode::kConcat},
+                                                {"bestfit", feedline::text::PackMode::kBestFit}});
+  p.seq_len = seq_len;
+  p.batch_size = batch_size;
+  p.window_rows = window_rows;
+  p.split_long = split_long;
+  p.mask_boundaries = mask_boundaries;
+  p.drop_last = drop_last;
+  return p;
+}
+
 py::dict StateToDict(const feedline::Loader::State& s) {
   py::dict d;
   d["epoch"] = s.epoch;
@@ -520,17 +537,8 @@ PYBIND11_MODULE(_feedline, m) {
          int64_t batch_size, bool shuffle, uint64_t seed, bool drop_last, int rank, int world_size,
          int workers, int prefetch, int64_t memory_budget, const std::string& on_error,
          int64_t max_errors) {
-        feedline::text::PackOptions p;
-        p.mode =
-            ParseEnum<feedline::text::PackMode>(pack, "pack",
-                                                {{"concat", feedline::text::PackMode::kConcat},
-                                                 {"bestfit", feedline::text::PackMode::kBestFit}});
-        p.seq_len = seq_len;
-        p.batch_size = batch_size;
-        p.window_rows = window_rows;
-        p.split_long = split_long;
-        p.mask_boundaries = mask_boundaries;
-        p.drop_last = drop_last;
+        feedline::text::PackOptions p = PackOptionsOf(pack, seq_len, window_rows, split_long,
+                                                      mask_boundaries, batch_size, drop_last);
         feedline::LoaderOptions o =
             EngineOptions(doc_batch, shuffle, seed, /*drop_last=*/false, rank, world_size, workers,
                           prefetch, memory_budget, on_error, max_errors);
@@ -556,6 +564,53 @@ PYBIND11_MODULE(_feedline, m) {
       py::arg("doc_batch"), py::arg("batch_size"), py::arg("shuffle"), py::arg("seed"),
       py::arg("drop_last"), py::arg("rank"), py::arg("world_size"), py::arg("workers"),
       py::arg("prefetch"), py::arg("memory_budget"), py::arg("on_error"), py::arg("max_errors"));
+
+  // Packed rows of a token file's documents (its document index): as packed_text_loader.
+  m.def(
+      "packed_token_loader",
+      [](const std::string& path, const std::string& dtype, const std::string& index,
+         int64_t vocab_size, int64_t max_length, int64_t eos_id, const std::string& pack,
+         int64_t seq_len, int64_t window_rows, bool split_long, bool mask_boundaries,
+         int64_t doc_batch, int64_t batch_size, bool shuffle, uint64_t seed, bool drop_last,
+         int rank, int world_size, int workers, int prefetch, int64_t memory_budget,
+         const std::string& on_error, int64_t max_errors, int64_t pad_id) {
+        feedline::text::TokenDocumentOptions t;
+        t.path = path;
+        t.dtype = ParseEnum<feedline::text::TokenDType>(
+            dtype, "dtype",
+            {{"uint16", feedline::text::TokenDType::kUint16},
+             {"uint32", feedline::text::TokenDType::kUint32}});
+        t.index_path = index;
+        t.vocab_size = vocab_size;
+        t.max_length = max_length;
+        t.eos_id = eos_id;
+        feedline::text::PackOptions p = PackOptionsOf(pack, seq_len, window_rows, split_long,
+                                                      mask_boundaries, batch_size, drop_last);
+        p.pad_id = pad_id;
+        feedline::LoaderOptions o =
+            EngineOptions(doc_batch, shuffle, seed, /*drop_last=*/false, rank, world_size, workers,
+                          prefetch, memory_budget, on_error, max_errors);
+        absl::StatusOr<std::unique_ptr<feedline::text::PackedLoader>> packed;
+        {
+          py::gil_scoped_release release;
+          packed = [&]() -> absl::StatusOr<std::unique_ptr<feedline::text::PackedLoader>> {
+            auto docs = feedline::text::OpenTokenDocuments(t);
+            if (!docs.ok()) return docs.status();
+            auto loader = feedline::Loader::Create(docs->dataset, docs->transform, std::move(o));
+            if (!loader.ok()) return loader.status();
+            return feedline::text::PackedLoader::Create(*std::move(loader), p);
+          }();
+        }
+        if (!packed.ok()) ThrowStatus(packed.status(), false);
+        return std::move(*packed);
+      },
+      py::arg("path"), py::arg("dtype"), py::arg("index"), py::arg("vocab_size"),
+      py::arg("max_length"), py::arg("eos_id"), py::arg("pack"), py::arg("seq_len"),
+      py::arg("window_rows"), py::arg("split_long"), py::arg("mask_boundaries"),
+      py::arg("doc_batch"), py::arg("batch_size"), py::arg("shuffle"), py::arg("seed"),
+      py::arg("drop_last"), py::arg("rank"), py::arg("world_size"), py::arg("workers"),
+      py::arg("prefetch"), py::arg("memory_budget"), py::arg("on_error"), py::arg("max_errors"),
+      py::arg("pad_id"));
 
   m.def("build_info", [] {
     feedline::BuildInfo b = feedline::GetBuildInfo();

@@ -56,6 +56,27 @@ struct TokenWindows {
 
 absl::StatusOr<TokenWindows> OpenTokenWindows(const TokenFileOptions& options);
 
+// Documents of a token file, for packing (PackedLoader): a document index beside it holds the
+// token offsets where documents start, as n + 1 little-endian uint64 (0 first, the file's token
+// count last; `np.array(offsets, np.uint64).tofile(path)`). Sample i is document i: "input_ids"
+// int32 ragged [<= max_length] (longer ones truncated), then `eos_id` when >= 0. Errors
+// (kDataLoss, naming the file): an index that is not such offsets; at the sample, an empty
+// document or a token id >= vocab_size (when given).
+struct TokenDocumentOptions {
+  std::string path;
+  TokenDType dtype = TokenDType::kUint16;
+  std::string index_path;
+  int64_t vocab_size = 0;
+  int64_t max_length = 65536;
+  int64_t eos_id = -1;
+};
+struct TokenDocuments {
+  std::shared_ptr<const Dataset> dataset;
+  std::shared_ptr<SampleTransform> transform;
+  int64_t tokens = 0;
+};
+absl::StatusOr<TokenDocuments> OpenTokenDocuments(const TokenDocumentOptions& options);
+
 // --- Documents --------------------------------------------------------------------------------
 //
 // A text file with one document per line (blank lines are not documents), or JSON Lines with

@@ -376,12 +376,19 @@ class TokenLoader:
     offset (on_error="skip" replaces the window instead). shuffle/seed/drop_last/rank/
     world_size/workers/prefetch/memory_budget/state_dict/stats as for ImageLoader;
     return_index=True adds "index" (the window numbers).
+
+    With a document index (index="train.idx": n + 1 uint64 token offsets where documents
+    start, np.array(offsets, np.uint64).tofile(path)) and pack="concat" or "bestfit", the
+    documents are packed into rows as TextLoader packs them (same fields, window_rows,
+    split_long, mask_boundaries, stats()["packing"], exact resume; eos_id appended to each
+    document when given; len() raises TypeError); batch_size is then rows per batch.
     """
 
     def __init__(self, path, seq_len, batch_size=32, dtype="uint16", shuffle=True, seed=0,
                  drop_last=False, vocab_size=None, rank=None, world_size=None, workers="auto",
                  prefetch="auto", memory_budget="auto", on_error="raise", max_errors=None,
-                 return_index=False):
+                 return_index=False, index=None, pack=None, window_rows=128, split_long=True,
+                 mask_boundaries=True, eos_id=None, pad_id=0, max_length=65536):
         path = os.fsdecode(os.fspath(_check_type("path", path, (str, bytes, os.PathLike),
                                                  "a path")))
         if not os.path.exists(path):
@@ -397,10 +404,37 @@ class TokenLoader:
             if vocab_size < 1:
                 raise ValueError(f"vocab_size: must be >= 1, got {vocab_size}")
         _check_type("return_index", return_index, bool, "a bool")
+        if (index is None) != (pack is None):
+            raise ValueError("index and pack: a document index is for packing its documents "
+                             "(pack='concat' or 'bestfit'); without both, windows are read")
         engine = _engine_args(batch_size, shuffle, seed, drop_last, rank, world_size, workers,
                               prefetch, memory_budget, on_error, max_errors)
-        self._loader = _feedline.token_loader(path=path, dtype=dtype, seq_len=seq_len,
-                                              vocab_size=vocab_size or 0, **engine)
+        self.pack = pack
+        if pack is None:
+            self._loader = _feedline.token_loader(path=path, dtype=dtype, seq_len=seq_len,
+                                                  vocab_size=vocab_size or 0, **engine)
+        else:
+            if pack not in ("concat", "bestfit"):
+                raise ValueError(f"pack: expected 'concat' or 'bestfit', got {pack!r}")
+            index = os.fsdecode(os.fspath(_check_type("index", index, (str, bytes, os.PathLike),
+                                                      "a path")))
+            if not os.path.exists(index):
+                raise FileNotFoundError(f"index: {index}: no such file")
+            for name, v in (("window_rows", window_rows), ("max_length", max_length),
+                            ("pad_id", pad_id)):
+                _check_type(name, v, int, "an int")
+            if window_rows < 1 or max_length < 1 or pad_id < 0:
+                raise ValueError("window_rows and max_length must be >= 1, pad_id >= 0")
+            if eos_id is not None:
+                _check_type("eos_id", eos_id, int, "an int")
+            for name, v in (("split_long", split_long), ("mask_boundaries", mask_boundaries)):
+                _check_type(name, v, bool, "a bool")
+            engine["doc_batch"] = 64
+            self._loader = _feedline.packed_token_loader(
+                path=path, dtype=dtype, index=index, vocab_size=vocab_size or 0,
+                max_length=max_length, eos_id=-1 if eos_id is None else eos_id, pack=pack,
+                seq_len=seq_len, window_rows=window_rows, split_long=split_long,
+                mask_boundaries=mask_boundaries, pad_id=pad_id, **engine)
         self.path = path
         self.seq_len = seq_len
         self.batch_size = batch_size
@@ -410,9 +444,14 @@ class TokenLoader:
 
     def __len__(self):
         """Batches per epoch for this rank."""
+        if self.pack is not None:
+            raise TypeError("len(): packed rows per epoch are known only once they are made")
         return len(self._loader)
 
     def __iter__(self):
+        if self.pack is not None:
+            return _FieldsIterator(self._loader.start_epoch(), self._return_index, self,
+                                   drop=("cu_seqlens_offsets",))
         return _FieldsIterator(self._loader.start_epoch(), self._return_index, self)
 
     @property
@@ -429,8 +468,9 @@ class TokenLoader:
     prefetch = ImageLoader.prefetch
 
     def __repr__(self):
+        shape = f"batches={len(self)}" if self.pack is None else f"pack={self.pack!r}"
         return (f"feedline.TokenLoader({self.path!r}, seq_len={self.seq_len}, "
-                f"batch_size={self.batch_size}, batches={len(self)}, workers={self.workers})")
+                f"batch_size={self.batch_size}, {shape}, workers={self.workers})")
 
 
 class TextLoader:

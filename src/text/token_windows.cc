@@ -3,8 +3,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/file_io.h"
@@ -101,43 +103,128 @@ class TokenWindowTransform final : public SampleTransform {
   const Schema schema_;
 };
 
+// Maps a token file read-only; its size and modification time in *st.
+absl::StatusOr<std::shared_ptr<const Mapping>> MapTokenFile(const std::string& path,
+                                                            int64_t token_bytes, struct stat* st) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, path, "open");
+  if (::fstat(fd, st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoStatus(err, path, "stat");
+  }
+  const int64_t bytes = st->st_size;
+  if (bytes % token_bytes != 0) {
+    ::close(fd);
+    return absl::DataLossError(absl::StrCat(path, ": ", bytes, " bytes is not a whole number of ",
+                                            token_bytes, "-byte tokens (wrong dtype?)"));
+  }
+  auto map = std::make_shared<Mapping>();
+  map->path = path;
+  if (bytes == 0) {
+    ::close(fd);
+    return std::shared_ptr<const Mapping>(std::move(map));
+  }
+  void* p = mmap(nullptr, size_t(bytes), PROT_READ, MAP_SHARED, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) return ErrnoStatus(err, path, "mmap");
+  map->data = static_cast<const uint8_t*>(p);
+  map->bytes = size_t(bytes);
+  // Samples are read in a shuffled order: tell the kernel not to read ahead sequentially.
+  madvise(p, size_t(bytes), MADV_RANDOM);
+  return std::shared_ptr<const Mapping>(std::move(map));
+}
+
+template <typename T>
+uint64_t TokenAt(const Mapping& m, int64_t i) {
+  T v;
+  std::memcpy(&v, m.data + size_t(i) * sizeof(T), sizeof(T));  // little-endian hosts
+  return v;
+}
+
+class TokenDocumentDataset final : public Dataset {
+ public:
+  TokenDocumentDataset(std::shared_ptr<const Mapping> map, std::vector<uint64_t> offsets,
+                       uint64_t fingerprint)
+      : map_(std::move(map)), offsets_(std::move(offsets)), fingerprint_(fingerprint) {}
+  int64_t size() const override { return int64_t(offsets_.size()) - 1; }
+  absl::Status Read(int64_t, Record* record) const override {
+    record->bytes.clear();
+    record->label = 0;
+    record->members.clear();
+    return absl::OkStatus();
+  }
+  std::string Describe(int64_t i) const override {
+    return absl::StrCat(map_->path, ": document ", i, " (tokens ", offsets_[size_t(i)], "..",
+                        int64_t(offsets_[size_t(i) + 1]) - 1, ")");
+  }
+  uint64_t Fingerprint() const override { return fingerprint_; }
+  bool empty_records() const override { return true; }
+  uint64_t begin(int64_t i) const { return offsets_[size_t(i)]; }
+  uint64_t end(int64_t i) const { return offsets_[size_t(i) + 1]; }
+
+ private:
+  std::shared_ptr<const Mapping> map_;
+  std::vector<uint64_t> offsets_;
+  uint64_t fingerprint_;
+};
+
+class TokenDocumentTransform final : public SampleTransform {
+ public:
+  TokenDocumentTransform(std::shared_ptr<const Mapping> map,
+                         std::shared_ptr<const TokenDocumentDataset> docs, TokenDocumentOptions o)
+      : map_(std::move(map)),
+        docs_(std::move(docs)),
+        o_(std::move(o)),
+        schema_({Field("input_ids", DType::kInt32, {Dim::UpTo(o_.max_length)})
+                     .collate(Collate::kRagged)}) {}
+  const Schema& schema() const override { return schema_; }
+  absl::Status Apply(const Record&, const SampleContext& ctx, WorkerState*,
+                     SampleWriter& out) const override {
+    const int64_t a = int64_t(docs_->begin(ctx.index())), b = int64_t(docs_->end(ctx.index()));
+    if (a == b) return absl::DataLossError("empty document");
+    const int64_t eos = o_.eos_id >= 0 ? 1 : 0;
+    const int64_t n = std::min(b - a + eos, o_.max_length);
+    absl::StatusOr<int32_t*> dst = out.Shaped<int32_t>(0, {n});
+    if (!dst.ok()) return dst.status();
+    const int64_t body = std::min(b - a, n);
+    for (int64_t j = 0; j < body; ++j) {
+      const uint64_t t = o_.dtype == TokenDType::kUint16 ? TokenAt<uint16_t>(*map_, a + j)
+                                                         : TokenAt<uint32_t>(*map_, a + j);
+      if (o_.vocab_size > 0 && t >= uint64_t(o_.vocab_size)) {
+        return absl::DataLossError(absl::StrCat("token ", t, " at token offset ", a + j,
+                                                " is not below vocab_size ", o_.vocab_size));
+      }
+      (*dst)[j] = int32_t(t);
+    }
+    if (n > body) (*dst)[body] = int32_t(o_.eos_id);
+    return absl::OkStatus();
+  }
+
+ private:
+  std::shared_ptr<const Mapping> map_;
+  std::shared_ptr<const TokenDocumentDataset> docs_;
+  const TokenDocumentOptions o_;
+  const Schema schema_;
+};
+
 }  // namespace
 
 absl::StatusOr<TokenWindows> OpenTokenWindows(const TokenFileOptions& o) {
   if (o.seq_len < 1) return absl::InvalidArgumentError("seq_len: must be >= 1");
   if (o.vocab_size < 0) return absl::InvalidArgumentError("vocab_size: must be >= 0");
   const int64_t token_bytes = o.dtype == TokenDType::kUint16 ? 2 : 4;
-  const int fd = ::open(o.path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, o.path, "open");
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return ErrnoStatus(err, o.path, "stat");
-  }
+  absl::StatusOr<std::shared_ptr<const Mapping>> map = MapTokenFile(o.path, token_bytes, &st);
+  if (!map.ok()) return map.status();
   const int64_t bytes = st.st_size;
-  if (bytes % token_bytes != 0) {
-    ::close(fd);
-    return absl::DataLossError(absl::StrCat(o.path, ": ", bytes, " bytes is not a whole number of ",
-                                            token_bytes, "-byte tokens (wrong dtype?)"));
-  }
   const int64_t tokens = bytes / token_bytes;
   const int64_t window = o.seq_len + 1;
   if (tokens < window) {
-    ::close(fd);
     return absl::DataLossError(absl::StrCat(o.path, ": ", tokens, " tokens, fewer than one window",
                                             " of seq_len + 1 = ", window));
   }
-  auto map = std::make_shared<Mapping>();
-  map->path = o.path;
-  void* p = mmap(nullptr, size_t(bytes), PROT_READ, MAP_SHARED, fd, 0);
-  const int err = errno;
-  ::close(fd);
-  if (p == MAP_FAILED) return ErrnoStatus(err, o.path, "mmap");
-  map->data = static_cast<const uint8_t*>(p);
-  map->bytes = size_t(bytes);
-  // Windows are read in a shuffled order: tell the kernel not to read ahead sequentially.
-  madvise(p, size_t(bytes), MADV_RANDOM);
   // Identity: the path, size and modification time (a rewritten file is another data set).
   Fnv1a h;
   h.Mix(o.path.data(), o.path.size());
@@ -146,8 +233,54 @@ absl::StatusOr<TokenWindows> OpenTokenWindows(const TokenFileOptions& o) {
   h.Mix(&o.seq_len, sizeof(o.seq_len));
   TokenWindows out;
   out.tokens = tokens;
-  out.dataset = std::make_shared<TokenFileDataset>(map, tokens / window, window, h.value);
-  out.transform = std::make_shared<TokenWindowTransform>(map, o);
+  out.dataset = std::make_shared<TokenFileDataset>(*map, tokens / window, window, h.value);
+  out.transform = std::make_shared<TokenWindowTransform>(*map, o);
+  return out;
+}
+
+absl::StatusOr<TokenDocuments> OpenTokenDocuments(const TokenDocumentOptions& o) {
+  if (o.vocab_size < 0) return absl::InvalidArgumentError("vocab_size: must be >= 0");
+  if (o.max_length < 1) return absl::InvalidArgumentError("max_length: must be >= 1");
+  if (o.index_path.empty()) return absl::InvalidArgumentError("index: a document index is needed");
+  const int64_t token_bytes = o.dtype == TokenDType::kUint16 ? 2 : 4;
+  struct stat st {};
+  absl::StatusOr<std::shared_ptr<const Mapping>> map = MapTokenFile(o.path, token_bytes, &st);
+  if (!map.ok()) return map.status();
+  const uint64_t tokens = uint64_t(st.st_size / token_bytes);
+  std::vector<uint8_t> raw;
+  if (absl::Status s = ReadWholeFile(o.index_path, int64_t{1} << 40, &raw); !s.ok()) return s;
+  struct stat ist {};
+  if (::stat(o.index_path.c_str(), &ist) != 0) return ErrnoStatus(errno, o.index_path, "stat");
+  auto bad = [&](const std::string& why) {
+    return absl::DataLossError(absl::StrCat(o.index_path, ": not a document index of ", o.path,
+                                            " (n + 1 uint64 token offsets): ", why));
+  };
+  if (raw.size() % 8 != 0) return bad(absl::StrCat(raw.size(), " bytes, not a multiple of 8"));
+  if (raw.size() < 16) return bad("fewer than two offsets");
+  std::vector<uint64_t> offsets(raw.size() / 8);
+  std::memcpy(offsets.data(), raw.data(), raw.size());
+  if (offsets.front() != 0) return bad(absl::StrCat("the first offset is ", offsets.front()));
+  if (offsets.back() != tokens) {
+    return bad(
+        absl::StrCat("the last offset is ", offsets.back(), ", the file has ", tokens, " tokens"));
+  }
+  for (size_t i = 1; i < offsets.size(); ++i) {
+    if (offsets[i] < offsets[i - 1]) {
+      return bad(absl::StrCat("offset ", i, " (", offsets[i], ") is below the one before it"));
+    }
+  }
+  Fnv1a h;
+  h.Mix(o.path.data(), o.path.size());
+  const int64_t bytes = st.st_size, index_bytes = ist.st_size;
+  h.Mix(&bytes, sizeof(bytes));
+  h.Mix(&st.st_mtim, sizeof(st.st_mtim));
+  h.Mix(&index_bytes, sizeof(index_bytes));
+  h.Mix(&ist.st_mtim, sizeof(ist.st_mtim));
+  auto docs = std::make_shared<const TokenDocumentDataset>(*map, std::move(offsets), h.value);
+  TokenDocuments out;
+  out.tokens = int64_t(tokens);
+  out.dataset = docs;
+  out.transform = std::make_shared<TokenDocumentTransform>(*map, docs, o);
   return out;
 }
 

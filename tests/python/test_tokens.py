@@ -126,3 +126,65 @@ def test_token_beyond_the_vocabulary(tmp_path):
     st = skip.stats()
     assert st["error_count"] == 1 and st["errors"][0]["sample"] == 47, st["errors"]
     assert "token 4000" in st["errors"][0]["cause"] or "token 4000" in st["errors"][0]["path"]
+
+
+def _documents_file(tmp_path, n_docs, dtype="uint16", seed=3):
+    """A token file of n_docs documents of long-tailed lengths and its document index."""
+    rng = np.random.default_rng(seed)
+    lengths = np.minimum(rng.lognormal(4.0, 1.0, n_docs).astype(np.int64) + 1, 3000)
+    docs = [rng.integers(5, 1000, int(k)).astype(dtype) for k in lengths]
+    path, index = tmp_path / "docs.bin", tmp_path / "docs.idx"
+    np.concatenate(docs).tofile(path)
+    np.concatenate([[0], np.cumsum(lengths)]).astype(np.uint64).tofile(index)
+    return path, index, [d.astype(np.int64).tolist() for d in docs]
+
+
+@pytest.mark.parametrize("pack", ["concat", "bestfit"])
+def test_documents_of_a_token_file_are_packed(tmp_path, pack):
+    path, index, docs = _documents_file(tmp_path, 500)
+    ld = feedline.TokenLoader(path, seq_len=256, batch_size=4, index=index, pack=pack,
+                              eos_id=1, shuffle=False)
+    rows = [b for b in ld]
+    if pack == "concat":
+        got = torch.cat([b["input_ids"][b["attention_mask"] == 1] for b in rows]).tolist()
+        assert got == [t for d in docs for t in d + [1]]
+    else:
+        pieces = {}
+        for d in docs:
+            d = d + [1]
+            for a in range(0, len(d), 256):
+                key = tuple(d[a:a + 256])
+                pieces[key] = pieces.get(key, 0) + 1
+        got = {}
+        for b in rows:
+            L = b["input_ids"].shape[1]
+            cu = b["cu_seqlens"].tolist()
+            for a, e in zip(cu, cu[1:]):
+                r = a // L
+                if b["attention_mask"][r, a - r * L]:
+                    key = tuple(b["input_ids"][r, a - r * L:e - r * L].tolist())
+                    got[key] = got.get(key, 0) + 1
+        assert got == pieces
+        assert ld.stats()["packing"]["efficiency"] > 0.95
+    with pytest.raises(TypeError):
+        len(ld)
+
+
+def test_document_index_errors(tmp_path):
+    path, index, docs = _documents_file(tmp_path, 20)
+    with pytest.raises(ValueError, match="index and pack"):
+        feedline.TokenLoader(path, seq_len=64, index=index)
+    bad = tmp_path / "bad.idx"
+    total = sum(len(d) for d in docs)
+    np.array([0, 10, 5, total], np.uint64).tofile(bad)
+    with pytest.raises(feedline.DataError, match="bad.idx.*below"):
+        feedline.TokenLoader(path, seq_len=64, index=bad, pack="concat")
+    np.array([0, 10], np.uint64).tofile(bad)
+    with pytest.raises(feedline.DataError, match="last offset is 10"):
+        feedline.TokenLoader(path, seq_len=64, index=bad, pack="concat")
+    (tmp_path / "odd.idx").write_bytes(b"\0" * 12)
+    with pytest.raises(feedline.DataError, match="multiple of 8"):
+        feedline.TokenLoader(path, seq_len=64, index=tmp_path / "odd.idx", pack="bestfit")
+    ld = feedline.TokenLoader(path, seq_len=64, index=index, pack="concat", vocab_size=100)
+    with pytest.raises(feedline.DataError, match="docs.bin: document .*not below vocab_size 100"):
+        list(ld)
