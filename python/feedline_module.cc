@@ -369,7 +369,8 @@ feedline::text::PackOptions PackOptionsOf(const std::string& pack, int64_t seq_l
   feedline::text::PackOptions p;
   p.mode = ParseEnum<feedline::text::PackMode>(pack, "pack",
                                                {{"concat", feedline::text::PackMode::kConcat},
-                                                {"bestfit", feedline::text::PackMode::kBestFit}});
+                                                {"bestfit", feedline::text::PackMode::kBestFit},
+                                                {"bucket", feedline::text::PackMode::kBucket}});
   p.seq_len = seq_len;
   p.batch_size = batch_size;
   p.window_rows = window_rows;
@@ -377,6 +378,18 @@ feedline::text::PackOptions PackOptionsOf(const std::string& pack, int64_t seq_l
   p.mask_boundaries = mask_boundaries;
   p.drop_last = drop_last;
   return p;
+}
+
+const char* PackModeName(int mode) {
+  switch (feedline::text::PackMode(mode)) {
+    case feedline::text::PackMode::kConcat:
+      return "concat";
+    case feedline::text::PackMode::kBestFit:
+      return "bestfit";
+    case feedline::text::PackMode::kBucket:
+      return "bucket";
+  }
+  return "?";
 }
 
 py::dict StateToDict(const feedline::Loader::State& s) {
@@ -709,7 +722,7 @@ PYBIND11_MODULE(_feedline, m) {
              d["seq_len"] = s.seq_len;
              d["batch_size"] = s.batch_size;
              d["window_rows"] = s.window_rows;
-             d["mode"] = s.mode == int(feedline::text::PackMode::kConcat) ? "concat" : "bestfit";
+             d["mode"] = PackModeName(s.mode);
              d["version"] = 1;
              return d;
            })
@@ -734,9 +747,11 @@ PYBIND11_MODULE(_feedline, m) {
                s.seq_len = d["seq_len"].cast<int64_t>();
                s.batch_size = d["batch_size"].cast<int64_t>();
                s.window_rows = d["window_rows"].cast<int64_t>();
-               s.mode = d["mode"].cast<std::string>() == "concat"
-                            ? int(feedline::text::PackMode::kConcat)
-                            : int(feedline::text::PackMode::kBestFit);
+               const std::string mode = d["mode"].cast<std::string>();
+               s.mode = -1;
+               for (int m = 0; m < 3; ++m) {
+                 if (mode == PackModeName(m)) s.mode = m;
+               }
              } catch (const py::cast_error&) {
                throw py::type_error("state_dict: a value has the wrong type");
              }
@@ -759,7 +774,7 @@ PYBIND11_MODULE(_feedline, m) {
              py::dict packing;
              packing["rows"] = p.rows;
              packing["tokens"] = p.tokens;
-             packing["slots"] = p.rows * p.seq_len;
+             packing["slots"] = p.slots;
              packing["documents"] = p.documents;
              packing["truncated"] = p.truncated;
              packing["split"] = p.split;

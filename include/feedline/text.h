@@ -152,13 +152,20 @@ absl::StatusOr<std::shared_ptr<SampleTransform>> MakeTokenizeTransform(
 // gives the uninterrupted run's batches bit for bit, whatever the worker count. Rows per epoch
 // are known only once the epoch's documents are tokenized (no num_batches); ranks (the document
 // loader's rank / world_size) may get different row counts.
-enum class PackMode { kConcat, kBestFit };
+//
+// kBucket is not packing but its relative for padded batches (length bucketing): each batch
+// holds batch_size documents of similar lengths — a window of window_rows * batch_size
+// documents of the epoch's order is sorted by length, cut into batches, and the batches
+// shuffled — as "input_ids" int64 [B, the batch's longest, at most seq_len] padded with
+// pad_id, each document's length beside it (TensorView::lengths), indices() its documents.
+enum class PackMode { kConcat, kBestFit, kBucket };
 
 struct PackOptions {
   PackMode mode = PackMode::kConcat;
   int64_t seq_len = 2048;
   int64_t batch_size = 8;       // rows per batch
   int64_t window_rows = 128;    // kBestFit: the documents packed together fill this many rows
+                                // (kBucket: window_rows batches are sorted together)
   bool split_long = true;       // kBestFit: cut a document longer than seq_len (else truncate)
   bool mask_boundaries = true;  // kConcat: labels -100 at each document's last token
   bool drop_last = false;       // drop the epoch's last batch when it has fewer rows
@@ -166,15 +173,15 @@ struct PackOptions {
 };
 
 struct PackStats {
-  int64_t rows = 0;
+  int64_t rows = 0;            // kBucket: documents
   int64_t tokens = 0;          // real tokens in those rows
+  int64_t slots = 0;           // tokens the batches hold, padding included
   int64_t documents = 0;       // documents taken
   int64_t truncated = 0;       // kBestFit: documents cut to seq_len (split_long = false)
   int64_t split = 0;           // kBestFit: documents split into pieces
   double efficiency() const {  // real tokens / slots
-    return rows > 0 ? double(tokens) / double(rows * seq_len) : 0.0;
+    return slots > 0 ? double(tokens) / double(slots) : 0.0;
   }
-  int64_t seq_len = 0;
 };
 
 class PackedLoader;

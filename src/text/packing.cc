@@ -122,7 +122,7 @@ struct PackedLoader::Shared {
   int64_t docs_per_batch = 1;
   std::unique_ptr<BatchBuilder> builder;
 
-  std::atomic<int64_t> rows{0}, tokens{0}, docs{0}, truncated{0}, split{0};
+  std::atomic<int64_t> rows{0}, tokens{0}, slots{0}, docs{0}, truncated{0}, split{0};
 
   // The cursor of the epoch in progress (after its last batch), for state().
   mutable std::mutex mu;
@@ -222,6 +222,41 @@ struct PackedEpoch::Run {
     return absl::OkStatus();
   }
 
+  // kBucket: the window's documents sorted by length, cut into batches, the batches shuffled.
+  void BucketWindow() {
+    const int64_t L = sh->o.seq_len, B = sh->o.batch_size;
+    std::vector<size_t> order(window_docs.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(), [this](size_t a, size_t b) {
+      return window_docs[a].tokens.size() < window_docs[b].tokens.size();
+    });
+    const size_t groups = (order.size() + size_t(B) - 1) / size_t(B);
+    std::vector<size_t> group_order(groups);
+    std::iota(group_order.begin(), group_order.end(), size_t{0});
+    // The short group (a window that is not a multiple of B: the epoch's last) stays last.
+    const size_t full = order.size() / size_t(B);
+    if (sh->documents->options().shuffle() && full > 1) {
+      SampleRng rng(sh->documents->options().seed(), uint64_t(epoch), uint64_t(window_first),
+                    kRngPackRows);
+      for (size_t i = full - 1; i > 0; --i) {
+        std::swap(group_order[i], group_order[size_t(rng.Below(i + 1))]);
+      }
+    }
+    window_rows.clear();
+    for (size_t g : group_order) {
+      for (size_t k = g * size_t(B); k < std::min(order.size(), (g + 1) * size_t(B)); ++k) {
+        Doc& d = window_docs[order[k]];
+        Row row;
+        const int64_t n = std::min<int64_t>(int64_t(d.tokens.size()), L);
+        if (n < int64_t(d.tokens.size())) sh->truncated.fetch_add(1, std::memory_order_relaxed);
+        row.ids.assign(d.tokens.begin(), d.tokens.begin() + n);
+        row.first_doc = d.index;
+        window_rows.push_back(std::move(row));
+      }
+    }
+    window_docs.clear();
+  }
+
   // kBestFit: the window's documents into rows.
   void PackWindow() {
     const int64_t L = sh->o.seq_len;
@@ -283,7 +318,10 @@ struct PackedEpoch::Run {
   // kBestFit: the next row (false at the end of the epoch). A window is the documents, in the
   // epoch's order, that fill window_rows rows.
   absl::StatusOr<bool> NextFitRow(Row* out, const Interrupt& in, absl::Duration poll) {
-    const int64_t L = sh->o.seq_len, budget = sh->o.window_rows * L;
+    const bool bucket = sh->o.mode == PackMode::kBucket;
+    const int64_t L = sh->o.seq_len;
+    // kBucket counts documents, kBestFit tokens.
+    const int64_t budget = sh->o.window_rows * (bucket ? sh->o.batch_size : L);
     while (window_next >= window_rows.size()) {
       if (!window_rows.empty()) {  // the window is done: on to the next
         window_rows.clear();
@@ -301,12 +339,16 @@ struct PackedEpoch::Run {
         if (window_docs.empty()) window_first = d.position;
         next_first = d.position + 1;
         const int64_t n = int64_t(d.tokens.size());
-        window_tokens += sh->o.split_long ? n : std::min(n, L);
+        window_tokens += bucket ? 1 : sh->o.split_long ? n : std::min(n, L);
         sh->docs.fetch_add(1, std::memory_order_relaxed);
         window_docs.push_back(std::move(d));
       }
       if (window_docs.empty()) return false;
-      PackWindow();
+      if (bucket) {
+        BucketWindow();
+      } else {
+        PackWindow();
+      }
       window_tokens = 0;
       window_next = size_t(std::min<int64_t>(window_skip, int64_t(window_rows.size())));
       window_skip = 0;
@@ -350,6 +392,23 @@ struct PackedEpoch::Run {
     const int64_t n = int64_t(batch_rows.size());
     BatchBuilder& b = *sh->builder;
     int64_t real = 0;
+    if (sh->o.mode == PackMode::kBucket) {
+      int64_t longest = 0;
+      for (int64_t r = 0; r < n; ++r) {
+        const Row& row = batch_rows[size_t(r)];
+        absl::StatusOr<int64_t*> ids =
+            b.Writer(r).Shaped<int64_t>(kInputIds, {int64_t(row.ids.size())});
+        if (!ids.ok()) return ids.status();
+        std::copy(row.ids.begin(), row.ids.end(), *ids);
+        b.indices()[r] = row.first_doc;
+        real += int64_t(row.ids.size());
+        longest = std::max(longest, int64_t(row.ids.size()));
+      }
+      sh->rows.fetch_add(n, std::memory_order_relaxed);
+      sh->tokens.fetch_add(real, std::memory_order_relaxed);
+      sh->slots.fetch_add(n * longest, std::memory_order_relaxed);
+      return b.Finish(n, batches_done, epoch);
+    }
     for (int64_t r = 0; r < n; ++r) {
       const Row& row = batch_rows[size_t(r)];
       const int64_t len = int64_t(row.ids.size());
@@ -379,6 +438,7 @@ struct PackedEpoch::Run {
     }
     sh->rows.fetch_add(n, std::memory_order_relaxed);
     sh->tokens.fetch_add(real, std::memory_order_relaxed);
+    sh->slots.fetch_add(n * L, std::memory_order_relaxed);
     return b.Finish(n, batches_done, epoch);
   }
 
@@ -458,7 +518,11 @@ absl::StatusOr<std::unique_ptr<PackedLoader>> PackedLoader::Create(
   }
   const int64_t L = o.seq_len;
   const std::vector<Dim> row{Dim(L)};
-  Schema schema({Field("input_ids", DType::kInt64, row), Field("labels", DType::kInt64, row),
+  Schema schema =
+      o.mode == PackMode::kBucket
+          ? Schema({Field("input_ids", DType::kInt64, {Dim::UpTo(L)}).pad_value(double(o.pad_id))})
+          : Schema(
+                {Field("input_ids", DType::kInt64, row), Field("labels", DType::kInt64, row),
                  Field("position_ids", DType::kInt64, row),
                  Field("attention_mask", DType::kInt64, row),
                  Field("cu_seqlens", DType::kInt32, {Dim::UpTo(L + 1)}).collate(Collate::kRagged)});
@@ -531,7 +595,7 @@ PackStats PackedLoader::pack_stats() const {
   s.documents = sh.docs.load(std::memory_order_relaxed);
   s.truncated = sh.truncated.load(std::memory_order_relaxed);
   s.split = sh.split.load(std::memory_order_relaxed);
-  s.seq_len = sh.o.seq_len;
+  s.slots = sh.slots.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -229,6 +229,46 @@ def test_packed_resume_is_exact_across_worker_counts(corpus, pack):
         other.load_state_dict(state)
 
 
+def test_bucketed_batches_hold_similar_lengths(corpus):
+    sp = corpus["sp"]
+    kw = dict(tokenizer=corpus["model"], batch_size=8, max_length=4096, seed=6,
+              return_index=True)
+    ld = feedline.TextLoader(corpus["txt"], bucket=True, window_rows=10, **kw)
+    seen, real, slots, batches = [], 0, 0, 0
+    for b in ld:
+        batches += 1
+        for row, n, i in zip(b["input_ids"], b["lengths"], b["index"]):
+            assert row[:n].tolist() == sp.encode(corpus["docs"][int(i)])
+            assert bool((row[n:] == sp.pad_id()).all())
+        assert b["attention_mask"].sum() == b["lengths"].sum()
+        seen += b["index"].tolist()
+        real += int(b["lengths"].sum())
+        slots += b["input_ids"].numel()
+    assert sorted(seen) == list(range(len(corpus["docs"])))
+    assert batches == len(ld) == -(-len(corpus["docs"]) // 8)
+    plain = feedline.TextLoader(corpus["txt"], **kw)
+    p_real = p_slots = 0
+    for b in plain:
+        p_real += int(b["lengths"].sum())
+        p_slots += b["input_ids"].numel()
+    assert real / slots > 1.5 * p_real / p_slots
+    assert ld.stats()["packing"]["efficiency"] == real / slots
+    # Resume, as for the other shapes.
+    first = feedline.TextLoader(corpus["txt"], bucket=True, window_rows=10, **kw)
+    it = iter(first)
+    head = [next(it)["index"].tolist() for _ in range(5)]
+    state = first.state_dict()
+    del it
+    again = feedline.TextLoader(corpus["txt"], bucket=True, window_rows=10, workers=1, **kw)
+    again.load_state_dict(state)
+    full = [b["index"].tolist() for b in
+            feedline.TextLoader(corpus["txt"], bucket=True, window_rows=10, **kw)]
+    assert head + [b["index"].tolist() for b in again] == full
+    with pytest.raises(ValueError, match="bucket"):
+        feedline.TextLoader(corpus["txt"], tokenizer=corpus["model"], bucket=True,
+                            pack="concat", seq_len=64)
+
+
 def test_packing_arguments(corpus):
     kw = dict(tokenizer=corpus["model"])
     with pytest.raises(ValueError, match="pack"):

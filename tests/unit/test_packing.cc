@@ -289,8 +289,100 @@ TEST_CASE("packing bestfit truncates long documents when asked", "[text]") {
   CHECK(packed->pack_stats().truncated == longer);
 }
 
+// A bucketed batch's documents (ids up to each length), for comparisons.
+struct Bucketed {
+  std::vector<std::vector<int64_t>> docs;
+  std::vector<int64_t> indices;
+  int64_t width = 0;
+};
+
+std::vector<Bucketed> BucketEpoch(PackedLoader& loader, int64_t max_batches = -1) {
+  std::vector<Bucketed> out;
+  auto epoch = loader.StartEpoch();
+  while (max_batches < 0 || int64_t(out.size()) < max_batches) {
+    absl::StatusOr<Batch> b = epoch->Next();
+    if (absl::IsOutOfRange(b.status())) break;
+    REQUIRE(b.ok());
+    const TensorView v = b->field("input_ids");
+    REQUIRE(v.shape.size() == 2);
+    Bucketed k;
+    k.width = v.shape[1];
+    const auto* p = static_cast<const int64_t*>(v.data);
+    for (int64_t i = 0; i < b->size(); ++i) {
+      k.docs.emplace_back(p + i * k.width, p + i * k.width + v.lengths[i]);
+      for (int64_t t = v.lengths[i]; t < k.width; ++t) REQUIRE(p[i * k.width + t] == 0);
+    }
+    k.indices.assign(b->indices(), b->indices() + b->size());
+    out.push_back(k);
+  }
+  return out;
+}
+
+TEST_CASE("bucketing: padded batches of similar lengths, every document once", "[text]") {
+  const Corpus c(2000);
+  PackOptions p;
+  p.mode = PackMode::kBucket;
+  p.seq_len = 4096;
+  p.batch_size = 16;
+  p.window_rows = 20;
+  LoaderOptions o;
+  o.batch_size(64).seed(8).workers(2);
+  auto bucketed = Packed(c, p, o);
+  std::vector<int> seen(c.docs.size(), 0);
+  int64_t batches = 0;
+  for (const Bucketed& b : BucketEpoch(*bucketed)) {
+    ++batches;
+    for (size_t i = 0; i < b.docs.size(); ++i) {
+      REQUIRE(b.docs[i] == c.Ids(b.indices[i]));
+      ++seen[size_t(b.indices[i])];
+    }
+  }
+  for (int n : seen) REQUIRE(n == 1);
+  CHECK(batches == (int64_t(c.docs.size()) + 15) / 16);
+  // The same documents in plain padded batches (the engine's order) waste far more.
+  int64_t real = 0, slots = 0;
+  auto plain = DocumentLoader(c.path, LoaderOptions(o).batch_size(16));
+  for (auto& b : *plain) {
+    REQUIRE(b.ok());
+    const TensorView v = b->field("input_ids");
+    for (int64_t i = 0; i < b->size(); ++i) real += v.offsets[i + 1] - v.offsets[i];
+    int64_t longest = 0;
+    for (int64_t i = 0; i < b->size(); ++i)
+      longest = std::max(longest, v.offsets[i + 1] - v.offsets[i]);
+    slots += longest * b->size();
+  }
+  const double padded = double(real) / double(slots);
+  const PackStats s = bucketed->pack_stats();
+  INFO("bucketed " << s.efficiency() << " plain " << padded);
+  CHECK(s.efficiency() > 0.6);  // measured 0.72 (plain: 0.25)
+  CHECK(s.efficiency() > 2 * padded);
+}
+
 TEST_CASE("packing resumes exactly, with another worker count, from a small state", "[text]") {
   const Corpus c(800);
+  {  // bucketing
+    PackOptions p;
+    p.mode = PackMode::kBucket;
+    p.seq_len = 4096;
+    p.batch_size = 8;
+    p.window_rows = 3;
+    LoaderOptions o;
+    o.batch_size(16).seed(12);
+    auto full = Packed(c, p, LoaderOptions(o).workers(1));
+    const std::vector<Bucketed> reference = BucketEpoch(*full);
+    for (int64_t cut : {int64_t(1), int64_t(5), int64_t(reference.size() / 2)}) {
+      auto first = Packed(c, p, LoaderOptions(o).workers(2));
+      REQUIRE(int64_t(BucketEpoch(*first, cut).size()) == cut);
+      auto second = Packed(c, p, LoaderOptions(o).workers(3));
+      REQUIRE(second->LoadState(first->state()).ok());
+      const std::vector<Bucketed> tail = BucketEpoch(*second);
+      REQUIRE(int64_t(tail.size()) + cut == int64_t(reference.size()));
+      for (size_t k = 0; k < tail.size(); ++k) {
+        REQUIRE(tail[k].docs == reference[size_t(cut) + k].docs);
+        REQUIRE(tail[k].indices == reference[size_t(cut) + k].indices);
+      }
+    }
+  }
   for (PackMode mode : {PackMode::kConcat, PackMode::kBestFit}) {
     PackOptions p;
     p.mode = mode;
