@@ -9,6 +9,7 @@ PACKAGES=(
   libtbb-dev libturbojpeg0-dev libjpeg62-turbo-dev libabsl-dev
   libopencv-imgproc-dev libopencv-core-dev libspng-dev libwebp-dev libgif-dev libtiff-dev
   libsentencepiece-dev sentencepiece python3-sentencepiece nlohmann-json3-dev
+  libcurl4-openssl-dev nginx-light
   catch2 pybind11-dev
   python3 python3-dev python3-numpy python3-pytest python3-pil
   python3-torch python3-torchvision libtorch-dev

@@ -279,6 +279,16 @@ py::dict StatsToDict(const feedline::Stats& s) {
                         py::arg("misses") = s.cache_misses, py::arg("bytes") = s.cache_bytes,
                         py::arg("budget") = s.cache_budget);
   d["error_count"] = s.error_count;
+  if (s.remote.remote) {
+    py::dict r;
+    r["requests"] = s.remote.requests;
+    r["retries"] = s.remote.retries;
+    r["failures"] = s.remote.failures;
+    r["bytes"] = s.remote.bytes;
+    r["in_flight"] = s.remote.in_flight;
+    r["request_ms"] = s.remote.request_ms;
+    d["remote"] = r;
+  }
   py::list errors;
   for (const feedline::SampleError& e : s.errors) {
     py::dict x;

@@ -53,6 +53,17 @@ struct Record {
   void Clear();
 };
 
+// A remote data set's requests (HTTP / S3), for Stats and the bottleneck verdict.
+struct RemoteStats {
+  bool remote = false;
+  int64_t requests = 0;   // attempts made, retries included
+  int64_t retries = 0;    // attempts repeated after a transient failure
+  int64_t failures = 0;   // reads that failed after their retries
+  int64_t bytes = 0;      // fetched
+  int64_t in_flight = 0;  // requests running now
+  double request_ms = 0;  // mean latency of a successful request
+};
+
 class Dataset {
  public:
   virtual ~Dataset() = default;
@@ -67,6 +78,9 @@ class Dataset {
   // index): then there is no read stage, and the workers claim positions themselves — no
   // reader threads, no hand-off between stages. Default false.
   virtual bool empty_records() const { return false; }
+  // What a data set that fetches over a network did so far (default: nothing remote). Called
+  // from any thread while reads run.
+  virtual RemoteStats remote_stats() const { return {}; }
 };
 
 // Forwards every call to `target` (not owned unless given as a shared_ptr).
@@ -80,6 +94,7 @@ class DatasetWrapper : public Dataset {
   std::string Describe(int64_t index) const override { return target_->Describe(index); }
   uint64_t Fingerprint() const override { return target_->Fingerprint(); }
   bool empty_records() const override { return target_->empty_records(); }
+  RemoteStats remote_stats() const override { return target_->remote_stats(); }
   const Dataset& target() const { return *target_; }
 
  private:
@@ -124,8 +139,12 @@ class FileDataset : public Dataset {
   // `source`: an ImageFolder directory, a list file, or shards (a path ending in ".tar" or a
   // brace pattern such as "d/train-{000000..000099}.tar"); `shards`, when not empty, takes
   // precedence. Errors as ScanFileList, and kDataLoss for a malformed shard (file and offset).
+  // A list file may name http:// and https:// URLs (or be one itself: its relative paths are
+  // then relative to its URL); they are fetched with retries within `read_timeout_ms` (see
+  // src/io/http.h), an HTTP 404 is the sample's kNotFound naming the URL.
   static absl::StatusOr<std::shared_ptr<FileDataset>> Open(
-      const std::string& source, const std::vector<std::string>& shards = {});
+      const std::string& source, const std::vector<std::string>& shards = {},
+      double read_timeout_ms = 60000);
 
   const FileList& files() const noexcept { return files_; }
   int64_t size() const override { return int64_t(files_.samples.size()); }

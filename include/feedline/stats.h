@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "feedline/dataset.h"  // RemoteStats
+
 namespace feedline {
 
 struct StageStats {
@@ -85,6 +87,7 @@ struct Stats {
   int64_t cache_misses = 0;
   int64_t cache_bytes = 0;
   int64_t cache_budget = 0;
+  RemoteStats remote;  // the data set's requests when it reads over a network
   int64_t error_count = 0;
   std::vector<SampleError> errors;  // the first few hundred, in the order they happened
 };

@@ -154,7 +154,10 @@ class ImageLoader:
     """Loads an image data set as batches of torch tensors, replacing torch's DataLoader.
 
     source: an ImageFolder directory (one sub-folder per class, torchvision's order), a list
-        file of "path label" lines (paths relative to the list file's folder), or WebDataset
+        file of "path label" lines (paths relative to the list file's folder; paths may be
+        http:// or https:// URLs, and the list file itself a URL: fetched with retries on
+        5xx, 429, resets and timeouts within read_timeout, a 404/403 is a DataError naming
+        the URL, credentials and query strings never appear in messages), or WebDataset
         tar shards: a brace pattern "d/train-{000000..000099}.tar" or a list of paths
         (samples = key.jpg/.png/.webp/... + key.cls with the label).
     transform: "train" = RandomResizedCrop(size, scale, ratio) + horizontal flip;
@@ -214,7 +217,8 @@ class ImageLoader:
                                            "a path, a shard pattern or a list of shard paths"))
             if isinstance(source, bytes):
                 source = os.fsdecode(source)
-            if "{" not in source and not os.path.exists(source):
+            remote = source.startswith(("http://", "https://"))
+            if "{" not in source and not remote and not os.path.exists(source):
                 raise FileNotFoundError(f"source: {source}: no such file or directory")
         _check_type("batch_size", batch_size, int, "an int")
         _check_type("shuffle", shuffle, bool, "a bool")

@@ -56,6 +56,15 @@ void DiagnoseBottleneck(Stats* s) {
         "%.1f ms each, %d reads in flight (readers busy %.0f%%)",
         100 * s->consumer_wait_fraction, 100 * (1 - dec_util), s->read_ms, s->io_depth,
         100 * rd_util);
+    if (s->remote.remote) {
+      absl::StrAppendFormat(&s->bottleneck_reason,
+                            "; remote: %lld requests (%lld retried), %.1f ms each, %lld in "
+                            "flight, %.1f MB fetched",
+                            static_cast<long long>(s->remote.requests),
+                            static_cast<long long>(s->remote.retries), s->remote.request_ms,
+                            static_cast<long long>(s->remote.in_flight),
+                            double(s->remote.bytes) / 1e6);
+    }
   } else {
     s->bottleneck = "decode";
     s->bottleneck_reason = absl::StrFormat(

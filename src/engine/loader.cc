@@ -112,6 +112,7 @@ Stats LoaderShared::Snapshot() {
   s.prefetch = prefetch.load();
   s.io_depth = io_depth.load();
   s.chunk = chunk.load();
+  if (dataset != nullptr) s.remote = dataset->remote_stats();
   auto stage = [](const char* name, const StageCounters& c, int threads) {
     StageStats st;
     st.name = name;

@@ -2,6 +2,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/file_io.h"
+#include "io/http.h"
+#include "io/list_file.h"
 #include "io/tar_dataset.h"
 
 namespace feedline {
@@ -24,7 +26,24 @@ std::string FileDataset::Describe(int64_t index) const {
 }
 
 absl::StatusOr<std::shared_ptr<FileDataset>> FileDataset::Open(
-    const std::string& source, const std::vector<std::string>& shards) {
+    const std::string& source, const std::vector<std::string>& shards, double read_timeout_ms) {
+  HttpOptions http;
+  http.timeout_s = read_timeout_ms > 0 ? read_timeout_ms / 1000 : 60;
+  if (shards.empty() && IsHttpUrl(source)) {  // a remote list file
+    if (LooksLikeShards(source)) {
+      return absl::UnimplementedError(
+          absl::StrCat(RedactUrl(source),
+                       ": WebDataset shards over HTTP are not supported yet "
+                       "(a list file of URLs is)"));
+    }
+    std::vector<uint8_t> text;
+    if (absl::Status s = HttpFetch(source, 0, 0, http, &text); !s.ok()) return s;
+    absl::StatusOr<FileList> files = ParseListFile(
+        absl::string_view(reinterpret_cast<const char*>(text.data()), text.size()), source);
+    if (!files.ok()) return files.status();
+    return std::shared_ptr<FileDataset>(
+        std::make_shared<RemoteFileDataset>(*std::move(files), http));
+  }
   if (!shards.empty() || LooksLikeShards(source)) {
     std::vector<std::string> paths = shards;
     if (paths.empty()) {
@@ -39,6 +58,12 @@ absl::StatusOr<std::shared_ptr<FileDataset>> FileDataset::Open(
   }
   absl::StatusOr<FileList> files = ScanFileList(source);
   if (!files.ok()) return files.status();
+  for (const Sample& s : files->samples) {
+    if (IsHttpUrl(s.path)) {
+      return std::shared_ptr<FileDataset>(
+          std::make_shared<RemoteFileDataset>(*std::move(files), http));
+    }
+  }
   return std::shared_ptr<FileDataset>(std::make_shared<LocalFileDataset>(*std::move(files)));
 }
 

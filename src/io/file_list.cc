@@ -162,7 +162,10 @@ absl::StatusOr<FileList> ParseListFile(absl::string_view text, const std::string
                        view.substr(0, 200), "\""));
     }
     std::string path(absl::StripTrailingAsciiWhitespace(view.substr(0, sep)));
-    if (path.front() != '/' && !base.empty()) path = JoinPath(base, path);
+    // Relative paths are the list file's; absolute ones and URLs ("scheme://") are kept.
+    if (path.front() != '/' && path.find("://") == std::string::npos && !base.empty()) {
+      path = JoinPath(base, path);
+    }
     ds.samples.push_back(Sample{std::move(path), label});
   }
   if (ds.samples.empty()) {

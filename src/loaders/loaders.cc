@@ -61,7 +61,7 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(LoaderOptions options) {
     return InvalidOption("source", "must not be empty");
   }
   absl::StatusOr<std::shared_ptr<FileDataset>> files =
-      FileDataset::Open(options.source(), options.shards());
+      FileDataset::Open(options.source(), options.shards(), options.read_timeout_ms());
   if (!files.ok()) return files.status();
   internal::EngineParts parts;
   cuda::ImageConversion conversion;

@@ -1,0 +1,73 @@
+// HTTP(S) reads with libcurl: whole objects or byte ranges, retried on what is transient.
+//
+// Each calling thread keeps its own easy handle (connections are reused from request to
+// request: keep-alive, TLS sessions), so the read stage's io_depth reader threads are io_depth
+// requests in flight on io_depth connections, and the autotuner's I/O depth is the request
+// concurrency.
+//
+// Retries: connection failures (refused, reset, DNS), timeouts, 5xx and 429 are retried with
+// exponential backoff and full jitter (100 ms doubling, at most 5 s per wait) while the
+// deadline allows; 403, 404 and other 4xx are not (a DataError naming the URL and the status).
+// The error of the last attempt is reported, with the attempt count. URLs in messages have
+// their user information and query string removed (credentials and signatures never appear).
+//
+// Thread safety: Fetch may be called from any number of threads at once.
+#ifndef FEEDLINE_SRC_IO_HTTP_H_
+#define FEEDLINE_SRC_IO_HTTP_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "feedline/dataset.h"
+
+namespace feedline {
+
+// http:// or https://.
+bool IsHttpUrl(const std::string& path);
+// The URL without user information and query ("https://host/a/b.jpg"), for messages.
+std::string RedactUrl(const std::string& url);
+
+struct HttpOptions {
+  double timeout_s = 60;          // the whole read, retries included (0: 60 s)
+  double connect_timeout_s = 10;  // one connection attempt
+  int max_attempts = 8;
+  int64_t max_bytes = int64_t{1} << 30;
+};
+
+// What the client did, for stats (the data set's counters).
+struct HttpCounters {
+  std::atomic<int64_t> requests{0}, retries{0}, bytes{0}, failures{0};
+  std::atomic<int64_t> latency_ns{0};  // summed over successful requests
+  std::atomic<int64_t> in_flight{0};
+};
+
+// GETs `url` into *out (replacing it); `length` > 0 asks for bytes [offset, offset + length).
+// Errors: kNotFound (404), kPermissionDenied (401, 403), kDataLoss (another 4xx, a short
+// range, a body above max_bytes), kUnavailable (the retries ran out: the last cause),
+// kDeadlineExceeded (the deadline passed).
+absl::Status HttpFetch(const std::string& url, int64_t offset, int64_t length,
+                       const HttpOptions& options, std::vector<uint8_t>* out,
+                       HttpCounters* counters = nullptr);
+
+// Local files and URLs in one list: each sample's path is read from disk or fetched.
+class RemoteFileDataset final : public FileDataset {
+ public:
+  RemoteFileDataset(FileList files, HttpOptions options)
+      : FileDataset(std::move(files)), options_(options), counters_(new HttpCounters) {}
+  absl::Status Read(int64_t index, Record* record) const override;
+  std::string Describe(int64_t index) const override;
+  const HttpCounters& counters() const { return *counters_; }
+  RemoteStats remote_stats() const override;
+
+ private:
+  HttpOptions options_;
+  std::unique_ptr<HttpCounters> counters_;
+};
+
+}  // namespace feedline
+
+#endif  // FEEDLINE_SRC_IO_HTTP_H_

@@ -1,0 +1,261 @@
+"""Remote storage over HTTP: real servers on loopback only. nginx (Debian's, installed by
+cmake/install-deps.sh) serves an image folder; a small proxy of this file's own sits in front
+of it to add latency, answer 503 and reset connections; a server that accepts and never
+answers, and a port nobody listens on, stand for a hung and a dead endpoint. Every sample must
+arrive once with the bytes of the local file, and every failure must be a clear error within
+read_timeout."""
+
+import http.client
+import http.server
+import os
+import random
+import shutil
+import socket
+import struct
+import subprocess
+import threading
+import time
+
+import pytest
+import torch
+
+import feedline
+
+NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+pytestmark = pytest.mark.skipif(NGINX is None, reason="nginx missing (cmake/install-deps.sh)")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(port, timeout=10):
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on port {port}")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, small_folder):
+    """nginx serving small_folder and list files of it; yields (base URL, local list file)."""
+    d = tmp_path_factory.mktemp("nginx")
+    root = d / "root"
+    shutil.copytree(small_folder, root / "data")
+    (root / "secret").mkdir()
+    (root / "secret" / "x.jpg").write_bytes(b"\xff\xd8")
+    entries = []
+    for label, cls in enumerate(sorted(os.listdir(root / "data"))):
+        for name in sorted(os.listdir(root / "data" / cls)):
+            entries.append((f"data/{cls}/{name}", label))
+    (root / "list.txt").write_text("".join(f"{p} {lab}\n" for p, lab in entries))
+    local = d / "local.txt"
+    local.write_text("".join(f"{root}/{p} {lab}\n" for p, lab in entries))
+    port = _free_port()
+    (d / "tmp").mkdir()
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    conf = d / "nginx.conf"
+    conf.write_text(f"""{user}daemon off;
+worker_processes 1;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 256; }}
+http {{
+  access_log off;
+  client_body_temp_path {d}/tmp;
+  proxy_temp_path {d}/tmp;
+  fastcgi_temp_path {d}/tmp;
+  uwsgi_temp_path {d}/tmp;
+  scgi_temp_path {d}/tmp;
+  server {{
+    listen 127.0.0.1:{port};
+    root {root};
+    location /secret/ {{ return 403; }}
+  }}
+}}
+""")
+    proc = subprocess.Popen([NGINX, "-c", str(conf), "-p", str(d)], stderr=subprocess.PIPE)
+    try:
+        _wait_for(port)
+        yield dict(base=f"http://127.0.0.1:{port}", port=port, local=str(local), root=root,
+                   entries=entries)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+class _FaultProxy(http.server.ThreadingHTTPServer):
+    """Forwards GETs to `upstream`, after `latency` s; a share `fail` of requests (by a seeded
+    RNG) gets a 503 or a connection reset instead."""
+    daemon_threads = True
+
+    def __init__(self, upstream_port, latency=0.0, fail=0.0, seed=0):
+        self.upstream_port, self.latency, self.fail = upstream_port, latency, fail
+        self.rng, self.lock = random.Random(seed), threading.Lock()
+        self.requests, self.injected = 0, 0
+        super().__init__(("127.0.0.1", 0), _ProxyHandler)
+
+
+class _ProxyHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        srv = self.server
+        with srv.lock:
+            srv.requests += 1
+            fault = srv.rng.random() < srv.fail
+            reset = srv.rng.random() < 0.5
+            srv.injected += fault
+        if srv.latency:
+            time.sleep(srv.latency)
+        if fault and reset:  # an abrupt close: the client sees a reset
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                       struct.pack("ii", 1, 0))
+            self.connection.close()
+            self.close_connection = True
+            return
+        if fault:
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        up = http.client.HTTPConnection("127.0.0.1", srv.upstream_port, timeout=10)
+        headers = {k: v for k, v in self.headers.items() if k.lower() in ("range",)}
+        up.request("GET", self.path, headers=headers)
+        r = up.getresponse()
+        body = r.read()
+        up.close()
+        self.send_response(r.status)
+        for k, v in r.getheaders():
+            if k.lower() in ("content-type", "content-range", "accept-ranges"):
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def proxy(served):
+    started = []
+
+    def start(**kw):
+        p = _FaultProxy(served["port"], **kw)
+        threading.Thread(target=p.serve_forever, daemon=True).start()
+        started.append(p)
+        return p, f"http://127.0.0.1:{p.server_address[1]}"
+
+    yield start
+    for p in started:
+        p.shutdown()
+        p.server_close()
+
+
+def _epoch(loader):
+    images, labels, index = [], [], []
+    for x, y, i in loader:
+        images.append(x)
+        labels.append(y)
+        index.append(i)
+    return torch.cat(images), torch.cat(labels), torch.cat(index)
+
+
+KW = dict(batch_size=5, transform="eval", size=64, resize_size=72, shuffle=False,
+          return_index=True)
+
+
+def test_list_file_by_url_gives_the_local_bytes(served):
+    local = _epoch(feedline.ImageLoader(served["local"], **KW))
+    remote = feedline.ImageLoader(served["base"] + "/list.txt", workers=2, **KW)
+    got = _epoch(remote)
+    for a, b in zip(local, got):
+        assert torch.equal(a, b)
+    assert len(got[2]) == len(served["entries"])
+    # The same through a local list file of absolute URLs.
+    urls = served["root"].parent / "urls.txt"
+    urls.write_text("".join(f"{served['base']}/{p} {lab}\n" for p, lab in served["entries"]))
+    for a, b in zip(local, _epoch(feedline.ImageLoader(str(urls), **KW))):
+        assert torch.equal(a, b)
+
+
+def test_faults_and_latency_lose_nothing(served, proxy):
+    """20 ms added per request, and 1 request in 5 answered 503 or reset: every sample arrives
+    once, with the local pixels."""
+    local = _epoch(feedline.ImageLoader(served["local"], **KW))
+    p, base = proxy(latency=0.02, fail=0.2, seed=5)
+    loader = feedline.ImageLoader(base + "/list.txt", **KW)
+    got = _epoch(loader)
+    assert sorted(got[2].tolist()) == list(range(len(served["entries"])))
+    for a, b in zip(local, got):
+        assert torch.equal(a, b)
+    assert p.injected > 3  # the faults did happen (and were retried)
+    remote = loader.stats()["remote"]
+    # libcurl itself retries a request once when a reused connection turns out dead, so some
+    # resets never reach the loader's retry count.
+    assert remote["retries"] >= 1 and remote["failures"] == 0 and remote["in_flight"] == 0
+    assert len(served["entries"]) <= remote["requests"] < p.requests
+    assert remote["request_ms"] >= 20
+
+
+def test_missing_and_forbidden_urls_are_data_errors(served, tmp_path):
+    lst = tmp_path / "l.txt"
+    good = f"{served['base']}/{served['entries'][0][0]}"
+    lst.write_text(f"{good} 0\n{served['base']}/data/nope.jpg 1\n"
+                   f"http://user:hunter2@127.0.0.1:{served['port']}/secret/x.jpg?sig=abc 0\n")
+    t = time.time()
+    with pytest.raises(feedline.DataError) as e:
+        list(feedline.ImageLoader(str(lst), batch_size=1, shuffle=False))
+    assert "data/nope.jpg" in str(e.value) and "404" in str(e.value)
+    assert time.time() - t < 5  # not retried
+    skip = feedline.ImageLoader(str(lst), batch_size=1, shuffle=False, on_error="skip",
+                                max_errors=10)
+    list(skip)
+    errors = [x["path"] + ": " + x["cause"] for x in skip.stats()["errors"]]
+    assert any("403" in m and "/secret/x.jpg" in m for m in errors), errors
+    assert not any("hunter2" in m or "sig=abc" in m for m in errors), errors
+
+
+def test_dead_endpoint_fails_in_seconds(tmp_path):
+    port = _free_port()  # nobody listens there
+    lst = tmp_path / "l.txt"
+    lst.write_text(f"http://127.0.0.1:{port}/a.jpg 0\n")
+    t = time.time()
+    with pytest.raises(feedline.DataError, match=f"127.0.0.1:{port}/a.jpg"):
+        list(feedline.ImageLoader(str(lst), batch_size=1))
+    assert time.time() - t < 15
+
+
+def test_hung_server_times_out_within_read_timeout(tmp_path):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held = []
+
+    def accept():  # accepts and never answers
+        while True:
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    port = listener.getsockname()[1]
+    lst = tmp_path / "l.txt"
+    lst.write_text(f"http://127.0.0.1:{port}/a.jpg 0\n")
+    t = time.time()
+    try:
+        with pytest.raises(feedline.DataError, match=f"127.0.0.1:{port}/a.jpg"):
+            list(feedline.ImageLoader(str(lst), batch_size=1, read_timeout=2.0))
+        assert time.time() - t < 10
+    finally:
+        listener.close()
+        for c in held:
+            c.close()
