@@ -9,7 +9,7 @@ PACKAGES=(
   libtbb-dev libturbojpeg0-dev libjpeg62-turbo-dev libabsl-dev
   libopencv-imgproc-dev libopencv-core-dev libspng-dev libwebp-dev libgif-dev libtiff-dev
   libsentencepiece-dev sentencepiece python3-sentencepiece nlohmann-json3-dev
-  libcurl4-openssl-dev nginx-light
+  libcurl4-openssl-dev nginx-light curl
   catch2 pybind11-dev
   python3 python3-dev python3-numpy python3-pytest python3-pil
   python3-torch python3-torchvision libtorch-dev
@@ -22,14 +22,22 @@ for p in "${PACKAGES[@]}"; do
     missing+=("$p")
   fi
 done
-
-if ((${#missing[@]} == 0)); then
-  exit 0
-fi
+# Node.js and npm for the S3-compatible test server (tests/s3): Debian's, unless a node is
+# already there (another vendor's nodejs would conflict with Debian's npm package).
+if ! command -v npm >/dev/null 2>&1; then missing+=(nodejs npm); fi
 
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-echo "feedline: installing ${missing[*]}" >&2
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if ((${#missing[@]} > 0)); then
+  echo "feedline: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# s3rver, pinned by tests/s3/package-lock.json, into tests/s3/node_modules.
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ ! -x "$here/tests/s3/node_modules/.bin/s3rver" ]]; then
+  echo "feedline: installing the S3 test server (npm ci in tests/s3)" >&2
+  (cd "$here/tests/s3" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+fi

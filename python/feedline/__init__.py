@@ -217,7 +217,7 @@ class ImageLoader:
                                            "a path, a shard pattern or a list of shard paths"))
             if isinstance(source, bytes):
                 source = os.fsdecode(source)
-            remote = source.startswith(("http://", "https://"))
+            remote = source.startswith(("http://", "https://", "s3://"))
             if "{" not in source and not remote and not os.path.exists(source):
                 raise FileNotFoundError(f"source: {source}: no such file or directory")
         _check_type("batch_size", batch_size, int, "an int")

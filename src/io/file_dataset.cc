@@ -29,6 +29,13 @@ absl::StatusOr<std::shared_ptr<FileDataset>> FileDataset::Open(
     const std::string& source, const std::vector<std::string>& shards, double read_timeout_ms) {
   HttpOptions http;
   http.timeout_s = read_timeout_ms > 0 ? read_timeout_ms / 1000 : 60;
+  if (shards.empty() && IsS3Url(source) && source.back() == '/') {  // an ImageFolder prefix
+    http.s3 = std::make_shared<const S3Config>(LoadS3Config());
+    absl::StatusOr<FileList> files = ScanS3ImageFolder(source, http);
+    if (!files.ok()) return files.status();
+    return std::shared_ptr<FileDataset>(
+        std::make_shared<RemoteFileDataset>(*std::move(files), http));
+  }
   if (shards.empty() && IsHttpUrl(source)) {  // a remote list file
     if (LooksLikeShards(source)) {
       return absl::UnimplementedError(
@@ -36,8 +43,15 @@ absl::StatusOr<std::shared_ptr<FileDataset>> FileDataset::Open(
                        ": WebDataset shards over HTTP are not supported yet "
                        "(a list file of URLs is)"));
     }
+    if (IsS3Url(source)) http.s3 = std::make_shared<const S3Config>(LoadS3Config());
     std::vector<uint8_t> text;
-    if (absl::Status s = HttpFetch(source, 0, 0, http, &text); !s.ok()) return s;
+    if (absl::Status s = HttpFetch(source, 0, 0, http, &text); !s.ok()) {
+      if (absl::IsNotFound(s) && IsS3Url(source)) {
+        return absl::NotFoundError(absl::StrCat(
+            s.message(), " (for an ImageFolder-like prefix, end the source with '/')"));
+      }
+      return s;
+    }
     absl::StatusOr<FileList> files = ParseListFile(
         absl::string_view(reinterpret_cast<const char*>(text.data()), text.size()), source);
     if (!files.ok()) return files.status();
@@ -58,6 +72,9 @@ absl::StatusOr<std::shared_ptr<FileDataset>> FileDataset::Open(
   }
   absl::StatusOr<FileList> files = ScanFileList(source);
   if (!files.ok()) return files.status();
+  for (const Sample& s : files->samples) {
+    if (IsS3Url(s.path)) http.s3 = std::make_shared<const S3Config>(LoadS3Config());
+  }
   for (const Sample& s : files->samples) {
     if (IsHttpUrl(s.path)) {
       return std::shared_ptr<FileDataset>(

@@ -29,16 +29,6 @@ std::string JoinPath(const std::string& a, const std::string& b) {
   return a + "/" + b;
 }
 
-bool HasImageExtension(const std::string& name) {
-  std::string lower = absl::AsciiStrToLower(name);
-  for (const std::string& ext : ImageExtensions()) {
-    if (lower.size() >= ext.size() &&
-        lower.compare(lower.size() - ext.size(), ext.size(), ext) == 0)
-      return true;
-  }
-  return false;
-}
-
 struct DirEntries {
   std::vector<std::string> dirs;
   std::vector<std::string> files;
@@ -134,6 +124,16 @@ absl::StatusOr<FileList> ScanListFile(const std::string& source) {
 }
 
 }  // namespace
+
+bool HasImageExtension(const std::string& name) {
+  std::string lower = absl::AsciiStrToLower(name);
+  for (const std::string& ext : ImageExtensions()) {
+    if (lower.size() >= ext.size() &&
+        lower.compare(lower.size() - ext.size(), ext.size(), ext) == 0)
+      return true;
+  }
+  return false;
+}
 
 absl::StatusOr<FileList> ParseListFile(absl::string_view text, const std::string& source_name) {
   std::string base;

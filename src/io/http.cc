@@ -3,14 +3,22 @@
 #include <curl/curl.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <map>
 #include <mutex>
 #include <random>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "core/file_io.h"
+#include "io/list_file.h"
 
 namespace feedline {
 namespace {
@@ -81,7 +89,118 @@ double Jitter(double max_s) {
 }  // namespace
 
 bool IsHttpUrl(const std::string& path) {
-  return absl::StartsWith(path, "http://") || absl::StartsWith(path, "https://");
+  return absl::StartsWith(path, "http://") || absl::StartsWith(path, "https://") || IsS3Url(path);
+}
+bool IsS3Url(const std::string& path) { return absl::StartsWith(path, "s3://"); }
+
+namespace {
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::string(v) : std::string();
+}
+
+// `key = value` lines of section `section` of an INI file (~/.aws/credentials, ~/.aws/config).
+std::map<std::string, std::string> IniSection(const std::string& path, const std::string& section) {
+  std::map<std::string, std::string> out;
+  std::ifstream in(path);
+  std::string line;
+  bool inside = false;
+  while (std::getline(in, line)) {
+    absl::string_view v = absl::StripAsciiWhitespace(line);
+    if (v.empty() || v.front() == '#' || v.front() == ';') continue;
+    if (v.front() == '[') {
+      std::string name(absl::StripAsciiWhitespace(v.substr(1, v.find(']') - 1)));
+      inside = name == section;
+      continue;
+    }
+    const size_t eq = v.find('=');
+    if (inside && eq != absl::string_view::npos) {
+      out[std::string(absl::StripAsciiWhitespace(v.substr(0, eq)))] =
+          std::string(absl::StripAsciiWhitespace(v.substr(eq + 1)));
+    }
+  }
+  return out;
+}
+
+std::string PercentEncode(absl::string_view s, bool keep_slash) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' ||
+        (keep_slash && c == '/')) {
+      out.push_back(char(c));
+    } else {
+      absl::StrAppendFormat(&out, "%%%02X", c);
+    }
+  }
+  return out;
+}
+
+std::string XmlUnescape(absl::string_view s) {
+  return absl::StrReplaceAll(
+      s, {{"&amp;", "&"}, {"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""}, {"&apos;", "'"}});
+}
+
+// The text of every <tag>...</tag> in `xml`, in order (S3's responses: flat, well-formed).
+std::vector<std::string> XmlAll(absl::string_view xml, absl::string_view tag) {
+  std::vector<std::string> out;
+  const std::string open = absl::StrCat("<", tag, ">"), close = absl::StrCat("</", tag, ">");
+  for (size_t at = xml.find(open); at != absl::string_view::npos; at = xml.find(open, at)) {
+    const size_t a = at + open.size(), b = xml.find(close, a);
+    if (b == absl::string_view::npos) break;
+    out.push_back(XmlUnescape(xml.substr(a, b - a)));
+    at = b + close.size();
+  }
+  return out;
+}
+
+}  // namespace
+
+S3Config LoadS3Config() {
+  S3Config c;
+  const std::string home = Env("HOME");
+  std::string profile = Env("AWS_PROFILE");
+  if (profile.empty()) profile = "default";
+  std::string config_file = Env("AWS_CONFIG_FILE");
+  if (config_file.empty() && !home.empty()) config_file = home + "/.aws/config";
+  std::string creds_file = Env("AWS_SHARED_CREDENTIALS_FILE");
+  if (creds_file.empty() && !home.empty()) creds_file = home + "/.aws/credentials";
+  auto config = IniSection(config_file, profile == "default" ? "default" : "profile " + profile);
+  c.region = Env("AWS_REGION");
+  if (c.region.empty()) c.region = Env("AWS_DEFAULT_REGION");
+  if (c.region.empty()) c.region = config["region"];
+  if (c.region.empty()) c.region = "us-east-1";
+  c.endpoint = Env("AWS_ENDPOINT_URL_S3");
+  if (c.endpoint.empty()) c.endpoint = Env("AWS_ENDPOINT_URL");
+  if (c.endpoint.empty()) c.endpoint = config["endpoint_url"];
+  if (c.endpoint.empty()) c.endpoint = absl::StrCat("https://s3.", c.region, ".amazonaws.com");
+  while (!c.endpoint.empty() && c.endpoint.back() == '/') c.endpoint.pop_back();
+  c.access_key = Env("AWS_ACCESS_KEY_ID");
+  c.secret_key = Env("AWS_SECRET_ACCESS_KEY");
+  c.session_token = Env("AWS_SESSION_TOKEN");
+  if (c.access_key.empty()) {
+    auto creds = IniSection(creds_file, profile);
+    c.access_key = creds["aws_access_key_id"];
+    c.secret_key = creds["aws_secret_access_key"];
+    c.session_token = creds["aws_session_token"];
+  }
+  return c;
+}
+
+bool S3ToHttp(const S3Config& config, const std::string& s3_url, std::string* http_url) {
+  if (!IsS3Url(s3_url)) return false;
+  absl::string_view rest = absl::string_view(s3_url).substr(5);
+  absl::string_view query;  // a request's own query (ListObjectsV2's), kept as it is
+  if (const size_t q = rest.find('?'); q != absl::string_view::npos) {
+    query = rest.substr(q);
+    rest = rest.substr(0, q);
+  }
+  const size_t slash = rest.find('/');
+  const absl::string_view bucket = rest.substr(0, slash);
+  if (bucket.empty()) return false;
+  const absl::string_view key = slash == absl::string_view::npos ? "" : rest.substr(slash + 1);
+  *http_url = absl::StrCat(config.endpoint, "/", bucket, "/", PercentEncode(key, true), query);
+  return true;
 }
 
 std::string RedactUrl(const std::string& url) {
@@ -100,6 +219,27 @@ absl::Status HttpFetch(const std::string& url, int64_t offset, int64_t length, c
   thread_local Handle handle;
   CURL* curl = handle.curl;
   const std::string shown = RedactUrl(url);
+  std::shared_ptr<const S3Config> s3;
+  std::string target = url;
+  if (IsS3Url(url)) {
+    s3 = o.s3 != nullptr ? o.s3 : std::make_shared<const S3Config>(LoadS3Config());
+    if (!S3ToHttp(*s3, url, &target)) {
+      return absl::InvalidArgumentError(absl::StrCat(shown, ": not an s3://bucket/key URL"));
+    }
+  }
+  curl_slist* headers = nullptr;
+  if (s3 != nullptr) {
+    // S3 wants the payload's hash; GETs have none to sign.
+    headers = curl_slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+    if (!s3->session_token.empty()) {
+      headers = curl_slist_append(
+          headers, absl::StrCat("x-amz-security-token: ", s3->session_token).c_str());
+    }
+  }
+  struct FreeHeaders {
+    curl_slist* h;
+    ~FreeHeaders() { curl_slist_free_all(h); }
+  } free_headers{headers};
   if (curl == nullptr) return absl::InternalError(absl::StrCat(shown, ": curl_easy_init failed"));
   const double timeout_s = o.timeout_s > 0 ? o.timeout_s : 60.0;
   const Clock::time_point deadline =
@@ -117,7 +257,17 @@ absl::Status HttpFetch(const std::string& url, int64_t offset, int64_t length, c
     Sink sink{out, o.max_bytes};
     char error[CURL_ERROR_SIZE] = {0};
     curl_easy_reset(curl);
-    curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+    curl_easy_setopt(curl, CURLOPT_URL, target.c_str());
+    std::string sigv4;
+    if (s3 != nullptr) {
+      curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
+      if (!s3->access_key.empty()) {
+        sigv4 = absl::StrCat("aws:amz:", s3->region, ":s3");
+        curl_easy_setopt(curl, CURLOPT_AWS_SIGV4, sigv4.c_str());
+        curl_easy_setopt(curl, CURLOPT_USERNAME, s3->access_key.c_str());
+        curl_easy_setopt(curl, CURLOPT_PASSWORD, s3->secret_key.c_str());
+      }
+    }
     curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 1L);
     curl_easy_setopt(curl, CURLOPT_MAXREDIRS, 5L);
@@ -174,8 +324,11 @@ absl::Status HttpFetch(const std::string& url, int64_t offset, int64_t length, c
     } else if (status == 404 || status == 410) {
       return absl::NotFoundError(absl::StrCat(shown, ": HTTP ", status, " (not found)"));
     } else if (status == 401 || status == 403) {
-      return absl::PermissionDeniedError(
-          absl::StrCat(shown, ": HTTP ", status, " (access denied)"));
+      // S3 says why in its error document (InvalidAccessKeyId, SignatureDoesNotMatch, ...).
+      const std::vector<std::string> code = XmlAll(
+          absl::string_view(reinterpret_cast<const char*>(out->data()), out->size()), "Code");
+      return absl::PermissionDeniedError(absl::StrCat(shown, ": HTTP ", status, " (access denied",
+                                                      code.empty() ? "" : ": " + code[0], ")"));
     } else if (status == 408 || status == 429 || status >= 500) {
       last = absl::UnavailableError(absl::StrCat(shown, ": HTTP ", status));
       retry = true;
@@ -194,6 +347,78 @@ absl::Status HttpFetch(const std::string& url, int64_t offset, int64_t length, c
     std::this_thread::sleep_for(std::chrono::microseconds(int64_t(wait_s * 1e6)));
     backoff_s = std::min(backoff_s * 2, 5.0);
   }
+}
+
+absl::StatusOr<S3Listing> S3List(const std::string& bucket, const std::string& prefix,
+                                 bool delimiter, const HttpOptions& o) {
+  HttpOptions options = o;
+  if (options.s3 == nullptr) options.s3 = std::make_shared<const S3Config>(LoadS3Config());
+  S3Listing out;
+  std::string token;
+  std::vector<uint8_t> page;
+  for (;;) {
+    // Via s3://bucket/?... so that the request is signed; the query carries the listing.
+    std::string url =
+        absl::StrCat("s3://", bucket, "/?list-type=2&prefix=", PercentEncode(prefix, false));
+    if (delimiter) url += "&delimiter=%2F";
+    if (!token.empty()) url += "&continuation-token=" + PercentEncode(token, false);
+    if (absl::Status s = HttpFetch(url, 0, 0, options, &page); !s.ok()) {
+      return s;
+    }
+    const absl::string_view xml(reinterpret_cast<const char*>(page.data()), page.size());
+    for (std::string& k : XmlAll(xml, "Key")) out.keys.push_back(std::move(k));
+    if (delimiter) {
+      for (const std::string& block : XmlAll(xml, "CommonPrefixes")) {
+        for (std::string& p : XmlAll(block, "Prefix")) out.prefixes.push_back(std::move(p));
+      }
+    }
+    const std::vector<std::string> truncated = XmlAll(xml, "IsTruncated");
+    const std::vector<std::string> next = XmlAll(xml, "NextContinuationToken");
+    if (truncated.empty() || truncated[0] != "true" || next.empty()) break;
+    token = next[0];
+  }
+  return out;
+}
+
+absl::StatusOr<FileList> ScanS3ImageFolder(const std::string& url, const HttpOptions& options) {
+  const absl::string_view rest = absl::string_view(url).substr(5);
+  const size_t slash = rest.find('/');
+  const std::string bucket(rest.substr(0, slash));
+  std::string prefix(slash == absl::string_view::npos ? "" : rest.substr(slash + 1));
+  if (!prefix.empty() && prefix.back() != '/') prefix += '/';
+  absl::StatusOr<S3Listing> top = S3List(bucket, prefix, /*delimiter=*/true, options);
+  if (!top.ok()) return top.status();
+  FileList ds;
+  ds.kind = FileList::Kind::kImageFolder;
+  ds.source = url;
+  std::vector<std::string> classes = top->prefixes;
+  std::sort(classes.begin(), classes.end());
+  if (classes.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        url, ": no class prefixes found (an ImageFolder has one sub-folder per class)"));
+  }
+  for (size_t c = 0; c < classes.size(); ++c) {
+    absl::StatusOr<S3Listing> keys = S3List(bucket, classes[c], /*delimiter=*/false, options);
+    if (!keys.ok()) return keys.status();
+    // torchvision walks sorted folders, and each folder's files sorted: by (folder, name).
+    std::vector<std::pair<std::string, std::string>> files;
+    for (const std::string& k : keys->keys) {
+      if (k.empty() || k.back() == '/' || !HasImageExtension(k)) continue;
+      const size_t cut = k.rfind('/');
+      files.emplace_back(k.substr(0, cut), k.substr(cut + 1));
+    }
+    std::sort(files.begin(), files.end());
+    std::string name = classes[c].substr(prefix.size());
+    if (!name.empty() && name.back() == '/') name.pop_back();
+    if (files.empty()) {
+      return absl::NotFoundError(absl::StrCat(url, ": class '", name, "' has no image files"));
+    }
+    ds.classes.push_back(name);
+    for (const auto& [dir, file] : files) {
+      ds.samples.push_back(Sample{absl::StrCat("s3://", bucket, "/", dir, "/", file), int64_t(c)});
+    }
+  }
+  return ds;
 }
 
 absl::Status RemoteFileDataset::Read(int64_t index, Record* record) const {

@@ -26,14 +26,39 @@
 
 namespace feedline {
 
-// http:// or https://.
+// http://, https:// or s3://.
 bool IsHttpUrl(const std::string& path);
+bool IsS3Url(const std::string& path);
+
+// Where s3:// URLs go and how requests are signed, from the standard environment variables
+// and files: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL (an S3-compatible store; default
+// https://s3.<region>.amazonaws.com, path-style), AWS_REGION / AWS_DEFAULT_REGION / the
+// profile's region in AWS_CONFIG_FILE (~/.aws/config; default us-east-1), AWS_ACCESS_KEY_ID +
+// AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN) or the profile (AWS_PROFILE, default "default")
+// in AWS_SHARED_CREDENTIALS_FILE (~/.aws/credentials). No credentials: unsigned requests.
+// Requests are signed with libcurl's AWS SigV4.
+struct S3Config {
+  std::string endpoint;  // "http://127.0.0.1:4568", no trailing slash
+  std::string region;
+  std::string access_key, secret_key, session_token;
+};
+S3Config LoadS3Config();
+
+// An s3://bucket/key URL as its endpoint URL (key percent-encoded). False if it is not one.
+bool S3ToHttp(const S3Config& config, const std::string& s3_url, std::string* http_url);
+
+// Lists the keys under s3://bucket/prefix (ListObjectsV2, every page): with a delimiter "/",
+// the keys directly under it and the common prefixes one level down; without, every key below.
+struct S3Listing {
+  std::vector<std::string> keys, prefixes;  // full keys / prefixes (with the prefix given)
+};
 // The URL without user information and query ("https://host/a/b.jpg"), for messages.
 std::string RedactUrl(const std::string& url);
 
 struct HttpOptions {
-  double timeout_s = 60;          // the whole read, retries included (0: 60 s)
-  double connect_timeout_s = 10;  // one connection attempt
+  std::shared_ptr<const S3Config> s3;  // for s3:// URLs
+  double timeout_s = 60;               // the whole read, retries included (0: 60 s)
+  double connect_timeout_s = 10;       // one connection attempt
   int max_attempts = 8;
   int64_t max_bytes = int64_t{1} << 30;
 };
@@ -52,6 +77,14 @@ struct HttpCounters {
 absl::Status HttpFetch(const std::string& url, int64_t offset, int64_t length,
                        const HttpOptions& options, std::vector<uint8_t>* out,
                        HttpCounters* counters = nullptr);
+
+absl::StatusOr<S3Listing> S3List(const std::string& bucket, const std::string& prefix,
+                                 bool delimiter, const HttpOptions& options);
+
+// An ImageFolder under s3://bucket/prefix/: classes are the common prefixes one level down
+// (sorted), samples the keys below each with an image extension, in torchvision's order (by
+// folder, then by name). Errors: kNotFound (no class prefix, or a class without images).
+absl::StatusOr<FileList> ScanS3ImageFolder(const std::string& url, const HttpOptions& options);
 
 // Local files and URLs in one list: each sample's path is read from disk or fetched.
 class RemoteFileDataset final : public FileDataset {
