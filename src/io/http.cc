@@ -278,6 +278,7 @@ absl::Status HttpFetch(const std::string& url, int64_t offset, int64_t length, c
                      long(std::min(o.connect_timeout_s, left_s) * 1000) + 1);
     curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, long(left_s * 1000) + 1);
     curl_easy_setopt(curl, CURLOPT_USERAGENT, "feedline/" FEEDLINE_VERSION);
+    curl_easy_setopt(curl, CURLOPT_BUFFERSIZE, 256L * 1024);  // fewer, larger writes
     std::string range;
     if (length > 0) {
       range = absl::StrCat(offset, "-", offset + length - 1);
