@@ -1,0 +1,231 @@
+// The HTTP client (src/io/http.h) against a small HTTP/1.1 server in this process (real
+// sockets on loopback, keep-alive), and a loader reading URLs with several reader threads:
+// the part of remote storage that runs under ThreadSanitizer and AddressSanitizer. (The
+// Python tests run nginx, s3rver and a fault proxy.)
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "feedline/loader.h"
+#include "io/http.h"
+#include "test_util.h"
+
+namespace feedline {
+namespace {
+
+// The body of /ok/<n>: n bytes of a pattern of n.
+std::string Body(int n) {
+  std::string b;
+  for (int i = 0; i < n; ++i) b.push_back(char('a' + (i * 7 + n) % 26));
+  return b;
+}
+
+// Serves /ok/<n> (200), /flaky/<n> (503 the first time each, then 200), /reset/<n> (the
+// connection closed without an answer the first time, then 200), /forbidden (403), anything
+// else 404. Honours Range: bytes=a-b on /ok.
+class TestServer {
+ public:
+  TestServer() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+    socklen_t len = sizeof(a);
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    REQUIRE(::listen(fd_, 64) == 0);
+    accept_ = std::thread([this] { AcceptLoop(); });
+  }
+  ~TestServer() {
+    stop_ = true;
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    accept_.join();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int c : conns_) ::shutdown(c, SHUT_RDWR);
+    for (std::thread& t : workers_) t.join();
+  }
+  std::string url(const std::string& path) const {
+    return absl::StrCat("http://127.0.0.1:", port_, path);
+  }
+  int requests() const { return requests_.load(); }
+
+ private:
+  void AcceptLoop() {
+    while (!stop_) {
+      const int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      std::lock_guard<std::mutex> lock(mu_);
+      conns_.push_back(c);
+      workers_.emplace_back([this, c] { Serve(c); });
+    }
+  }
+  void Serve(int c) {
+    std::string buf;
+    char chunk[4096];
+    for (;;) {
+      size_t end;
+      while ((end = buf.find("\r\n\r\n")) == std::string::npos) {
+        const ssize_t n = ::recv(c, chunk, sizeof(chunk), 0);
+        if (n <= 0) {
+          ::close(c);
+          return;
+        }
+        buf.append(chunk, size_t(n));
+      }
+      const std::string head = buf.substr(0, end);
+      buf.erase(0, end + 4);
+      requests_.fetch_add(1);
+      const size_t sp = head.find(' '), sp2 = head.find(' ', sp + 1);
+      const std::string path = head.substr(sp + 1, sp2 - sp - 1);
+      int64_t from = -1, to = -1;
+      if (size_t r = head.find("Range: bytes="); r != std::string::npos) {
+        std::sscanf(head.c_str() + r + 13, "%ld-%ld", &from, &to);
+      }
+      int first_time;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        first_time = seen_[path]++ == 0;
+      }
+      auto reply = [&](int status, const std::string& body) {
+        const std::string msg = absl::StrCat(
+            "HTTP/1.1 ", status, " X\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+        ::send(c, msg.data(), msg.size(), MSG_NOSIGNAL);
+      };
+      const auto slash = path.rfind('/');
+      const int n = slash != std::string::npos ? std::atoi(path.c_str() + slash + 1) : 0;
+      if (path.rfind("/ok/", 0) == 0 ||
+          (!first_time && (path.rfind("/flaky/", 0) == 0 || path.rfind("/reset/", 0) == 0))) {
+        std::string body = Body(n);
+        if (from >= 0) {
+          body = body.substr(size_t(from), size_t(to - from + 1));
+          const std::string msg =
+              absl::StrCat("HTTP/1.1 206 Partial\r\nContent-Range: bytes ", from, "-", to, "/", n,
+                           "\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+          ::send(c, msg.data(), msg.size(), MSG_NOSIGNAL);
+        } else {
+          reply(200, body);
+        }
+      } else if (path.rfind("/flaky/", 0) == 0) {
+        reply(503, "");
+      } else if (path.rfind("/reset/", 0) == 0) {
+        ::close(c);
+        return;
+      } else if (path == "/forbidden") {
+        reply(403, "");
+      } else {
+        reply(404, "");
+      }
+    }
+  }
+
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> requests_{0};
+  std::thread accept_;
+  std::mutex mu_;
+  std::vector<int> conns_;
+  std::vector<std::thread> workers_;
+  std::map<std::string, int> seen_;
+};
+
+HttpOptions Fast() {
+  HttpOptions o;
+  o.timeout_s = 10;
+  return o;
+}
+
+TEST_CASE("http: bodies, ranges, retries and the errors that are not retried", "[io]") {
+  TestServer server;
+  HttpCounters counters;
+  std::vector<uint8_t> out;
+  REQUIRE(HttpFetch(server.url("/ok/1000"), 0, 0, Fast(), &out, &counters).ok());
+  CHECK(std::string(out.begin(), out.end()) == Body(1000));
+  REQUIRE(HttpFetch(server.url("/ok/1000"), 100, 50, Fast(), &out, &counters).ok());
+  CHECK(std::string(out.begin(), out.end()) == Body(1000).substr(100, 50));
+  REQUIRE(HttpFetch(server.url("/flaky/300"), 0, 0, Fast(), &out, &counters).ok());
+  CHECK(std::string(out.begin(), out.end()) == Body(300));
+  REQUIRE(HttpFetch(server.url("/reset/200"), 0, 0, Fast(), &out, &counters).ok());
+  CHECK(counters.retries.load() >= 1);
+  const absl::Status missing = HttpFetch(server.url("/missing"), 0, 0, Fast(), &out, &counters);
+  CHECK(absl::IsNotFound(missing));
+  CHECK_THAT(std::string(missing.message()), Catch::Contains("/missing: HTTP 404"));
+  CHECK(absl::IsPermissionDenied(HttpFetch(server.url("/forbidden"), 0, 0, Fast(), &out)));
+  CHECK(counters.failures.load() == 0);
+  CHECK(counters.in_flight.load() == 0);
+  // Credentials and query strings never reach a message.
+  const std::string secret = absl::StrCat("http://me:hunter2@127.0.0.1:", 1, "/x?sig=s3cr3t");
+  CHECK(RedactUrl(secret) == "http://127.0.0.1:1/x");
+  HttpOptions quick = Fast();
+  quick.timeout_s = 3;
+  const absl::Status dead = HttpFetch(secret, 0, 0, quick, &out);
+  CHECK(!dead.ok());
+  CHECK(std::string(dead.message()).find("hunter2") == std::string::npos);
+  CHECK(std::string(dead.message()).find("s3cr3t") == std::string::npos);
+}
+
+// Writes each record's bytes (up to 4 KiB) as the sample.
+class BytesTransform final : public SampleTransform {
+ public:
+  const Schema& schema() const override { return schema_; }
+  absl::Status Apply(const Record& r, const SampleContext&, WorkerState*,
+                     SampleWriter& out) const override {
+    return out.Write(0, {int64_t(r.bytes.size())}, r.bytes.data());
+  }
+
+ private:
+  Schema schema_{Field("bytes", DType::kUint8, {Dim::UpTo(4096)}).collate(Collate::kRagged)};
+};
+
+TEST_CASE("http: a loader reads every URL once with many requests in flight", "[io]") {
+  TestServer server;
+  testing::TempDir dir;
+  std::string list;
+  const int n = 120;
+  for (int i = 0; i < n; ++i) {
+    // Every third sample fails once (503 or a reset) before it is served.
+    const char* kind = i % 3 == 0 ? "flaky" : i % 3 == 1 ? "reset" : "ok";
+    list +=
+        absl::StrCat(server.url(absl::StrCat("/", kind, "/", i, "/", 100 + i)), " ", i % 4, "\n");
+  }
+  testing::WriteFile(dir.path() + "/urls.txt", list);
+  auto files = FileDataset::Open(dir.path() + "/urls.txt");
+  REQUIRE(files.ok());
+  CHECK((*files)->Describe(0).find("http://127.0.0.1:") == 0);
+  auto loader = Loader::Create(*files, std::make_shared<BytesTransform>(),
+                               LoaderOptions().batch_size(8).io_depth(6).workers(2).seed(4));
+  REQUIRE(loader.ok());
+  std::vector<int> seen(size_t(n), 0);
+  for (auto& b : **loader) {
+    REQUIRE(b.ok());
+    const TensorView v = b->field("bytes");
+    for (int64_t k = 0; k < b->size(); ++k) {
+      const int64_t i = b->indices()[k];
+      const std::string got(static_cast<const char*>(v.data) + v.offsets[k],
+                            static_cast<const char*>(v.data) + v.offsets[k + 1]);
+      REQUIRE(got == Body(100 + int(i)));
+      ++seen[size_t(i)];
+    }
+  }
+  for (int s : seen) REQUIRE(s == 1);
+  const RemoteStats r = (*loader)->stats().remote;
+  CHECK(r.remote);
+  CHECK(r.failures == 0);
+  CHECK(r.retries >= 1);
+  CHECK(r.in_flight == 0);
+}
+
+}  // namespace
+}  // namespace feedline
