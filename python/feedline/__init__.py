@@ -64,6 +64,11 @@ def _parse_count(name, value):
     return value
 
 
+def _is_url(path):
+    """Remote sources (src/io/http.h) are not checked on the local file system."""
+    return path.startswith(("http://", "https://", "s3://"))
+
+
 def _check_type(name, value, types, what):
     if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
         raise TypeError(f"{name}: expected {what}, got bool")
@@ -157,9 +162,12 @@ class ImageLoader:
         file of "path label" lines (paths relative to the list file's folder; paths may be
         http:// or https:// URLs, and the list file itself a URL: fetched with retries on
         5xx, 429, resets and timeouts within read_timeout, a 404/403 is a DataError naming
-        the URL, credentials and query strings never appear in messages), or WebDataset
+        the URL, credentials and query strings never appear in messages; "s3://bucket/p/" is an
+        ImageFolder under that prefix), or WebDataset
         tar shards: a brace pattern "d/train-{000000..000099}.tar" or a list of paths
-        (samples = key.jpg/.png/.webp/... + key.cls with the label).
+        (samples = key.jpg/.png/.webp/... + key.cls with the label); shards may be URLs too:
+        each is downloaded once into the shard cache ($FEEDLINE_CACHE_DIR, else
+        ~/.cache/feedline/shards) and read from there.
     transform: "train" = RandomResizedCrop(size, scale, ratio) + horizontal flip;
         "eval" = Resize(resize_size) + CenterCrop(size), the same pixels as torchvision on
         PIL (full decode, Pillow's antialiased bilinear filter); "eval_fast" = the same
@@ -210,15 +218,14 @@ class ImageLoader:
                       for p in source]
             source = ""
             for p in shards:
-                if not os.path.exists(p):
+                if not _is_url(p) and not os.path.exists(p):
                     raise FileNotFoundError(f"source: {p}: no such file")
         else:
             source = os.fspath(_check_type("source", source, (str, bytes, os.PathLike),
                                            "a path, a shard pattern or a list of shard paths"))
             if isinstance(source, bytes):
                 source = os.fsdecode(source)
-            remote = source.startswith(("http://", "https://", "s3://"))
-            if "{" not in source and not remote and not os.path.exists(source):
+            if "{" not in source and not _is_url(source) and not os.path.exists(source):
                 raise FileNotFoundError(f"source: {source}: no such file or directory")
         _check_type("batch_size", batch_size, int, "an int")
         _check_type("shuffle", shuffle, bool, "a bool")
@@ -522,7 +529,7 @@ class TextLoader:
                  memory_budget="auto", on_error="raise", max_errors=None, return_index=False):
         source = os.fsdecode(os.fspath(_check_type("source", source, (str, bytes, os.PathLike),
                                                    "a path")))
-        if "{" not in source and not os.path.exists(source):
+        if "{" not in source and not _is_url(source) and not os.path.exists(source):
             raise FileNotFoundError(f"source: {source}: no such file")
         tokenizer = os.fsdecode(os.fspath(_check_type(
             "tokenizer", tokenizer, (str, bytes, os.PathLike), "a SentencePiece model path")))

@@ -1,6 +1,9 @@
 #include "io/file_dataset.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "core/file_io.h"
 #include "io/http.h"
 #include "io/list_file.h"
@@ -25,6 +28,40 @@ std::string FileDataset::Describe(int64_t index) const {
   return files_.samples[size_t(index)].path;
 }
 
+namespace {
+
+// Shards by path or URL: remote ones are read from their copies in the shard cache (named by
+// their URLs in samples and messages).
+absl::StatusOr<std::shared_ptr<TarDataset>> OpenShards(const std::vector<std::string>& paths,
+                                                       const std::string& source,
+                                                       TarDataset::Mode mode,
+                                                       double read_timeout_ms) {
+  const bool remote = std::any_of(paths.begin(), paths.end(), IsHttpUrl);
+  if (!remote) return TarDataset::Open(paths, source, mode);
+  HttpOptions http;
+  http.timeout_s = 3600;  // a whole shard; a stalled transfer fails after read_timeout
+  http.stall_s = read_timeout_ms > 0 ? read_timeout_ms / 1000 : 60;
+  http.max_bytes = int64_t{1} << 40;
+  for (const std::string& p : paths) {
+    if (IsS3Url(p)) http.s3 = std::make_shared<const S3Config>(LoadS3Config());
+  }
+  absl::StatusOr<std::vector<std::string>> local = CacheRemoteShards(paths, http);
+  if (!local.ok()) return local.status();
+  std::vector<std::string> shown;
+  for (const std::string& p : paths) shown.push_back(RedactUrl(p));
+  absl::StatusOr<std::shared_ptr<TarDataset>> tar = TarDataset::Open(*local, source, mode, &shown);
+  if (!tar.ok()) {  // name the URL, not the cache file
+    std::string message(tar.status().message());
+    for (size_t i = 0; i < paths.size(); ++i) {
+      message = absl::StrReplaceAll(message, {{(*local)[i], shown[i]}});
+    }
+    return absl::Status(tar.status().code(), message);
+  }
+  return tar;
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<FileDataset>> FileDataset::Open(
     const std::string& source, const std::vector<std::string>& shards, double read_timeout_ms) {
   HttpOptions http;
@@ -36,13 +73,7 @@ absl::StatusOr<std::shared_ptr<FileDataset>> FileDataset::Open(
     return std::shared_ptr<FileDataset>(
         std::make_shared<RemoteFileDataset>(*std::move(files), http));
   }
-  if (shards.empty() && IsHttpUrl(source)) {  // a remote list file
-    if (LooksLikeShards(source)) {
-      return absl::UnimplementedError(
-          absl::StrCat(RedactUrl(source),
-                       ": WebDataset shards over HTTP are not supported yet "
-                       "(a list file of URLs is)"));
-    }
+  if (shards.empty() && IsHttpUrl(source) && !LooksLikeShards(source)) {  // a remote list file
     if (IsS3Url(source)) http.s3 = std::make_shared<const S3Config>(LoadS3Config());
     std::vector<uint8_t> text;
     if (absl::Status s = HttpFetch(source, 0, 0, http, &text); !s.ok()) {
@@ -66,7 +97,7 @@ absl::StatusOr<std::shared_ptr<FileDataset>> FileDataset::Open(
       paths = *std::move(expanded);
     }
     absl::StatusOr<std::shared_ptr<TarDataset>> tar =
-        TarDataset::Open(paths, source, TarDataset::Mode::kImages);
+        OpenShards(paths, source, TarDataset::Mode::kImages, read_timeout_ms);
     if (!tar.ok()) return tar.status();
     return std::shared_ptr<FileDataset>(*std::move(tar));
   }
@@ -93,7 +124,7 @@ absl::StatusOr<std::shared_ptr<FileDataset>> OpenWebDataset(
     paths = *std::move(expanded);
   }
   absl::StatusOr<std::shared_ptr<TarDataset>> tar =
-      TarDataset::Open(paths, source, TarDataset::Mode::kMembers);
+      OpenShards(paths, source, TarDataset::Mode::kMembers, 60000);
   if (!tar.ok()) return tar.status();
   return std::shared_ptr<FileDataset>(*std::move(tar));
 }

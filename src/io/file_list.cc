@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -162,8 +163,10 @@ absl::StatusOr<FileList> ParseListFile(absl::string_view text, const std::string
                        view.substr(0, 200), "\""));
     }
     std::string path(absl::StripTrailingAsciiWhitespace(view.substr(0, sep)));
-    // Relative paths are the list file's; absolute ones and URLs ("scheme://") are kept.
-    if (path.front() != '/' && path.find("://") == std::string::npos && !base.empty()) {
+    // Relative paths are the list file's; absolute ones and URLs (http, https, s3) are kept.
+    const bool url = absl::StartsWith(path, "http://") || absl::StartsWith(path, "https://") ||
+                     absl::StartsWith(path, "s3://");
+    if (path.front() != '/' && !url && !base.empty()) {
       path = JoinPath(base, path);
     }
     ds.samples.push_back(Sample{std::move(path), label});

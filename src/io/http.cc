@@ -1,11 +1,15 @@
 #include "io/http.h"
 
 #include <curl/curl.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -18,6 +22,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "core/file_io.h"
+#include "core/fnv.h"
 #include "io/list_file.h"
 
 namespace feedline {
@@ -43,20 +48,37 @@ struct Handle {
   }
 };
 
+// Where a body goes: a buffer, or a file (downloads).
 struct Sink {
   std::vector<uint8_t>* out;
+  int fd = -1;
   int64_t max_bytes;
+  int64_t written = 0;
   bool too_big = false;
+  int write_errno = 0;
 };
 
 size_t Write(char* data, size_t size, size_t n, void* user) {
   auto* sink = static_cast<Sink*>(user);
   const size_t bytes = size * n;
-  if (int64_t(sink->out->size() + bytes) > sink->max_bytes) {
+  if (sink->written + int64_t(bytes) > sink->max_bytes) {
     sink->too_big = true;
     return 0;  // aborts the transfer
   }
-  sink->out->insert(sink->out->end(), data, data + bytes);
+  if (sink->fd >= 0) {
+    for (size_t done = 0; done < bytes;) {
+      const ssize_t w = ::write(sink->fd, data + done, bytes - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        sink->write_errno = w < 0 ? errno : EIO;
+        return 0;
+      }
+      done += size_t(w);
+    }
+  } else {
+    sink->out->insert(sink->out->end(), data, data + bytes);
+  }
+  sink->written += int64_t(bytes);
   return bytes;
 }
 
@@ -214,8 +236,11 @@ std::string RedactUrl(const std::string& url) {
   return u;
 }
 
-absl::Status HttpFetch(const std::string& url, int64_t offset, int64_t length, const HttpOptions& o,
-                       std::vector<uint8_t>* out, HttpCounters* counters) {
+namespace {
+
+// HttpFetch's body, into `out` or (fd >= 0) the file `fd` (rewritten at each attempt).
+absl::Status Fetch(const std::string& url, int64_t offset, int64_t length, const HttpOptions& o,
+                   std::vector<uint8_t>* out, int fd, HttpCounters* counters) {
   thread_local Handle handle;
   CURL* curl = handle.curl;
   const std::string shown = RedactUrl(url);
@@ -254,7 +279,10 @@ absl::Status HttpFetch(const std::string& url, int64_t offset, int64_t length, c
                        last.ok() ? "" : absl::StrCat("; the last: ", last.message()), ")"));
     }
     out->clear();
-    Sink sink{out, o.max_bytes};
+    Sink sink{out, fd, o.max_bytes};
+    if (fd >= 0 && (::ftruncate(fd, 0) != 0 || ::lseek(fd, 0, SEEK_SET) != 0)) {
+      return ErrnoStatus(errno, shown, "truncate the download");
+    }
     char error[CURL_ERROR_SIZE] = {0};
     curl_easy_reset(curl);
     curl_easy_setopt(curl, CURLOPT_URL, target.c_str());
@@ -277,6 +305,10 @@ absl::Status HttpFetch(const std::string& url, int64_t offset, int64_t length, c
     curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
                      long(std::min(o.connect_timeout_s, left_s) * 1000) + 1);
     curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, long(left_s * 1000) + 1);
+    if (o.stall_s > 0) {  // a transfer that stalls this long fails (and is retried)
+      curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
+      curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME, long(std::ceil(o.stall_s)));
+    }
     curl_easy_setopt(curl, CURLOPT_USERAGENT, "feedline/" FEEDLINE_VERSION);
     curl_easy_setopt(curl, CURLOPT_BUFFERSIZE, 256L * 1024);  // fewer, larger writes
     std::string range;
@@ -294,6 +326,7 @@ absl::Status HttpFetch(const std::string& url, int64_t offset, int64_t length, c
     long status = 0;
     curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
     bool retry = false;
+    if (sink.write_errno != 0) return ErrnoStatus(sink.write_errno, shown, "write the download");
     if (sink.too_big) {
       return absl::DataLossError(absl::StrCat(shown, ": larger than ", o.max_bytes, " bytes"));
     }
@@ -316,7 +349,7 @@ absl::Status HttpFetch(const std::string& url, int64_t offset, int64_t length, c
             absl::StrCat(shown, ": ", out->size(), " bytes for a range of ", length));
       }
       if (counters != nullptr) {
-        counters->bytes.fetch_add(int64_t(out->size()), std::memory_order_relaxed);
+        counters->bytes.fetch_add(sink.written, std::memory_order_relaxed);
         counters->latency_ns.fetch_add(
             std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count(),
             std::memory_order_relaxed);
@@ -348,6 +381,72 @@ absl::Status HttpFetch(const std::string& url, int64_t offset, int64_t length, c
     std::this_thread::sleep_for(std::chrono::microseconds(int64_t(wait_s * 1e6)));
     backoff_s = std::min(backoff_s * 2, 5.0);
   }
+}
+
+}  // namespace
+
+absl::Status HttpFetch(const std::string& url, int64_t offset, int64_t length, const HttpOptions& o,
+                       std::vector<uint8_t>* out, HttpCounters* counters) {
+  return Fetch(url, offset, length, o, out, -1, counters);
+}
+
+absl::Status HttpDownload(const std::string& url, const std::string& path, const HttpOptions& o,
+                          HttpCounters* counters) {
+  const std::string part = path + ".part";
+  const int fd = ::open(part.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus(errno, part, "create");
+  std::vector<uint8_t> unused;
+  absl::Status s = Fetch(url, 0, 0, o, &unused, fd, counters);
+  if (::close(fd) != 0 && s.ok()) s = ErrnoStatus(errno, part, "close");
+  if (s.ok() && ::rename(part.c_str(), path.c_str()) != 0) s = ErrnoStatus(errno, path, "rename");
+  if (!s.ok()) ::unlink(part.c_str());
+  return s;
+}
+
+std::string RemoteCacheDir() {
+  std::string dir = Env("FEEDLINE_CACHE_DIR");
+  if (dir.empty()) {
+    const std::string xdg = Env("XDG_CACHE_HOME"), home = Env("HOME");
+    dir = !xdg.empty()    ? xdg + "/feedline"
+          : !home.empty() ? home + "/.cache/feedline"
+                          : "/tmp/feedline-cache";
+  }
+  return dir + "/shards";
+}
+
+absl::StatusOr<std::vector<std::string>> CacheRemoteShards(const std::vector<std::string>& urls,
+                                                           const HttpOptions& o) {
+  const std::string dir = RemoteCacheDir();
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": ", ec.message()));
+  std::vector<std::string> local(urls.size());
+  std::vector<size_t> todo;
+  for (size_t i = 0; i < urls.size(); ++i) {
+    const std::string shown = RedactUrl(urls[i]);
+    Fnv1a h;
+    h.Mix(urls[i].data(), urls[i].size());
+    local[i] = absl::StrCat(dir, "/", absl::Hex(h.value, absl::kZeroPad16), "-",
+                            shown.substr(shown.rfind('/') + 1));
+    if (::access(local[i].c_str(), R_OK) != 0) todo.push_back(i);
+  }
+  // A few downloads at once: shards are large, the bandwidth is shared.
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  absl::Status first;
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < std::min<size_t>(4, todo.size()); ++t) {
+    threads.emplace_back([&] {
+      for (size_t k; (k = next.fetch_add(1)) < todo.size();) {
+        absl::Status s = HttpDownload(urls[todo[k]], local[todo[k]], o, nullptr);
+        std::lock_guard<std::mutex> lock(mu);
+        if (!s.ok() && first.ok()) first = s;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  if (!first.ok()) return first;
+  return local;
 }
 
 absl::StatusOr<S3Listing> S3List(const std::string& bucket, const std::string& prefix,

@@ -59,7 +59,8 @@ struct HttpOptions {
   std::shared_ptr<const S3Config> s3;  // for s3:// URLs
   double timeout_s = 60;               // the whole read, retries included (0: 60 s)
   double connect_timeout_s = 10;       // one connection attempt
-  int max_attempts = 8;
+  int max_attempts = 6;
+  double stall_s = 0;  // > 0: a transfer without a byte for this long fails
   int64_t max_bytes = int64_t{1} << 30;
 };
 
@@ -85,6 +86,19 @@ absl::StatusOr<S3Listing> S3List(const std::string& bucket, const std::string& p
 // (sorted), samples the keys below each with an image extension, in torchvision's order (by
 // folder, then by name). Errors: kNotFound (no class prefix, or a class without images).
 absl::StatusOr<FileList> ScanS3ImageFolder(const std::string& url, const HttpOptions& options);
+
+// Downloads `url` into the file `path` (written as path + ".part", renamed when complete), with
+// HttpFetch's retries.
+absl::Status HttpDownload(const std::string& url, const std::string& path,
+                          const HttpOptions& options, HttpCounters* counters = nullptr);
+
+// Remote WebDataset shards as local files: each URL is downloaded once into the shard cache
+// ($FEEDLINE_CACHE_DIR, else $XDG_CACHE_HOME/feedline or ~/.cache/feedline; "shards/<hash of
+// the URL>-<name>"), up to 4 at a time; a shard already there is not fetched again (remove
+// the folder to refetch). Returns the local paths, in order.
+absl::StatusOr<std::vector<std::string>> CacheRemoteShards(const std::vector<std::string>& urls,
+                                                           const HttpOptions& options);
+std::string RemoteCacheDir();
 
 // Local files and URLs in one list: each sample's path is read from disk or fetched.
 class RemoteFileDataset final : public FileDataset {

@@ -239,8 +239,8 @@ absl::Status PreadAll(int fd, int64_t offset, int64_t size, std::vector<uint8_t>
 
 // The member extensions that hold a sample's image (the decoder tells the format by content).
 bool IsImageExt(const std::string& ext) {
-  static const char* const kImage[] = {"jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm",
-                                       "pbm", "pnm",  "tif", "tiff", "gif"};
+  static const char* const kImage[] = {"jpg", "jpeg", "png", "webp", "bmp",  "ppm",
+                                       "pgm", "pbm",  "pnm", "tif",  "tiff", "gif"};
   for (const char* e : kImage) {
     if (ext == e) return true;
   }
@@ -249,8 +249,10 @@ bool IsImageExt(const std::string& ext) {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<TarDataset>> TarDataset::Open(const std::vector<std::string>& shards,
-                                                             const std::string& source, Mode mode) {
+absl::StatusOr<std::shared_ptr<TarDataset>> TarDataset::Open(
+    const std::vector<std::string>& shards, const std::string& source, Mode mode,
+    const std::vector<std::string>* shown) {
+  const std::vector<std::string>& names = shown != nullptr ? *shown : shards;
   FileList files;
   files.kind = FileList::Kind::kShards;
   files.source = source.empty() && !shards.empty() ? shards.front() : source;
@@ -298,11 +300,11 @@ absl::StatusOr<std::shared_ptr<TarDataset>> TarDataset::Open(const std::vector<s
       if (g.cls != nullptr) {
         std::vector<uint8_t> text;
         absl::Status st = PreadAll(fd, g.cls->offset, std::min<int64_t>(g.cls->size, 64), &text,
-                                   absl::StrCat(shards[s], ":", g.cls->name));
+                                   absl::StrCat(names[s], ":", g.cls->name));
         absl::string_view sv(reinterpret_cast<const char*>(text.data()), text.size());
         if (st.ok() && (!absl::SimpleAtoi(absl::StripAsciiWhitespace(sv), &label) || label < 0)) {
           st = absl::InvalidArgumentError(
-              absl::StrCat(shards[s], ": ", g.cls->name, ": label is not a non-negative integer"));
+              absl::StrCat(names[s], ": ", g.cls->name, ": label is not a non-negative integer"));
         }
         if (!st.ok()) {
           close_all();
@@ -311,7 +313,7 @@ absl::StatusOr<std::shared_ptr<TarDataset>> TarDataset::Open(const std::vector<s
       } else if (mode == Mode::kImages) {
         close_all();
         return absl::InvalidArgumentError(
-            absl::StrCat(shards[s], ": sample \"", key, "\" has an image but no .cls label"));
+            absl::StrCat(names[s], ": sample \"", key, "\" has an image but no .cls label"));
       }
       Entry e;
       e.shard = int(s);
@@ -321,7 +323,7 @@ absl::StatusOr<std::shared_ptr<TarDataset>> TarDataset::Open(const std::vector<s
         if (g.members[i] == g.image) e.image = int(i);
       }
       const std::string name = g.image != nullptr ? g.image->name : key;
-      files.samples.push_back(Sample{absl::StrCat(shards[s], ":", name), label});
+      files.samples.push_back(Sample{absl::StrCat(names[s], ":", name), label});
       entries.push_back(std::move(e));
     }
   }

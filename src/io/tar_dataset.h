@@ -51,10 +51,13 @@ class TarDataset final : public FileDataset {
     kMembers,  // every key; a record's members are all of the key's, by extension; label from
                // .cls when present (else -1); bytes = the image member when there is one
   };
-  // Indexes the shards (`source` names the data set in errors). Errors: kDataLoss (a malformed
-  // shard: file and offset), kNotFound, kInvalidArgument (a bad .cls, no samples).
-  static absl::StatusOr<std::shared_ptr<TarDataset>> Open(const std::vector<std::string>& shards,
-                                                          const std::string& source, Mode mode);
+  // Indexes the shards (`source` names the data set in errors; `shown`, when given, names each
+  // shard in samples and messages instead of its path: a remote shard's URL for its local
+  // copy). Errors: kDataLoss (a malformed shard: file and offset), kNotFound,
+  // kInvalidArgument (a bad .cls, no samples).
+  static absl::StatusOr<std::shared_ptr<TarDataset>> Open(
+      const std::vector<std::string>& shards, const std::string& source, Mode mode,
+      const std::vector<std::string>* shown = nullptr);
   ~TarDataset() override;
   absl::Status Read(int64_t index, Record* record) const override;
 

@@ -24,7 +24,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const feedline::Sample& s : parsed->samples) {
       FUZZ_CHECK(s.label >= 0, s.path);
       FUZZ_CHECK(!s.path.empty(), "empty path");
-      FUZZ_CHECK(s.path.front() == '/' || absl::StartsWith(s.path, "lists/"), s.path);
+      // Relative paths are joined to the list file's folder; absolute ones and URLs (only
+      // these schemes) are kept as they are.
+      const bool url = absl::StartsWith(s.path, "http://") ||
+                       absl::StartsWith(s.path, "https://") || absl::StartsWith(s.path, "s3://");
+      FUZZ_CHECK(s.path.front() == '/' || url || absl::StartsWith(s.path, "lists/"), s.path);
     }
   } else {
     FUZZ_CHECK(absl::IsInvalidArgument(parsed.status()), parsed.status().ToString());

@@ -55,6 +55,20 @@ def served(tmp_path_factory, small_folder):
         for name in sorted(os.listdir(root / "data" / cls)):
             entries.append((f"data/{cls}/{name}", label))
     (root / "list.txt").write_text("".join(f"{p} {lab}\n" for p, lab in entries))
+    # WebDataset shards of the same images (key.jpg + key.cls), 3 shards.
+    import io
+    import tarfile
+    (root / "shards").mkdir()
+    for k in range(3):
+        with tarfile.open(root / "shards" / f"train-{k:03d}.tar", "w") as tar:
+            for j, (p, lab) in enumerate(entries):
+                if j % 3 != k:
+                    continue
+                data = (root / p).read_bytes()
+                for name, blob in ((f"s{j:04d}.jpg", data), (f"s{j:04d}.cls", str(lab).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(blob)
+                    tar.addfile(info, io.BytesIO(blob))
     local = d / "local.txt"
     local.write_text("".join(f"{root}/{p} {lab}\n" for p, lab in entries))
     port = _free_port()
@@ -84,7 +98,7 @@ http {{
     try:
         _wait_for(port)
         yield dict(base=f"http://127.0.0.1:{port}", port=port, local=str(local), root=root,
-                   entries=entries)
+                   entries=entries, shards=str(root / "shards" / "train-{000..002}.tar"))
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -259,3 +273,23 @@ def test_hung_server_times_out_within_read_timeout(tmp_path):
         listener.close()
         for c in held:
             c.close()
+
+
+def test_webdataset_shards_by_url_are_cached_locally(served, tmp_path, monkeypatch):
+    monkeypatch.setenv("FEEDLINE_CACHE_DIR", str(tmp_path / "cache"))
+    kw = dict(KW, shuffle=True, seed=3)
+    local = _epoch(feedline.ImageLoader(served["shards"], **kw))
+    url = served["base"] + "/shards/train-{000..002}.tar"
+    remote = feedline.ImageLoader(url, **kw)
+    assert remote.samples[0][0].startswith(served["base"] + "/shards/train-000.tar:")
+    for a, b in zip(local, _epoch(remote)):
+        assert torch.equal(a, b)
+    cached = sorted(os.listdir(tmp_path / "cache" / "shards"))
+    assert len(cached) == 3 and all(c.endswith(".tar") for c in cached)
+    # Opened again: read from the cache, nothing fetched (the server is not asked).
+    stamp = [os.stat(tmp_path / "cache" / "shards" / c).st_mtime_ns for c in cached]
+    feedline.ImageLoader(url, **kw)
+    assert stamp == [os.stat(tmp_path / "cache" / "shards" / c).st_mtime_ns for c in cached]
+    with pytest.raises(FileNotFoundError, match=r"train-00[89]\.tar: HTTP 404"):
+        feedline.ImageLoader(served["base"] + "/shards/train-{008..009}.tar", **kw)
+    assert not any(c.endswith(".part") for c in os.listdir(tmp_path / "cache" / "shards"))

@@ -139,3 +139,23 @@ def test_missing_key_and_bad_credentials_are_clear(aws_env, tmp_path):
         list(feedline.ImageLoader(str(lst), batch_size=1, shuffle=False))
     assert "403" in str(e.value) and "InvalidAccessKeyId" in str(e.value)
     assert "s3cr3t-value" not in str(e.value)
+
+
+def test_webdataset_shard_on_s3(aws_env, tmp_path, small_folder, s3):
+    import io
+    import tarfile
+    shard = tmp_path / "one.tar"
+    with tarfile.open(shard, "w") as tar:
+        for j, (p, lab) in enumerate(s3["entries"]):
+            for name, blob in ((f"k{j:03d}.jpg", open(os.path.join(small_folder, p), "rb").read()),
+                               (f"k{j:03d}.cls", str(lab).encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(blob)
+                tar.addfile(info, io.BytesIO(blob))
+    _put(s3["endpoint"], "bkt", "shards/one.tar", shard)
+    aws_env.setenv("FEEDLINE_CACHE_DIR", str(tmp_path / "cache"))
+    local = _epoch(feedline.ImageLoader(str(shard), **KW))
+    remote = feedline.ImageLoader("s3://bkt/shards/one.tar", **KW)
+    assert remote.samples[0][0] == "s3://bkt/shards/one.tar:k000.jpg"
+    for a, b in zip(local, _epoch(remote)):
+        assert torch.equal(a, b)
