@@ -42,8 +42,8 @@ absl::StatusOr<std::shared_ptr<TarDataset>> OpenShards(const std::vector<std::st
   http.timeout_s = 3600;  // a whole shard; a stalled transfer fails after read_timeout
   http.stall_s = read_timeout_ms > 0 ? read_timeout_ms / 1000 : 60;
   http.max_bytes = int64_t{1} << 40;
-  for (const std::string& p : paths) {
-    if (IsS3Url(p)) http.s3 = std::make_shared<const S3Config>(LoadS3Config());
+  if (std::any_of(paths.begin(), paths.end(), IsS3Url)) {
+    http.s3 = std::make_shared<const S3Config>(LoadS3Config());
   }
   absl::StatusOr<std::vector<std::string>> local = CacheRemoteShards(paths, http);
   if (!local.ok()) return local.status();
@@ -103,8 +103,9 @@ absl::StatusOr<std::shared_ptr<FileDataset>> FileDataset::Open(
   }
   absl::StatusOr<FileList> files = ScanFileList(source);
   if (!files.ok()) return files.status();
-  for (const Sample& s : files->samples) {
-    if (IsS3Url(s.path)) http.s3 = std::make_shared<const S3Config>(LoadS3Config());
+  if (std::any_of(files->samples.begin(), files->samples.end(),
+                  [](const Sample& s) { return IsS3Url(s.path); })) {
+    http.s3 = std::make_shared<const S3Config>(LoadS3Config());  // once: it reads ~/.aws
   }
   for (const Sample& s : files->samples) {
     if (IsHttpUrl(s.path)) {
