@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "feedline/feedline.h"
 #include "feedline/text.h"
+#include "py_dataset.h"
 
 namespace py = pybind11;
 
@@ -148,7 +149,7 @@ class ArrayView {
   int device_;
 };
 
-DLDataType ImageDType(feedline::DType t) {
+DLDataType DLPackDType(feedline::DType t) {
   switch (t) {
     case feedline::DType::kFloat32:
       return DLDataType{kDLFloat, 32, 1};
@@ -160,8 +161,15 @@ DLDataType ImageDType(feedline::DType t) {
       return DLDataType{kDLInt, 32, 1};
     case feedline::DType::kInt64:
       return DLDataType{kDLInt, 64, 1};
+    case feedline::DType::kFloat64:
+      return DLDataType{kDLFloat, 64, 1};
+    case feedline::DType::kInt8:
+      return DLDataType{kDLInt, 8, 1};
+    case feedline::DType::kInt16:
+      return DLDataType{kDLInt, 16, 1};
     case feedline::DType::kUint8:
     case feedline::DType::kBytes:
+    case feedline::DType::kBool:  // torch 1.13 takes no DLPack bool: uint8, viewed as bool
       break;
   }
   return DLDataType{kDLUInt, 8, 1};
@@ -181,6 +189,8 @@ struct ReleaseGilDeleter {
 };
 using EpochHolder = std::unique_ptr<feedline::Epoch, ReleaseGilDeleter>;
 using PackedEpochHolder = std::unique_ptr<feedline::text::PackedEpoch, ReleaseGilDeleter>;
+// A loader's destructor may wait for its threads, which may wait for the GIL (Python data sets).
+using LoaderHolder = std::unique_ptr<feedline::Loader, ReleaseGilDeleter>;
 
 [[noreturn]] void ThrowStatus(const absl::Status& s, bool sample_error) {
   const std::string msg(s.message());
@@ -222,6 +232,13 @@ E ParseEnum(const std::string& value, const char* option,
     absl::StrAppend(&names, names.empty() ? "" : ", ", "'", name, "'");
   }
   throw py::value_error(absl::StrCat(option, ": expected one of ", names, ", got '", value, "'"));
+}
+
+feedline::DType DTypeOf(const std::string& name) {
+  for (const auto& [n, t] : feedline::EnumNames<feedline::DType>::kValues) {
+    if (name == n) return t;
+  }
+  throw py::value_error(absl::StrCat("no feedline dtype '", name, "'"));
 }
 
 py::dict StatsToDict(const feedline::Stats& s) {
@@ -345,7 +362,7 @@ py::dict FieldsOf(const feedline::Batch& b) {
   for (int f = 0; f < b.num_fields(); ++f) {
     const feedline::TensorView v = b.field(f);
     const std::string name = b.schema().field(f).name();
-    out[py::str(name)] = ArrayView(keep, v.data, ImageDType(v.dtype), v.shape, v.device);
+    out[py::str(name)] = ArrayView(keep, v.data, DLPackDType(v.dtype), v.shape, v.device);
     if (v.ragged()) {
       out[py::str(name + "_offsets")] =
           ArrayView(keep, const_cast<int64_t*>(v.offsets), DLDataType{kDLInt, 64, 1}, {n + 1}, -1);
@@ -518,7 +535,7 @@ PYBIND11_MODULE(_feedline, m) {
           }
         }
         if (!loader.ok()) ThrowStatus(loader.status(), false);
-        return std::move(*loader);
+        return LoaderHolder(loader->release());
       },
       py::arg("path"), py::arg("dtype"), py::arg("seq_len"), py::arg("vocab_size"),
       py::arg("batch_size"), py::arg("shuffle"), py::arg("seed"), py::arg("drop_last"),
@@ -542,7 +559,7 @@ PYBIND11_MODULE(_feedline, m) {
                                   /*ragged=*/false, std::move(o));
         }
         if (!loader.ok()) ThrowStatus(loader.status(), false);
-        return std::move(*loader);
+        return LoaderHolder(loader->release());
       },
       py::arg("path"), py::arg("field"), py::arg("model"), py::arg("max_length"),
       py::arg("add_bos"), py::arg("add_eos"), py::arg("batch_size"), py::arg("shuffle"),
@@ -635,6 +652,66 @@ PYBIND11_MODULE(_feedline, m) {
       py::arg("prefetch"), py::arg("memory_budget"), py::arg("on_error"), py::arg("max_errors"),
       py::arg("pad_id"));
 
+  // Python data sets (feedline.DataLoader): the transform and the engine around it.
+  py::class_<feedline::python::PyTransform, std::shared_ptr<feedline::python::PyTransform>>(
+      m, "PythonTransform")
+      .def(py::init([](const py::list& fields, bool batch_mode, py::object fetch) {
+             // fields: (name, dtype, shape, ragged) with -n for a variable dimension up to n
+             std::vector<feedline::Field> out;
+             for (const py::handle& h : fields) {
+               auto t = h.cast<py::tuple>();
+               std::vector<feedline::Dim> shape;
+               for (int64_t d : t[2].cast<std::vector<int64_t>>()) {
+                 shape.push_back(d < 0 ? feedline::Dim::UpTo(-d) : feedline::Dim(d));
+               }
+               feedline::Field f(t[0].cast<std::string>(), DTypeOf(t[1].cast<std::string>()),
+                                 std::move(shape));
+               if (t[3].cast<bool>()) f.collate(feedline::Collate::kRagged);
+               out.push_back(std::move(f));
+             }
+             feedline::Schema schema(std::move(out));
+             absl::Status st = schema.Validate();
+             if (!st.ok()) ThrowStatus(st, false);
+             return std::make_shared<feedline::python::PyTransform>(std::move(schema), batch_mode,
+                                                                    std::move(fetch));
+           }),
+           py::arg("fields"), py::arg("batch_mode"), py::arg("fetch"))
+      .def("use_processes", &feedline::python::PyTransform::UseProcesses)
+      .def("stop_processes",
+           [](feedline::python::PyTransform& t) {
+             py::gil_scoped_release release;
+             t.StopProcesses();
+           })
+      .def_property_readonly("processes", &feedline::python::PyTransform::processes)
+      .def("set_keys", &feedline::python::PyTransform::SetKeys)
+      .def("set_timeout", &feedline::python::PyTransform::set_timeout_s)
+      .def("close", &feedline::python::PyTransform::Close)
+      .def("take_error", &feedline::python::PyTransform::TakeError)
+      .def("take_result", [](const feedline::python::PyTransform& t,
+                             int64_t position) { return py::bytes(t.TakeResult(position)); })
+      .def("stats", &feedline::python::PyTransform::Stats);
+
+  m.def(
+      "python_loader",
+      [](std::shared_ptr<feedline::python::PyTransform> transform, int64_t positions,
+         uint64_t fingerprint, int64_t batch_size, bool drop_last, int workers, int prefetch,
+         int64_t memory_budget, const std::string& on_error, int64_t max_errors) {
+        feedline::LoaderOptions o =
+            EngineOptions(batch_size, /*shuffle=*/false, /*seed=*/0, drop_last, /*rank=*/0,
+                          /*world_size=*/1, workers, prefetch, memory_budget, on_error, max_errors);
+        absl::StatusOr<std::unique_ptr<feedline::Loader>> loader;
+        {
+          py::gil_scoped_release release;
+          loader = feedline::Loader::Create(feedline::python::MakePositions(positions, fingerprint),
+                                            transform, std::move(o));
+        }
+        if (!loader.ok()) ThrowStatus(loader.status(), false);
+        return LoaderHolder(loader->release());
+      },
+      py::arg("transform"), py::arg("positions"), py::arg("fingerprint"), py::arg("batch_size"),
+      py::arg("drop_last"), py::arg("workers"), py::arg("prefetch"), py::arg("memory_budget"),
+      py::arg("on_error"), py::arg("max_errors"));
+
   m.def("build_info", [] {
     feedline::BuildInfo b = feedline::GetBuildInfo();
     py::dict d;
@@ -669,7 +746,7 @@ PYBIND11_MODULE(_feedline, m) {
              auto keep = std::make_shared<const feedline::Batch>(b);
              const int64_t n = b.size();
              const int device = b.device();
-             ArrayView images(keep, const_cast<uint8_t*>(b.images()), ImageDType(b.dtype()),
+             ArrayView images(keep, const_cast<uint8_t*>(b.images()), DLPackDType(b.dtype()),
                               {shape[0], shape[1], shape[2], shape[3]}, device);
              ArrayView labels(keep, const_cast<int64_t*>(b.labels()), DLDataType{kDLInt, 64, 1},
                               {n}, device);
@@ -803,7 +880,7 @@ PYBIND11_MODULE(_feedline, m) {
         return l.documents().stats().prefetch;
       });
 
-  py::class_<feedline::Loader>(m, "Loader")
+  py::class_<feedline::Loader, LoaderHolder>(m, "Loader")
       .def(py::init([](const std::string& source, const std::vector<std::string>& shards,
                        int64_t batch_size, bool shuffle, uint64_t seed, bool drop_last,
                        const std::string& transform, int size, int resize_size,
@@ -852,7 +929,7 @@ PYBIND11_MODULE(_feedline, m) {
                loader = feedline::Loader::Create(std::move(o));
              }
              if (!loader.ok()) ThrowStatus(loader.status(), false);
-             return std::move(*loader);
+             return LoaderHolder(loader->release());
            }),
            py::arg("source"), py::arg("shards"), py::arg("batch_size"), py::arg("shuffle"),
            py::arg("seed"), py::arg("drop_last"), py::arg("transform"), py::arg("size"),

@@ -263,7 +263,8 @@ struct EnumNames<DType> {
   static constexpr std::pair<const char*, DType> kValues[] = {
       {"uint8", DType::kUint8},       {"float32", DType::kFloat32}, {"float16", DType::kFloat16},
       {"bfloat16", DType::kBFloat16}, {"int32", DType::kInt32},     {"int64", DType::kInt64},
-      {"bytes", DType::kBytes}};
+      {"bytes", DType::kBytes},       {"float64", DType::kFloat64}, {"bool", DType::kBool},
+      {"int8", DType::kInt8},         {"int16", DType::kInt16}};
 };
 template <>
 struct EnumNames<Cache> {

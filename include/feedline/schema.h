@@ -33,20 +33,38 @@
 namespace feedline {
 
 // Element types. Image outputs use the first four (float types normalised there); kBytes is raw
-// bytes (uint8 elements, usually one variable dimension: a blob per sample).
-enum class DType { kUint8, kFloat32, kFloat16, kBFloat16, kInt32, kInt64, kBytes };
+// bytes (uint8 elements, usually one variable dimension: a blob per sample). The last four are
+// the rest of what torch's default_collate makes from Python samples (float -> float64,
+// bool -> bool) and what numpy arrays and tensors hold.
+enum class DType {
+  kUint8,
+  kFloat32,
+  kFloat16,
+  kBFloat16,
+  kInt32,
+  kInt64,
+  kBytes,
+  kFloat64,
+  kBool,  // one byte, 0 or 1
+  kInt8,
+  kInt16,
+};
 inline constexpr int ElementSize(DType t) {
   switch (t) {
     case DType::kUint8:
     case DType::kBytes:
+    case DType::kBool:
+    case DType::kInt8:
       return 1;
     case DType::kFloat16:
     case DType::kBFloat16:
+    case DType::kInt16:
       return 2;
     case DType::kFloat32:
     case DType::kInt32:
       return 4;
     case DType::kInt64:
+    case DType::kFloat64:
       return 8;
   }
   return 1;

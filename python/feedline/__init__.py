@@ -17,10 +17,17 @@ import sys
 from . import _feedline
 from ._feedline import DataError, DeviceError
 
-__all__ = ["ImageLoader", "TextLoader", "TokenLoader", "DataError", "DeviceError", "build_info",
+__all__ = ["DataLoader", "ImageLoader", "TextLoader", "TokenLoader", "DataError", "DeviceError", "build_info",
            "__version__"]
 
 __version__ = _feedline.build_info()["version"]
+
+
+def __getattr__(name):
+    if name == "DataLoader":  # imports torch: only when asked for
+        from .dataloader import DataLoader
+        return DataLoader
+    raise AttributeError(f"module 'feedline' has no attribute {name!r}")
 
 
 def build_info():

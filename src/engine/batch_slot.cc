@@ -35,6 +35,15 @@ void FillValue(uint8_t* dst, int64_t count, DType dtype, double v) {
     case DType::kBytes:
       std::memset(dst, int(uint8_t(v)), size_t(count));
       return;
+    case DType::kBool:
+      std::memset(dst, v != 0 ? 1 : 0, size_t(count));
+      return;
+    case DType::kInt8:
+      return fill(int8_t(v));
+    case DType::kInt16:
+      return fill(int16_t(v));
+    case DType::kFloat64:
+      return fill(double(v));
     case DType::kInt32:
       return fill(int32_t(v));
     case DType::kInt64:

@@ -24,6 +24,14 @@ const char* DTypeName(DType t) {
       return "int64";
     case DType::kBytes:
       return "bytes";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kBool:
+      return "bool";
+    case DType::kInt8:
+      return "int8";
+    case DType::kInt16:
+      return "int16";
   }
   return "?";
 }

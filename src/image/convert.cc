@@ -68,6 +68,10 @@ void ConvertSample(const uint8_t* src, int64_t pixels, Layout layout, DType dtyp
     case DType::kInt32:
     case DType::kInt64:
     case DType::kBytes:
+    case DType::kFloat64:
+    case DType::kBool:
+    case DType::kInt8:
+    case DType::kInt16:
       break;  // not image types: refused by image::ValidateOptions
   }
 }

@@ -41,6 +41,14 @@ at::ScalarType ScalarType(::feedline::DType t) {
       return at::kInt;
     case ::feedline::DType::kInt64:
       return at::kLong;
+    case ::feedline::DType::kFloat64:
+      return at::kDouble;
+    case ::feedline::DType::kBool:
+      return at::kBool;
+    case ::feedline::DType::kInt8:
+      return at::kChar;
+    case ::feedline::DType::kInt16:
+      return at::kShort;
     case ::feedline::DType::kUint8:
     case ::feedline::DType::kBytes:
       break;
@@ -132,11 +140,19 @@ absl::StatusOr<DType> FromScalarType(at::ScalarType t) {
       return DType::kInt32;
     case at::kLong:
       return DType::kInt64;
+    case at::kDouble:
+      return DType::kFloat64;
+    case at::kBool:
+      return DType::kBool;
+    case at::kChar:
+      return DType::kInt8;
+    case at::kShort:
+      return DType::kInt16;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("tensors of type ", c10::toString(t),
-                       " have no feedline dtype (uint8, int32, int64, float16, bfloat16, "
-                       "float32): convert them in get(), e.g. .to(torch::kFloat)"));
+                       " have no feedline dtype (bool, uint8, int8, int16, int32, int64, "
+                       "float16, bfloat16, float32, float64): convert them in get(), e.g. .to(torch::kFloat)"));
   }
 }
 

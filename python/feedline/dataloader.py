@@ -1,0 +1,815 @@
+"""feedline.DataLoader: torch's DataLoader, on feedline's engine.
+
+    loader = feedline.DataLoader(dataset, batch_size=64, shuffle=True, num_workers=8)
+
+takes every argument torch's DataLoader takes and gives the same batches. What changes is where
+the work runs: map-style datasets run on feedline's engine (python/py_dataset.h) — positions of
+the epoch's order claimed by C++ worker threads, each sample made either by the thread itself
+under the GIL (when the dataset's work releases it: numpy, PIL decode, torch ops) or by a
+persistent forked worker process (when it holds it: pure-Python parsing), chosen by measuring
+the dataset at the first epoch, and collated in place into the batch slot (torch's
+default_collate semantics, see _collate.py). The worker count is tuned by the engine, as for
+images; ``workers=N`` fixes it. ``num_workers=0`` loads in the calling thread, as in torch.
+Iterable datasets run one replica per worker (``get_worker_info()`` set), batches taken round
+robin as torch takes them.
+"""
+
+import atexit
+import hashlib
+import itertools
+import json
+import os
+import pickle
+import threading
+import time
+import weakref
+
+import torch
+import torch.utils.data as tud
+
+from . import _collate, _feedline, _worker
+from ._feedline import DataError
+
+__all__ = ["DataLoader"]
+
+_LIVE = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all():  # before the interpreter goes: no engine thread may wait for the GIL then
+    for loader in list(_LIVE):
+        try:
+            loader.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+# get_worker_info() inside thread workers: torch's function reads one module global, so the
+# thread executor answers per thread (None outside feedline's threads, as in the main process).
+_tls = threading.local()
+_thread_ids = itertools.count()
+_torch_get_worker_info = tud.get_worker_info
+
+
+def _get_worker_info():
+    info = getattr(_tls, "info", None)
+    return info if info is not None else _torch_get_worker_info()
+
+
+tud.get_worker_info = _get_worker_info
+tud._utils.worker.get_worker_info = _get_worker_info
+
+
+def _resolve_type(name):
+    module, _, qual = name.rpartition(".")
+    import builtins
+    import importlib
+    obj = importlib.import_module(module) if module else builtins
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _raise_from_text(text):
+    """Re-raises a worker's error: the same exception type, its traceback in the message."""
+    summary, _, details = text.partition("\n")
+    try:
+        d = json.loads(details)
+        exc_type = _resolve_type(d["type"])
+        message = d.get("message", summary)
+    except Exception:  # noqa: BLE001
+        raise DataError(summary) from None
+    if exc_type is KeyError:
+        from torch._utils import KeyErrorMessage
+        message = KeyErrorMessage(message)
+    try:
+        exc = exc_type(message)
+    except Exception:  # noqa: BLE001 (a type that needs other arguments)
+        exc = RuntimeError(message)
+    raise exc from None
+
+
+def _cpus():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _order_fingerprint(batches):
+    h = hashlib.sha1()
+    for b in batches:
+        h.update(repr(list(b)).encode())
+        h.update(b";")
+    return h.hexdigest()
+
+
+class DataLoader:
+    """A drop-in for ``torch.utils.data.DataLoader`` (same arguments, same batches).
+
+    feedline's own keyword arguments:
+      workers: "auto" (tuned while running) or a fixed count of engine workers.
+      executor: "auto" (measured at the first epoch), "thread" or "process".
+      memory_budget: bytes of batch slots in flight ("auto": a share of the machine's memory).
+      on_error: "raise" (the sample's exception reaches the loop) or "skip" (replaced, counted).
+      seed: seeds the shuffle (a torch.Generator) when no ``generator`` is given.
+      device: move each batch there (``.to(device, non_blocking=True)``).
+
+    ``num_workers=0`` loads in the calling thread as torch does; any other count (or None)
+    loads in parallel with the worker count tuned (``workers=N`` fixes it). For an
+    IterableDataset ``num_workers`` is the number of replicas, as in torch (None: one per core).
+    """
+
+    def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None,
+                 num_workers=None, collate_fn=None, pin_memory=False, drop_last=False,
+                 timeout=0, worker_init_fn=None, multiprocessing_context=None, generator=None,
+                 *, prefetch_factor=None, persistent_workers=True, pin_memory_device="",
+                 workers="auto", executor="auto", memory_budget="auto", on_error="raise",
+                 max_errors=None, seed=None, device=None):
+        if num_workers is not None and (isinstance(num_workers, bool)
+                                        or not isinstance(num_workers, int)):
+            raise TypeError(f"num_workers: expected an int, got {type(num_workers).__name__}")
+        if num_workers is not None and num_workers < 0:
+            raise ValueError("num_workers option should be non-negative; use num_workers=0 to "
+                             "disable multiprocessing.")
+        if timeout < 0:
+            raise ValueError("timeout option should be non-negative")
+        if executor not in ("auto", "thread", "process"):
+            raise ValueError(f"executor: expected 'auto', 'thread' or 'process', got {executor!r}")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error: expected 'raise' or 'skip', got {on_error!r}")
+        if prefetch_factor is not None and num_workers == 0:
+            raise ValueError("prefetch_factor option could only be specified in multiprocessing."
+                             "let num_workers > 0 to enable multiprocessing.")
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = pin_memory
+        self.pin_memory_device = pin_memory_device
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.persistent_workers = persistent_workers
+        self._is_iterable = isinstance(dataset, tud.IterableDataset)
+        if self._is_iterable:
+            if shuffle not in (None, False):
+                raise ValueError("DataLoader with IterableDataset: expected unspecified shuffle "
+                                 f"option, but got shuffle={shuffle}")
+            if sampler is not None:
+                raise ValueError("DataLoader with IterableDataset: expected unspecified sampler "
+                                 f"option, but got sampler={sampler}")
+            if batch_sampler is not None:
+                raise ValueError("DataLoader with IterableDataset: expected unspecified "
+                                 f"batch_sampler option, but got batch_sampler={batch_sampler}")
+        else:
+            shuffle = bool(shuffle)
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle")
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle or sampler is not None or drop_last:
+                raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
+                                 "shuffle, sampler, and drop_last")
+            batch_size = None
+            drop_last = False
+        elif batch_size is None and drop_last:
+            raise ValueError("batch_size=None option disables auto-batching and is mutually "
+                             "exclusive with drop_last")
+        if generator is None and seed is not None:
+            generator = torch.Generator()
+            generator.manual_seed(seed)
+        if sampler is None:
+            if self._is_iterable:
+                sampler = tud.dataloader._InfiniteConstantSampler()
+            elif shuffle:
+                sampler = tud.RandomSampler(dataset, generator=generator)
+            else:
+                sampler = tud.SequentialSampler(dataset)
+        if batch_size is not None and batch_sampler is None:
+            batch_sampler = tud.BatchSampler(sampler, batch_size, drop_last)
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        self.generator = generator
+        self._auto_collation = batch_sampler is not None
+        if collate_fn is None:
+            collate_fn = tud.default_collate if self._auto_collation else tud.default_convert
+        self.collate_fn = collate_fn
+        self._workers = workers
+        self._executor_option = executor
+        self._memory_budget = memory_budget
+        self._on_error = on_error
+        self._max_errors = max_errors
+        self._device = torch.device(device) if device is not None else None
+        # Engine state, kept across epochs (persistent workers).
+        self._transform = None
+        self._transform_key = None
+        self._loader = None
+        self._loader_key = None
+        self._executor = None
+        self._executor_reason = ""
+        self._procs = {}
+        self._results = {}
+        self._keys = []
+        self._iterator = None
+        self._epochs_started = 0
+        self._resume = None
+        self._epoch_state = None
+        _LIVE.add(self)
+
+    # --- torch's attributes ---------------------------------------------------------------
+    @property
+    def _index_sampler(self):
+        return self.batch_sampler if self._auto_collation else self.sampler
+
+    def __len__(self):
+        if self._is_iterable:
+            length = len(self.dataset)
+            if self.batch_size is not None:
+                from math import ceil
+                length = length // self.batch_size if self.drop_last else ceil(
+                    length / self.batch_size)
+            return length
+        return len(self._index_sampler)
+
+    def check_worker_number_rationality(self):  # torch has it; nothing to warn about here
+        pass
+
+    @property
+    def executor(self):
+        """'thread', 'process' or 'main' (num_workers=0), once an epoch has started."""
+        return self._executor
+
+    # --- iteration ------------------------------------------------------------------------
+    def __iter__(self):
+        if self._iterator is not None:
+            self._iterator._cancel("a newer iter(loader) started another epoch")
+            self._iterator = None
+        rng_state = torch.get_rng_state()
+        gen_state = self.generator.get_state() if self.generator is not None else None
+        resume, self._resume = self._resume, None
+        skip = 0
+        if resume is not None and resume.get("rng_state") is not None:
+            torch.set_rng_state(torch.ByteTensor(list(resume["rng_state"])))
+            rng_state = torch.get_rng_state()
+            if resume.get("generator_state") is not None and self.generator is not None:
+                self.generator.set_state(torch.ByteTensor(list(resume["generator_state"])))
+                gen_state = self.generator.get_state()
+            skip = resume["batches_done"]
+        # As torch's iterator: a base seed for the workers first, then the sampler's draws.
+        base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+                        .item())
+        self._epochs_started += 1
+        if self._is_iterable:
+            it = _IterableIter(self, base_seed)
+            self._epoch_state = None
+        else:
+            batches = [list(b) if self._auto_collation else [b] for b in self._index_sampler]
+            fp = _order_fingerprint(batches)
+            if resume is not None and resume.get("order") not in (None, fp):
+                raise ValueError("load_state_dict: the sampler gave another order than the saved "
+                                 "run's (it is not reproducible from torch's RNG state); cannot "
+                                 "resume mid-epoch")
+            self._epoch_state = {"rng_state": bytes(rng_state.numpy().tobytes()),
+                                 "generator_state": None if gen_state is None else
+                                 bytes(gen_state.numpy().tobytes()),
+                                 "order": fp, "batches": len(batches)}
+            if self.num_workers == 0:
+                it = _SerialIter(self, batches, skip)
+            else:
+                it = self._engine_iter(batches, skip, base_seed)
+        self._iterator = it
+        return it
+
+    def _engine_iter(self, batches, skip, base_seed):
+        left = batches[skip:]
+        sizes = {len(b) for b in left[:-1]}
+        regular = self._auto_collation and len(sizes) <= 1 and (
+            not left or not sizes or len(left[-1]) <= min(sizes))
+        schema = None
+        if left and regular and self.collate_fn is tud.default_collate:
+            schema = _collate.infer(self.dataset[left[0][0]])
+        batch_mode = schema is None
+        if batch_mode:
+            engine_batch = 1
+            flat = [k for b in left for k in b]
+            offsets = list(itertools.accumulate([0] + [len(b) for b in left]))
+        else:
+            engine_batch = max(len(left[0]), 1)
+            flat = [b for batch in left for b in batch]
+            offsets = list(range(len(flat) + 1))
+        self._ensure_transform(schema, batch_mode, flat)
+        self._keys = flat if not batch_mode else left
+        self._key_offsets = offsets
+        if self._executor == "process":
+            if not all(isinstance(k, int) for k in flat):
+                raise TypeError("executor='process' needs int sample keys; use executor='thread'")
+            self._transform.set_keys([int(k) for k in flat], offsets)
+        else:
+            self._transform.set_keys([], [0])
+        positions = len(left)if batch_mode else len(flat)
+        key = (positions, engine_batch)
+        if self._loader is None or self._loader_key != key:
+            self._loader = None
+            if positions == 0:
+                return _EmptyIter()
+            from . import _parse_bytes, _parse_count
+            workers = _parse_count("workers", self._workers)
+            self._loader = _feedline.python_loader(
+                self._transform, positions=positions, fingerprint=positions,
+                batch_size=engine_batch, drop_last=False, workers=workers,
+                prefetch=_parse_count("prefetch", self.prefetch_factor),
+                memory_budget=_parse_bytes("memory_budget", self._memory_budget),
+                on_error=self._on_error,
+                max_errors=_parse_count("max_errors", self._max_errors))
+            self._loader_key = key
+        self._results.clear()
+        return _EngineIter(self, self._loader.start_epoch(), schema, engine_batch, skip)
+
+    def _ensure_transform(self, schema, batch_mode, flat):
+        key = (None if schema is None else [f for f in schema.engine_fields()], batch_mode)
+        if self._transform is not None and self._transform_key == key:
+            return
+        self._stop_processes()
+        self._schema = schema
+        self._batch_mode = batch_mode
+        fields = schema.engine_fields() if schema is not None else [("batch", "int64", [], False)]
+        self._transform = _feedline.PythonTransform(fields, batch_mode, self._fetch)
+        self._transform.set_timeout(float(self.timeout))
+        self._transform_key = key
+        self._loader = None
+        if self._executor is None:
+            self._executor, self._executor_reason = self._choose_executor(schema, flat)
+        if self._executor == "process":
+            self._staging = 64 << 20
+            if schema is not None:
+                per = sum(8 * len(f.shape) + 8 + int(torch.Size(f.shape).numel()) *
+                          torch.empty((), dtype=f.dtype).element_size() for f in schema.fields)
+                self._staging = max(16 << 20, 2 * per + _collate.OBJECT_BYTES + 4096)
+            from . import _parse_count
+            count = _parse_count("workers", self._workers) or _cpus()
+            self._base_seed_procs = int(torch.empty((), dtype=torch.int64).random_().item())
+            self._transform.use_processes(self._spawn, count)
+
+    def _choose_executor(self, schema, flat):
+        if self._executor_option != "auto":
+            return self._executor_option, "forced (executor=)"
+        if not all(isinstance(k, int) for k in flat[:64]):
+            return "thread", "sample keys are not ints"
+        if _cpus() < 2:
+            return "thread", "one core: nothing to gain from processes"
+
+        def get(k):
+            s = self.dataset[k]
+            if schema is not None:
+                _collate.flatten(s, schema)
+
+        keys = flat if flat else [0]
+        ring = itertools.cycle(keys)
+        try:
+            get(next(ring))  # warm-up
+            t0 = time.perf_counter()
+            n = 0
+            while n < 4 or (time.perf_counter() - t0 < 0.1 and n < 256):
+                get(next(ring))
+                n += 1
+            single = (time.perf_counter() - t0) / n
+            if single < 30e-6:
+                return "thread", (f"{single * 1e6:.0f} us per sample: cheaper than a hand-off "
+                                  "to a process")
+            m = max(2, n // 2)
+            work = [[next(ring) for _ in range(m)] for _ in range(2)]
+            threads = [threading.Thread(target=lambda ks=ks: [get(k) for k in ks])
+                       for ks in work]
+            t1 = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            speedup = 2 * m * single / (time.perf_counter() - t1)
+        except Exception:  # noqa: BLE001 (the sample's error comes again, at its batch)
+            return "thread", "the probe's sample failed"
+        if speedup >= 1.4:
+            return "thread", (f"the dataset releases the GIL: 2 threads loaded {speedup:.2f}x "
+                              "as fast as one")
+        return "process", (f"the dataset holds the GIL: 2 threads loaded {speedup:.2f}x as "
+                           "fast as one")
+
+    # Thread executor: called by the engine's worker threads, with the GIL.
+    def _fetch(self, position):
+        info = getattr(_tls, "info", None)
+        if info is None:
+            _tls.info = info = tud._utils.worker.WorkerInfo(
+                id=next(_thread_ids), num_workers=_cpus(), seed=torch.initial_seed(),
+                dataset=self.dataset)
+        if self._batch_mode:
+            keys = self._keys[position]
+            what = f"the batch of dataset{keys}"
+            try:
+                if self._auto_collation:
+                    out = self.collate_fn([self.dataset[k] for k in keys])
+                else:
+                    out = self.collate_fn(self.dataset[keys[0]])
+            except Exception as e:  # noqa: BLE001
+                return _worker.error_text(e, what, "a feedline worker thread")
+            self._results[position] = out
+            return None
+        key = self._keys[position]
+        try:
+            return _collate.flatten(self.dataset[key], self._schema)
+        except Exception as e:  # noqa: BLE001
+            return _worker.error_text(e, f"dataset[{key}]", "a feedline worker thread")
+
+    # Process executor: (re)starts worker i, from the engine's thread (GIL held).
+    def _spawn(self, i, close_fds):
+        import multiprocessing as mp
+        old = self._procs.get(i)
+        code = None
+        if old is not None:
+            old.join(timeout=2)
+            if old.is_alive():
+                old.kill()
+                old.join(timeout=2)
+            code = old.exitcode
+            if code is not None and code < 0:
+                import signal
+                try:
+                    code = f"{code}, {signal.Signals(-code).name}"
+                except ValueError:
+                    pass
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        sfd = os.memfd_create(f"feedline-worker-{i}")
+        os.ftruncate(sfd, self._staging)
+        ctx = mp.get_context("fork")
+        p = ctx.Process(target=_worker.main, daemon=True, name=f"feedline-worker-{i}",
+                        args=(self.dataset, self._schema, self._batch_mode,
+                              self.collate_fn if self._auto_collation else None, req_r, rep_w,
+                              sfd, self._staging, i, self._transform.processes or 1,
+                              self._base_seed_procs, self.worker_init_fn,
+                              list(close_fds) + [req_w, rep_r]))
+        p.start()
+        os.close(req_r)
+        os.close(rep_w)
+        self._procs[i] = p
+        return (p.pid, req_w, rep_r, sfd, self._staging, code)
+
+    def _stop_processes(self):
+        if self._transform is not None:
+            self._transform.stop_processes()
+        for p in self._procs.values():
+            p.join(timeout=2)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=2)
+        self._procs.clear()
+
+    def close(self):
+        """Stops the epoch in progress and the worker processes (also done at exit)."""
+        if self._iterator is not None:
+            self._iterator._cancel("the loader was closed")
+            self._iterator = None
+        if self._transform is not None:
+            self._transform.close()
+        self._loader = None
+        self._stop_processes()
+        self._transform = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    # --- checkpoints and figures ----------------------------------------------------------
+    def state_dict(self):
+        """Where the loader is: resumes exactly mid-epoch (map-style; the epoch's order is
+        re-drawn from the saved RNG states and checked)."""
+        it = self._iterator
+        if self._is_iterable:
+            state = getattr(self.dataset, "state_dict", None)
+            return {"version": 1, "iterable": True,
+                    "dataset": state() if callable(state) else None}
+        done = it._batches_done if it is not None and not it._finished else None
+        st = {"version": 1, "epochs_started": self._epochs_started,
+              "sampler_epoch": getattr(self.sampler, "epoch", None)}
+        if done is not None and self._epoch_state is not None:
+            st.update(self._epoch_state, batches_done=done)
+        return st
+
+    def load_state_dict(self, state):
+        if state.get("version") != 1:
+            raise ValueError("load_state_dict: not a feedline.DataLoader state")
+        if state.get("iterable"):
+            load = getattr(self.dataset, "load_state_dict", None)
+            if state.get("dataset") is not None and callable(load):
+                load(state["dataset"])
+            return
+        if state.get("sampler_epoch") is not None and hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(state["sampler_epoch"])
+        self._epochs_started = state.get("epochs_started", 0)
+        self._resume = state if "batches_done" in state else None
+
+    def stats(self):
+        """The engine's figures, and a "python" stage: the executor chosen and why, GIL wait."""
+        out = self._loader.stats() if self._loader is not None else {}
+        py = {"executor": self._executor or ("main" if self.num_workers == 0 else None),
+              "reason": self._executor_reason if self.num_workers != 0 else "num_workers=0"}
+        if self._transform is not None:
+            py.update(self._transform.stats())
+        out["python"] = py
+        return out
+
+    def __repr__(self):
+        return (f"feedline.DataLoader({type(self.dataset).__name__}, batch_size="
+                f"{self.batch_size}, executor={self._executor or self._executor_option})")
+
+
+class _BaseIter:
+    def __init__(self, owner):
+        self._owner = owner
+        self._batches_done = 0
+        self._finished = False
+        self._cancelled = None
+
+    def __iter__(self):
+        return self
+
+    def __len__(self):
+        return len(self._owner)
+
+    def _cancel(self, why):
+        self._cancelled = why
+        self._close()
+
+    def _close(self):
+        pass
+
+    def _check(self):
+        if self._cancelled is not None:
+            raise RuntimeError(f"feedline.DataLoader: this epoch's iterator was stopped: "
+                               f"{self._cancelled}")
+
+    def _out(self, batch):
+        self._batches_done += 1
+        dev = self._owner._device
+        if dev is not None:
+            batch = _to_device(batch, dev)
+        return batch
+
+
+def _to_device(x, dev):
+    if isinstance(x, torch.Tensor):
+        return x.to(dev, non_blocking=True)
+    if isinstance(x, dict):
+        return type(x)({k: _to_device(v, dev) for k, v in x.items()})
+    if isinstance(x, list):
+        return [_to_device(v, dev) for v in x]
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*(_to_device(v, dev) for v in x))
+    if isinstance(x, tuple):
+        return tuple(_to_device(v, dev) for v in x)
+    return x
+
+
+class _EmptyIter(_BaseIter):
+    def __init__(self):
+        self._batches_done, self._finished, self._cancelled = 0, True, None
+
+    def __next__(self):
+        raise StopIteration
+
+    def __len__(self):
+        return 0
+
+
+class _SerialIter(_BaseIter):
+    """num_workers=0: the calling thread does the work, as torch does."""
+
+    def __init__(self, owner, batches, skip):
+        super().__init__(owner)
+        owner._executor, owner._executor_reason = "main", "num_workers=0"
+        self._batches = iter(batches[skip:])
+        self._batches_done = skip
+
+    def __next__(self):
+        self._check()
+        o = self._owner
+        try:
+            keys = next(self._batches)
+        except StopIteration:
+            self._finished = True
+            raise
+        if o._auto_collation:
+            return self._out(o.collate_fn([o.dataset[k] for k in keys]))
+        return self._out(o.collate_fn(o.dataset[keys[0]]))
+
+
+class _EngineIter(_BaseIter):
+    def __init__(self, owner, epoch, schema, engine_batch, skip):
+        super().__init__(owner)
+        self._epoch = epoch
+        self._schema = schema
+        self._engine_batch = engine_batch
+        self._batches_done = skip
+        self._position_batch = 0  # the engine's batches handed out (errors included)
+
+    def _close(self):
+        epoch, self._epoch = self._epoch, None
+        if epoch is not None:
+            epoch.cancel()
+
+    def __next__(self):
+        self._check()
+        if self._epoch is None:
+            raise StopIteration
+        o = self._owner
+        try:
+            fields, _, index = self._epoch.next_fields()
+        except StopIteration:
+            self._finished = True
+            self._close()
+            raise
+        except DataError:
+            k = self._position_batch
+            self._position_batch += 1
+            self._batches_done += 1
+            for pos in range(k * self._engine_batch, (k + 1) * self._engine_batch):
+                text = o._transform.take_error(pos)
+                if text:
+                    _raise_from_text(text)
+            raise
+        self._position_batch += 1
+        if self._schema is None:  # batch mode: the batch was made in Python
+            pos = int(torch.from_dlpack(fields["batch"])[0])
+            if o._executor == "process":
+                return self._out(pickle.loads(o._transform.take_result(pos)))
+            return self._out(o._results.pop(pos))
+        columns = []
+        for f in self._schema.fields:
+            t = torch.from_dlpack(fields[f"f{f.index}"])
+            if f.dtype == torch.bool:
+                t = t.view(torch.bool)
+            elif f.dtype == torch.bfloat16 and t.dtype != torch.bfloat16:
+                t = t.view(torch.bfloat16)
+            columns.append(t)
+        objects = None
+        if self._schema.objects:
+            values = torch.from_dlpack(fields[_collate.OBJECTS_FIELD]).numpy()
+            offs = torch.from_dlpack(fields[_collate.OBJECTS_FIELD + "_offsets"]).tolist()
+            objects = [pickle.loads(values[offs[i]:offs[i + 1]].tobytes())
+                       for i in range(len(offs) - 1)]
+        return self._out(_collate.rebuild(self._schema, columns, objects))
+
+
+class _IterableIter(_BaseIter):
+    """An IterableDataset: one replica per worker, batches round robin (torch's order)."""
+
+    def __init__(self, owner, base_seed):
+        super().__init__(owner)
+        o = owner
+        n = o.num_workers if o.num_workers is not None else _cpus()
+        self._n = n
+        if n == 0:
+            o._executor, o._executor_reason = "main", "num_workers=0"
+            self._serial = self._batched(iter(o.dataset))
+            return
+        self._serial = None
+        use_threads = o._executor_option == "thread"
+        o._executor = "thread" if use_threads else "process"
+        o._executor_reason = ("forced (executor=)" if o._executor_option != "auto" else
+                              "an IterableDataset: one replica per worker, as torch")
+        depth = o.prefetch_factor or 2
+        if use_threads:
+            import queue
+            self._queues = [queue.Queue(maxsize=depth) for _ in range(n)]
+            self._stop = threading.Event()
+            self._workers = [threading.Thread(target=self._thread_main, args=(i, base_seed),
+                                              daemon=True) for i in range(n)]
+        else:
+            import torch.multiprocessing as tmp
+            ctx = tmp.get_context("fork")
+            self._queues = [ctx.Queue(maxsize=depth) for _ in range(n)]
+            self._stop = ctx.Event()
+            self._workers = [ctx.Process(target=_iterable_worker, daemon=True,
+                                         args=(o.dataset, o.batch_size, o.drop_last,
+                                               o.collate_fn, self._queues[i], self._stop, i, n,
+                                               base_seed, o.worker_init_fn))
+                             for i in range(n)]
+        for w in self._workers:
+            w.start()
+        self._active = list(range(n))
+        self._turn = 0
+
+    def _batched(self, it):
+        o = self._owner
+        if o.batch_size is None:
+            for x in it:
+                yield o.collate_fn(x)
+            return
+        while True:
+            chunk = list(itertools.islice(it, o.batch_size))
+            if not chunk or (len(chunk) < o.batch_size and o.drop_last):
+                return
+            yield o.collate_fn(chunk)
+
+    def _thread_main(self, i, base_seed):
+        o = self._owner
+        _tls.info = tud._utils.worker.WorkerInfo(id=i, num_workers=self._n, seed=base_seed + i,
+                                                 dataset=o.dataset)
+        q = self._queues[i]
+        try:
+            if o.worker_init_fn is not None:
+                o.worker_init_fn(i)
+            for b in self._batched(iter(o.dataset)):
+                while not self._stop.is_set():
+                    try:
+                        q.put(("batch", b), timeout=0.1)
+                        break
+                    except Exception:  # noqa: BLE001 (queue.Full)
+                        pass
+                if self._stop.is_set():
+                    return
+            q.put(("end", None))
+        except Exception as e:  # noqa: BLE001
+            q.put(("error", _worker.error_text(e, "the dataset's iterator",
+                                               f"feedline worker thread {i}")))
+
+    def __next__(self):
+        self._check()
+        o = self._owner
+        if self._serial is not None:
+            try:
+                return self._out(next(self._serial))
+            except StopIteration:
+                self._finished = True
+                raise
+        import queue
+        while self._active:
+            i = self._active[self._turn % len(self._active)]
+            deadline = time.monotonic() + o.timeout if o.timeout > 0 else None
+            while True:
+                try:
+                    kind, value = self._queues[i].get(timeout=0.2)
+                    break
+                except queue.Empty:
+                    w = self._workers[i]
+                    if hasattr(w, "exitcode") and not w.is_alive():
+                        self._close()
+                        raise RuntimeError(f"feedline.DataLoader: worker process {i} (pid "
+                                           f"{w.pid}) exited unexpectedly with exit code "
+                                           f"{w.exitcode}") from None
+                    if deadline is not None and time.monotonic() > deadline:
+                        self._close()
+                        raise RuntimeError(f"DataLoader timed out after {o.timeout} seconds")
+            if kind == "end":
+                self._active.remove(i)
+                continue
+            self._turn += 1
+            if kind == "error":
+                _raise_from_text(value)
+            return self._out(value)
+        self._finished = True
+        self._close()
+        raise StopIteration
+
+    def _close(self):
+        if self._serial is not None or not hasattr(self, "_workers"):
+            return
+        self._stop.set()
+        for w in self._workers:
+            if hasattr(w, "kill"):
+                w.join(timeout=0.5)
+                if w.is_alive():
+                    w.kill()
+                    w.join(timeout=2)
+        self._workers = []
+
+
+def _iterable_worker(dataset, batch_size, drop_last, collate_fn, q, stop, i, n, base_seed,
+                     init_fn):
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
+    seed = _worker.seed_worker(base_seed, i)
+    _worker.set_worker_info(i, n, seed, dataset)
+    try:
+        if init_fn is not None:
+            init_fn(i)
+        it = iter(dataset)
+        while not stop.is_set():
+            if batch_size is None:
+                try:
+                    b = collate_fn(next(it))
+                except StopIteration:
+                    break
+            else:
+                chunk = list(itertools.islice(it, batch_size))
+                if not chunk or (len(chunk) < batch_size and drop_last):
+                    break
+                b = collate_fn(chunk)
+            q.put(("batch", b))
+        q.put(("end", None))
+    except Exception as e:  # noqa: BLE001
+        q.put(("error", _worker.error_text(e, "the dataset's iterator",
+                                           f"feedline worker process {i} (pid {os.getpid()})")))

@@ -1,0 +1,446 @@
+// Python data sets in the engine (see py_dataset.h).
+#include "py_dataset.h"
+
+#include <poll.h>
+#include <pybind11/stl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace py = pybind11;
+
+namespace feedline::python {
+namespace {
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+class Positions : public Dataset {
+ public:
+  Positions(int64_t n, uint64_t fingerprint) : n_(n), fingerprint_(fingerprint) {}
+  int64_t size() const override { return n_; }
+  absl::Status Read(int64_t, Record* record) const override {
+    record->Clear();
+    return absl::OkStatus();
+  }
+  std::string Describe(int64_t index) const override { return absl::StrCat("position ", index); }
+  uint64_t Fingerprint() const override { return fingerprint_; }
+  bool empty_records() const override { return true; }
+
+ private:
+  int64_t n_;
+  uint64_t fingerprint_;
+};
+
+enum class Io { kOk, kEof, kTimeout, kClosed, kError };
+
+bool WriteAll(int fd, const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= size_t(w);
+  }
+  return true;
+}
+
+// Reads exactly n bytes, polling so that a closing loader or a timeout (<= 0: none) ends it.
+Io ReadAll(int fd, void* data, size_t n, double timeout_s, const std::atomic<bool>& closed) {
+  auto* p = static_cast<uint8_t*>(data);
+  const int64_t deadline =
+      timeout_s > 0 ? NowNs() + int64_t(timeout_s * 1e9) : std::numeric_limits<int64_t>::max();
+  while (n > 0) {
+    if (closed.load()) return Io::kClosed;
+    const int64_t left_ms = (deadline - NowNs()) / 1000000;
+    if (left_ms < 0) return Io::kTimeout;
+    pollfd pfd{fd, POLLIN, 0};
+    const int r = ::poll(&pfd, 1, int(std::min<int64_t>(left_ms + 1, 200)));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Io::kError;
+    if (r == 0) continue;
+    const ssize_t got = ::read(fd, p, n);
+    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (got < 0) return Io::kError;
+    if (got == 0) return Io::kEof;
+    p += got;
+    n -= size_t(got);
+  }
+  return Io::kOk;
+}
+
+}  // namespace
+
+std::shared_ptr<const Dataset> MakePositions(int64_t n, uint64_t fingerprint) {
+  return std::make_shared<Positions>(n, fingerprint);
+}
+
+PyTransform::PyTransform(Schema schema, bool batch_mode, py::object fetch)
+    : schema_(std::move(schema)), batch_mode_(batch_mode), fetch_(std::move(fetch)) {}
+
+PyTransform::~PyTransform() {
+  StopProcesses();
+  if (Py_IsInitialized() && !_Py_IsFinalizing()) {
+    py::gil_scoped_acquire gil;
+    fetch_ = py::object();
+    respawn_ = py::object();
+  } else {  // the interpreter is gone: leak the references rather than touch it
+    fetch_.release();
+    respawn_.release();
+  }
+}
+
+absl::Status PyTransform::Apply(const Record&, const SampleContext& context, WorkerState*,
+                                SampleWriter& out) const {
+  if (closed_.load()) return absl::CancelledError("the loader is closed");
+  const int64_t position = context.index();
+  absl::Status st;
+  bool use_procs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    use_procs = !procs_.empty();
+  }
+  st = use_procs ? ApplyProcess(position, out) : ApplyThread(position, out);
+  if (st.ok()) samples_.fetch_add(1, std::memory_order_relaxed);
+  return st;
+}
+
+absl::Status PyTransform::Failed(int64_t position, const std::string& text) const {
+  const size_t nl = text.find('\n');
+  const std::string summary = text.substr(0, nl);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    errors_[position] = text;
+  }
+  return absl::DataLossError(summary);
+}
+
+absl::Status PyTransform::ApplyThread(int64_t position, SampleWriter& out) const {
+  if (Py_IsInitialized() == 0 || _Py_IsFinalizing()) {
+    return absl::CancelledError("the interpreter is shutting down");
+  }
+  const int64_t t0 = NowNs();
+  py::gil_scoped_acquire gil;
+  const int64_t t1 = NowNs();
+  gil_wait_ns_.fetch_add(t1 - t0, std::memory_order_relaxed);
+  py::object r;
+  try {
+    r = fetch_(position);
+  } catch (py::error_already_set& e) {  // fetch reports the dataset's errors itself: a bug here
+    call_ns_.fetch_add(NowNs() - t1, std::memory_order_relaxed);
+    return Failed(position,
+                  absl::StrCat("feedline: internal error in fetch(", position, "): ", e.what()));
+  }
+  call_ns_.fetch_add(NowNs() - t1, std::memory_order_relaxed);
+  if (py::isinstance<py::str>(r)) return Failed(position, r.cast<std::string>());
+  if (batch_mode_) {
+    *out.Fixed<int64_t>(0) = position;
+    return absl::OkStatus();
+  }
+  auto leaves = r.cast<py::list>();
+  if (int(leaves.size()) != schema_.size()) {
+    return Failed(position, absl::StrCat("feedline: fetch(", position, ") gave ", leaves.size(),
+                                         " fields, the schema has ", schema_.size()));
+  }
+  // Take the buffers with the GIL, copy without it.
+  std::vector<py::buffer_info> infos;
+  infos.reserve(leaves.size());
+  for (int f = 0; f < schema_.size(); ++f) {
+    infos.push_back(py::reinterpret_borrow<py::buffer>(leaves[size_t(f)]).request());
+    const py::buffer_info& b = infos.back();
+    const Field& field = schema_.field(f);
+    if (b.itemsize != ElementSize(field.dtype())) {
+      return Failed(position,
+                    absl::StrCat("feedline: field ", field.name(), ": element size ", b.itemsize,
+                                 ", the schema's is ", ElementSize(field.dtype())));
+    }
+    int64_t expect = b.itemsize;  // C-contiguous?
+    for (int d = int(b.ndim) - 1; d >= 0; --d) {
+      if (b.shape[size_t(d)] > 1 && b.strides[size_t(d)] != expect) {
+        return Failed(position,
+                      absl::StrCat("feedline: field ", field.name(), ": not a contiguous array"));
+      }
+      expect *= b.shape[size_t(d)];
+    }
+  }
+  py::gil_scoped_release nogil;
+  for (int f = 0; f < schema_.size(); ++f) {
+    const py::buffer_info& b = infos[size_t(f)];
+    std::vector<int64_t> shape(b.shape.begin(), b.shape.end());
+    absl::Status st = out.Write(f, shape, b.ptr);
+    if (!st.ok()) return Failed(position, std::string(st.message()));
+  }
+  return absl::OkStatus();  // `nogil` ends first: the buffer_infos are released with the GIL
+}
+
+absl::Status PyTransform::WriteFields(const uint8_t* p, size_t n, SampleWriter& out) const {
+  size_t off = 0;
+  std::vector<int64_t> shape;
+  for (int f = 0; f < schema_.size(); ++f) {
+    const Field& field = schema_.field(f);
+    shape.resize(size_t(field.rank()));
+    if (off + 8 * shape.size() > n) return absl::DataLossError("truncated reply");
+    std::memcpy(shape.data(), p + off, 8 * shape.size());
+    off += 8 * shape.size();
+    int64_t elements = 1;
+    for (int64_t d : shape) {
+      if (d < 0) return absl::DataLossError("negative dimension in reply");
+      elements *= d;
+    }
+    const size_t bytes = size_t(elements) * size_t(ElementSize(field.dtype()));
+    if (off + bytes > n) return absl::DataLossError("truncated reply");
+    absl::Status st = out.Write(f, shape, p + off);
+    if (!st.ok()) return st;
+    off += (bytes + 7) / 8 * 8;
+  }
+  return absl::OkStatus();
+}
+
+void PyTransform::UseProcesses(py::object respawn, int count) {
+  StopProcesses();
+  respawn_ = std::move(respawn);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    procs_.assign(size_t(count), Proc());
+  }
+  for (int i = 0; i < count; ++i) {
+    std::string old = Respawn(i);  // the GIL is held by the caller: Respawn re-enters it
+    (void)old;
+  }
+}
+
+void PyTransform::CloseProc(Proc& p) const {
+  if (p.request_fd >= 0) {
+    const int64_t bye[3] = {0, 0, 0};
+    if (p.alive) (void)WriteAll(p.request_fd, bye, sizeof bye);
+    ::close(p.request_fd);
+  }
+  if (p.reply_fd >= 0) ::close(p.reply_fd);
+  if (p.staging != nullptr) ::munmap(p.staging, p.staging_bytes);
+  p = Proc();
+}
+
+void PyTransform::StopProcesses() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Proc& p : procs_) CloseProc(p);
+  procs_.clear();
+  idle_.notify_all();
+}
+
+int PyTransform::processes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return int(procs_.size());
+}
+
+std::string PyTransform::Respawn(int i) const {
+  std::vector<int> fds;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    CloseProc(procs_[size_t(i)]);
+    for (const Proc& p : procs_) {
+      if (p.request_fd >= 0) fds.push_back(p.request_fd);
+      if (p.reply_fd >= 0) fds.push_back(p.reply_fd);
+    }
+  }
+  Proc fresh;
+  std::string old;
+  {
+    py::gil_scoped_acquire gil;
+    try {
+      py::tuple t = respawn_(i, fds);
+      fresh.pid = t[0].cast<int>();
+      fresh.request_fd = t[1].cast<int>();
+      fresh.reply_fd = t[2].cast<int>();
+      const int staging_fd = t[3].cast<int>();
+      fresh.staging_bytes = t[4].cast<size_t>();
+      if (!t[5].is_none()) old = py::str(t[5]).cast<std::string>();
+      void* m = ::mmap(nullptr, fresh.staging_bytes, PROT_READ, MAP_SHARED, staging_fd, 0);
+      ::close(staging_fd);
+      if (m != MAP_FAILED) {
+        fresh.staging = static_cast<uint8_t*>(m);
+        fresh.alive = true;
+      }
+    } catch (py::error_already_set& e) {
+      old = absl::StrCat("cannot start a worker process: ", e.what());
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  Proc& p = procs_[size_t(i)];
+  p = fresh;
+  if (!p.alive) CloseProc(p);
+  idle_.notify_all();
+  return old;
+}
+
+int PyTransform::AcquireProc() const {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    bool any_alive = false;
+    for (size_t i = 0; i < procs_.size(); ++i) {
+      if (!procs_[i].alive) continue;
+      any_alive = true;
+      if (!procs_[i].busy) {
+        procs_[i].busy = true;
+        return int(i);
+      }
+    }
+    if (!any_alive || closed_.load()) return -1;
+    idle_.wait_for(lock, std::chrono::milliseconds(200));
+  }
+}
+
+void PyTransform::ReleaseProc(int i) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  procs_[size_t(i)].busy = false;
+  idle_.notify_one();
+}
+
+absl::Status PyTransform::ApplyProcess(int64_t position, SampleWriter& out) const {
+  std::shared_ptr<const std::vector<int64_t>> keys, offsets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    keys = keys_;
+    offsets = offsets_;
+  }
+  if (!keys || position + 1 >= int64_t(offsets->size())) {
+    return Failed(position, absl::StrCat("feedline: no keys for position ", position));
+  }
+  const int64_t b = (*offsets)[size_t(position)], e = (*offsets)[size_t(position) + 1];
+  std::vector<int64_t> request = {1, position, e - b};
+  request.insert(request.end(), keys->begin() + b, keys->begin() + e);
+  const std::string what =
+      e - b == 1 ? absl::StrCat("dataset[", (*keys)[size_t(b)], "]")
+                 : absl::StrCat("the batch of dataset[",
+                                absl::StrJoin(keys->begin() + b, keys->begin() + e, ", "), "]");
+  std::string died;  // the first death, if the retry dies too
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const int i = AcquireProc();
+    if (i < 0) {
+      if (closed_.load()) return absl::CancelledError("the loader is closed");
+      return Failed(position, absl::StrCat("feedline: no worker process is running (", what, ")"));
+    }
+    Proc p;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      p = procs_[size_t(i)];
+    }
+    const double timeout = timeout_s_.load();
+    int64_t reply[3] = {0, 0, 0};
+    Io io = WriteAll(p.request_fd, request.data(), request.size() * 8) ? Io::kOk : Io::kEof;
+    if (io == Io::kOk) io = ReadAll(p.reply_fd, reply, sizeof reply, timeout, closed_);
+    std::vector<uint8_t> inline_payload;
+    if (io == Io::kOk && reply[1] != 0) {
+      if (reply[2] < 0 || reply[2] > (int64_t(1) << 40)) {
+        io = Io::kError;
+      } else {
+        inline_payload.resize(size_t(reply[2]));
+        io = ReadAll(p.reply_fd, inline_payload.data(), inline_payload.size(), timeout, closed_);
+      }
+    }
+    if (io == Io::kClosed) {
+      ReleaseProc(i);
+      return absl::CancelledError("the loader is closed");
+    }
+    if (io == Io::kTimeout) {
+      timeouts_.fetch_add(1);
+      ::kill(p.pid, SIGKILL);
+      Respawn(i);
+      return Failed(position,
+                    absl::StrCat("DataLoader timed out after ", timeout, " seconds (", what,
+                                 ", worker process ", p.pid, ")\n{\"type\": \"RuntimeError\"}"));
+    }
+    if (io != Io::kOk) {  // the process died (or its pipe broke): replace it, retry once
+      deaths_.fetch_add(1);
+      const std::string code = Respawn(i);
+      const std::string text =
+          absl::StrCat("worker process ", p.pid, " died (exit code ",
+                       code.empty() ? "unknown" : code, ") while loading ", what);
+      if (attempt == 0) {
+        died = text;
+        retries_.fetch_add(1);
+        continue;
+      }
+      return Failed(position, absl::StrCat("feedline: ", text, "; retried on a new process, ",
+                                           "which died too (first: ", died, ")",
+                                           "\n{\"type\": \"RuntimeError\"}"));
+    }
+    const uint8_t* payload = reply[1] != 0 ? inline_payload.data() : p.staging;
+    const size_t n = size_t(reply[2]);
+    if (reply[1] == 0 && n > p.staging_bytes) {
+      ReleaseProc(i);
+      return Failed(position, "feedline: a worker's reply overruns its staging area");
+    }
+    absl::Status st;
+    if (reply[0] != 0) {
+      st = Failed(position, std::string(reinterpret_cast<const char*>(payload), n));
+    } else if (batch_mode_) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        results_[position].assign(reinterpret_cast<const char*>(payload), n);
+      }
+      *out.Fixed<int64_t>(0) = position;
+    } else {
+      st = WriteFields(payload, n, out);
+      if (!st.ok()) st = Failed(position, absl::StrCat(what, ": ", st.message()));
+    }
+    ReleaseProc(i);  // only now: the staging area has been copied
+    return st;
+  }
+  return absl::InternalError("unreachable");
+}
+
+void PyTransform::SetKeys(std::vector<int64_t> keys, std::vector<int64_t> offsets) {
+  auto k = std::make_shared<const std::vector<int64_t>>(std::move(keys));
+  auto o = std::make_shared<const std::vector<int64_t>>(std::move(offsets));
+  std::lock_guard<std::mutex> lock(mu_);
+  keys_ = std::move(k);
+  offsets_ = std::move(o);
+  errors_.clear();
+  results_.clear();
+}
+
+std::string PyTransform::TakeError(int64_t position) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = errors_.find(position);
+  if (it == errors_.end()) return "";
+  std::string s = std::move(it->second);
+  errors_.erase(it);
+  return s;
+}
+
+std::string PyTransform::TakeResult(int64_t position) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = results_.find(position);
+  if (it == results_.end()) return "";
+  std::string s = std::move(it->second);
+  results_.erase(it);
+  return s;
+}
+
+py::dict PyTransform::Stats() const {
+  py::dict d;
+  d["samples"] = samples_.load();
+  d["gil_wait_s"] = double(gil_wait_ns_.load()) * 1e-9;
+  d["call_s"] = double(call_ns_.load()) * 1e-9;
+  d["worker_deaths"] = deaths_.load();
+  d["retries"] = retries_.load();
+  d["timeouts"] = timeouts_.load();
+  d["processes"] = processes();
+  return d;
+}
+
+}  // namespace feedline::python

@@ -1,0 +1,120 @@
+// Python data sets in the engine: the transform behind `feedline.DataLoader`.
+//
+// A Python `Dataset` is read by position: the engine runs over positions 0..n-1 of the epoch's
+// order (what the sampler gave, in Python), unshuffled, and `PyTransform::Apply` makes the
+// sample (or, in batch mode, the whole batch) at a position in one of two executors:
+//   - threads: the engine's worker thread takes the GIL and calls `fetch(position)`, which
+//     returns the sample's leaves as contiguous buffers (numpy arrays) in schema order, or an
+//     error text; the leaves are copied into the batch slot with the GIL released.
+//   - processes: the worker thread hands the position's dataset keys to an idle worker process
+//     (a pipe per process) and waits for its reply; the process writes the leaves into its own
+//     shared-memory staging area (or, past it, through the pipe) and the thread copies them
+//     into the slot. No pickling of tensor data; no GIL in the parent.
+// A worker process that dies is replaced (`respawn`, in Python) and its sample retried once on
+// the new process; dying again fails the sample with the exit status.
+//
+// Wire format (little-endian int64 words). Request: [op=1, position, n, key_0 .. key_n-1];
+// op=0 asks the process to exit. Reply: [status, inline, nbytes] then, when `inline`, nbytes of
+// payload on the pipe (else the payload is at the start of the staging area). status 0: the
+// payload is the sample's fields in schema order, each as its shape (one word per dimension)
+// then its elements, padded to 8 bytes; in batch mode the payload is opaque (a pickled batch,
+// kept for `take_result`). status 1: the payload is an error text: a summary line, then details
+// for Python (`take_error`).
+//
+// Thread safety: Apply from any number of engine threads; the setters from the Python thread
+// between epochs (they take the same lock).
+#ifndef FEEDLINE_PYTHON_PY_DATASET_H_
+#define FEEDLINE_PYTHON_PY_DATASET_H_
+
+#include <pybind11/pybind11.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "feedline/dataset.h"
+#include "feedline/schema.h"
+#include "feedline/transform.h"
+
+namespace feedline::python {
+
+// Positions 0..n-1 with nothing to read: the transform makes each sample.
+std::shared_ptr<const Dataset> MakePositions(int64_t n, uint64_t fingerprint);
+
+class PyTransform : public SampleTransform {
+ public:
+  // `batch_mode`: each position is a whole batch, made in Python (a user collate_fn, irregular
+  // batches); the schema is then one int64 field holding the position.
+  PyTransform(Schema schema, bool batch_mode, pybind11::object fetch);
+  ~PyTransform() override;
+
+  const Schema& schema() const override { return schema_; }
+  absl::Status Apply(const Record& record, const SampleContext& context, WorkerState* state,
+                     SampleWriter& out) const override;
+
+  // Processes instead of threads: `respawn(i, fds_to_close)` starts worker process i and returns
+  // (pid, request_fd, reply_fd, staging_fd, staging_bytes, previous_exit_code or None); the
+  // transform owns the returned fds. `count` processes are started at once.
+  void UseProcesses(pybind11::object respawn, int count);
+  // Stops using the processes (asks them to exit, closes the pipes).
+  void StopProcesses();
+  int processes() const;
+  // The epoch's keys: position p is keys[offsets[p] .. offsets[p + 1]) (processes only).
+  void SetKeys(std::vector<int64_t> keys, std::vector<int64_t> offsets);
+  void set_timeout_s(double s) { timeout_s_.store(s); }
+  // Refuses further work (the loader is closing): Apply fails at once.
+  void Close() { closed_.store(true); }
+
+  // The error details of a failed position (Python re-raises the same type), or "".
+  std::string TakeError(int64_t position) const;
+  // Batch mode, processes: the pickled batch of a position ("" if none).
+  std::string TakeResult(int64_t position) const;
+  pybind11::dict Stats() const;
+
+ private:
+  struct Proc {
+    int pid = -1;
+    int request_fd = -1;
+    int reply_fd = -1;
+    uint8_t* staging = nullptr;
+    size_t staging_bytes = 0;
+    bool busy = false;
+    bool alive = false;
+  };
+  absl::Status ApplyThread(int64_t position, SampleWriter& out) const;
+  absl::Status ApplyProcess(int64_t position, SampleWriter& out) const;
+  // Parses a sample's payload into the slot.
+  absl::Status WriteFields(const uint8_t* p, size_t n, SampleWriter& out) const;
+  absl::Status Failed(int64_t position, const std::string& text) const;
+  int AcquireProc() const;  // blocks for an idle process; -1 when there are none
+  void ReleaseProc(int i) const;
+  // Replaces process i (GIL taken inside); returns the old one's exit code text.
+  std::string Respawn(int i) const;
+  void CloseProc(Proc& p) const;
+
+  Schema schema_;
+  bool batch_mode_;
+  pybind11::object fetch_;    // threads: fetch(position) -> list of buffers | str | None
+  pybind11::object respawn_;  // processes
+
+  mutable std::mutex mu_;
+  mutable std::condition_variable idle_;
+  mutable std::vector<Proc> procs_;
+  std::shared_ptr<const std::vector<int64_t>> keys_, offsets_;
+  mutable std::map<int64_t, std::string> errors_, results_;
+  std::atomic<double> timeout_s_{0};
+  std::atomic<bool> closed_{false};
+
+  // Stats.
+  mutable std::atomic<int64_t> samples_{0}, gil_wait_ns_{0}, call_ns_{0}, deaths_{0}, retries_{0},
+      timeouts_{0};
+};
+
+}  // namespace feedline::python
+
+#endif  // FEEDLINE_PYTHON_PY_DATASET_H_
