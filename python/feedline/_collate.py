@@ -45,10 +45,12 @@ class Field:
 
 
 class Obj:
-    __slots__ = ("index", "path", "types")
+    """A string/bytes leaf: torch keeps the batch's values as they come, a list under a
+    Mapping (built with a list comprehension), a tuple under a sequence (built with zip)."""
+    __slots__ = ("index", "path", "types", "as_tuple")
 
-    def __init__(self, index, path, types):
-        self.index, self.path, self.types = index, path, types
+    def __init__(self, index, path, types, as_tuple):
+        self.index, self.path, self.types, self.as_tuple = index, path, types, as_tuple
 
 
 class Node:
@@ -101,10 +103,10 @@ def infer(sample):
     """The Schema of `sample`, or None when it needs torch's collate in Python."""
     fields, objects = [], []
 
-    def walk(x, path):
+    def walk(x, path, in_sequence=False):
         kind = _leaf_kind(x)
         if kind == "object":
-            objects.append(Obj(len(objects), path, (str, bytes)))
+            objects.append(Obj(len(objects), path, (str, bytes), in_sequence))
             return objects[-1]
         if kind is not None:
             one = torch.utils.data.default_collate([x])  # what torch makes of it, exactly
@@ -121,10 +123,10 @@ def infer(sample):
             return Node("map", type(x), keys, [walk(x[k], path + (k,)) for k in keys], path)
         if isinstance(x, tuple) and hasattr(x, "_fields"):
             return Node("ntuple", type(x), None,
-                        [walk(v, path + (i,)) for i, v in enumerate(x)], path)
+                        [walk(v, path + (i,), True) for i, v in enumerate(x)], path)
         if isinstance(x, collections.abc.Sequence):
             return Node("tuple" if isinstance(x, tuple) else "list", type(x), None,
-                        [walk(v, path + (i,)) for i, v in enumerate(x)], path)
+                        [walk(v, path + (i,), True) for i, v in enumerate(x)], path)
         raise _Unsupported(path)
 
     try:
@@ -221,7 +223,8 @@ def rebuild(schema, columns, objects):
         if isinstance(node, Field):
             return columns[node.index]
         if isinstance(node, Obj):
-            return [o[node.index] for o in objects]
+            values = [o[node.index] for o in objects]
+            return tuple(values) if node.as_tuple else values
         values = [walk(c) for c in node.children]
         if node.kind == "map":
             d = {k: v for k, v in zip(node.keys, values)}

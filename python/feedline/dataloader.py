@@ -813,3 +813,6 @@ def _iterable_worker(dataset, batch_size, drop_last, collate_fn, q, stop, i, n, 
     except Exception as e:  # noqa: BLE001
         q.put(("error", _worker.error_text(e, "the dataset's iterator",
                                            f"feedline worker process {i} (pid {os.getpid()})")))
+    # Tensors travel as shared-memory file descriptors that this process hands over on request:
+    # it stays until the loader has taken them all (the epoch ends or is stopped).
+    stop.wait()

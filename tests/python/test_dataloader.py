@@ -1,0 +1,413 @@
+"""feedline.DataLoader against torch's DataLoader: same batches, errors, resume, workers.
+
+Every comparison runs torch's own DataLoader on the same dataset as the reference.
+"""
+
+import collections
+import os
+import random
+import signal
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data as tud
+
+import feedline
+
+EXECUTORS = ["thread", "process"]
+Point = collections.namedtuple("Point", "x label")
+
+
+class Mixed(tud.Dataset):
+    """Every kind of leaf default_collate handles, nested."""
+
+    def __init__(self, n=37):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return {
+            "image": torch.arange(12, dtype=torch.float32).reshape(3, 4) + i,
+            "half": torch.full((2,), i, dtype=torch.bfloat16),
+            "mask": torch.tensor([i % 2 == 0, True]),
+            "array": np.arange(5, dtype=np.int16) * i,
+            "label": i,
+            "weight": i / 7,
+            "flag": i % 3 == 0,
+            "np_scalar": np.float32(i) / 3,
+            "name": f"sample-{i}" * (i % 3),
+            "raw": bytes([i % 256]) * 3,
+            "point": Point(torch.tensor([i, -i]), i * 2),
+            "pair": (i, torch.tensor(float(i))),
+            "list": [np.uint8(i), "x"],
+        }
+
+
+def assert_same(a, b, where="batch"):
+    assert type(a) is type(b), f"{where}: {type(a)} vs {type(b)}"
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype, f"{where}: {a.dtype} vs {b.dtype}"
+        assert a.shape == b.shape, f"{where}: {a.shape} vs {b.shape}"
+        assert torch.equal(a, b), f"{where}: values differ"
+    elif isinstance(a, dict):
+        assert list(a) == list(b), where
+        for k in a:
+            assert_same(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} vs {b!r}"
+
+
+def assert_batches(ref, got):
+    ref, got = list(ref), list(got)
+    assert len(ref) == len(got)
+    for i, (a, b) in enumerate(zip(ref, got)):
+        assert_same(a, b, f"batch {i}")
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+@pytest.mark.parametrize("batch_size,drop_last", [(8, False), (8, True), (1, False)])
+def test_same_batches_as_torch(executor, batch_size, drop_last):
+    ref = tud.DataLoader(Mixed(), batch_size=batch_size, drop_last=drop_last)
+    loader = feedline.DataLoader(Mixed(), batch_size=batch_size, drop_last=drop_last,
+                                 num_workers=2, executor=executor)
+    assert len(loader) == len(ref)
+    assert_batches(ref, loader)
+    assert_batches(ref, loader)  # a second epoch, on the same (persistent) workers
+    assert loader.stats()["python"]["executor"] == executor
+
+
+def test_num_workers_zero_runs_in_the_calling_thread():
+    seen = set()
+
+    class Where(tud.Dataset):
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, i):
+            seen.add(threading.get_ident())
+            return i
+
+    loader = feedline.DataLoader(Where(), batch_size=3, num_workers=0)
+    assert_batches(tud.DataLoader(Where(), batch_size=3), loader)
+    assert seen == {threading.get_ident()}
+    assert loader.stats()["python"]["executor"] == "main"
+
+
+def test_torch_attributes_and_argument_checks():
+    ds = Mixed(10)
+    loader = feedline.DataLoader(ds, batch_size=4, shuffle=True)
+    assert loader.dataset is ds and loader.batch_size == 4 and len(loader) == 3
+    assert isinstance(loader.sampler, tud.RandomSampler)
+    assert isinstance(loader.batch_sampler, tud.BatchSampler)
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        feedline.DataLoader(ds, sampler=tud.SequentialSampler(ds), shuffle=True)
+    with pytest.raises(ValueError, match="batch_sampler"):
+        feedline.DataLoader(ds, batch_size=4, batch_sampler=[[0, 1]])
+    with pytest.raises(ValueError, match="non-negative"):
+        feedline.DataLoader(ds, num_workers=-1)
+    with pytest.raises(ValueError, match="executor"):
+        feedline.DataLoader(ds, executor="gpu")
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_shuffle_follows_torch_rng(executor):
+    torch.manual_seed(11)
+    ref = list(tud.DataLoader(Mixed(), batch_size=5, shuffle=True, num_workers=0))
+    torch.manual_seed(11)
+    got = list(feedline.DataLoader(Mixed(), batch_size=5, shuffle=True, num_workers=2,
+                                   executor=executor))
+    assert_batches(ref, got)
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_samplers_batch_samplers_and_collate_fn(executor):
+    ds = Mixed(23)
+    irregular = [[0, 1, 2], [5], [7, 3, 9, 11], [22, 21]]
+    assert_batches(tud.DataLoader(ds, batch_sampler=irregular),
+                   feedline.DataLoader(ds, batch_sampler=irregular, num_workers=2,
+                                       executor=executor))
+    assert_batches(tud.DataLoader(ds, batch_size=None),
+                   feedline.DataLoader(ds, batch_size=None, num_workers=2, executor=executor))
+
+    def collate(batch):
+        return {"sum": torch.stack([b["image"] for b in batch]).sum(0), "n": len(batch)}
+
+    assert_batches(tud.DataLoader(ds, batch_size=6, collate_fn=collate),
+                   feedline.DataLoader(ds, batch_size=6, collate_fn=collate, num_workers=2,
+                                       executor=executor))
+    for rank in range(2):
+        s1 = tud.DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True, seed=4)
+        s2 = tud.DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True, seed=4)
+        s1.set_epoch(3)
+        s2.set_epoch(3)
+        loader = feedline.DataLoader(ds, batch_size=4, sampler=s2, num_workers=2,
+                                     executor=executor)
+        assert len(loader.sampler) == len(s1)
+        assert_batches(tud.DataLoader(ds, batch_size=4, sampler=s1), loader)
+
+
+def test_samples_torch_cannot_stack_collate_in_python():
+    class Ragged(tud.Dataset):
+        def __len__(self):
+            return 9
+
+        def __getitem__(self, i):
+            return {"ids": torch.arange(i + 1), "meta": None}
+
+    def pad(batch):
+        return torch.nn.utils.rnn.pad_sequence([b["ids"] for b in batch], batch_first=True)
+
+    assert_batches(tud.DataLoader(Ragged(), batch_size=4, collate_fn=pad),
+                   feedline.DataLoader(Ragged(), batch_size=4, collate_fn=pad, num_workers=2))
+    # None leaves: torch's default_collate raises its TypeError, so does feedline
+    class WithNone(tud.Dataset):
+        def __len__(self):
+            return 9
+
+        def __getitem__(self, i):
+            return {"ids": torch.arange(3), "meta": None}
+
+    with pytest.raises(TypeError, match="default_collate"):
+        list(tud.DataLoader(WithNone(), batch_size=4))
+    with pytest.raises(TypeError, match="default_collate"):
+        list(feedline.DataLoader(WithNone(), batch_size=4, num_workers=2))
+
+    class Shapes(tud.Dataset):  # the first sample's shape differs from a later one's
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return torch.zeros(3 if i < 5 else 4)
+
+    with pytest.raises(RuntimeError):
+        list(tud.DataLoader(Shapes(), batch_size=4))
+    with pytest.raises(RuntimeError, match=r"shape \[4\].*\[3\]"):
+        list(feedline.DataLoader(Shapes(), batch_size=4, num_workers=2))
+
+
+class Faulty(tud.Dataset):
+    def __init__(self, n=40, bad=(), sleep=()):
+        self.n, self.bad, self.sleep = n, set(bad), set(sleep)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i in self.bad:
+            raise KeyError(f"no such sample: {i}")
+        if i in self.sleep:
+            time.sleep(30)
+        return torch.tensor([i])
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_dataset_exception_reaches_the_loop_with_its_type_and_traceback(executor):
+    loader = feedline.DataLoader(Faulty(bad={13}), batch_size=4, num_workers=2,
+                                 executor=executor)
+    it = iter(loader)
+    got = []
+    with pytest.raises(KeyError) as info:
+        for b in it:
+            got.append(b)
+    text = str(info.value)
+    assert "dataset[13]" in text and "no such sample: 13" in text and "Traceback" in text
+    assert "__getitem__" in text
+    assert len(got) == 3  # the batches before the failing one, in order
+    rest = list(it)  # as in torch, the loop may go on after the failed batch
+    assert [int(b[0]) for b in rest] == list(range(16, 40, 4))
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_on_error_skip_replaces_and_counts(executor):
+    loader = feedline.DataLoader(Faulty(bad={3, 17}), batch_size=4, num_workers=2,
+                                 executor=executor, on_error="skip")
+    values = torch.cat(list(loader)).flatten().tolist()
+    assert len(values) == 40 and 3 not in values and 17 not in values
+    assert loader.stats()["error_count"] == 2
+
+
+def test_timeout_fails_the_batch_in_time():
+    loader = feedline.DataLoader(Faulty(sleep={5}), batch_size=4, num_workers=2,
+                                 executor="process", timeout=1)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="timed out after 1"):
+        list(loader)
+    assert time.monotonic() - t0 < 10
+
+
+class KillsItsWorker(tud.Dataset):
+    """Sample `victim` kills the worker process loading it: once (a marker file), or always."""
+
+    def __init__(self, marker, victim=7, always=False):
+        self.marker, self.victim, self.always = marker, victim, always
+
+    def __len__(self):
+        return 30
+
+    def __getitem__(self, i):
+        if i == self.victim and tud.get_worker_info() is not None:
+            if self.always or not os.path.exists(self.marker):
+                open(self.marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+        return torch.tensor([i])
+
+
+def test_a_dead_worker_is_replaced_and_its_sample_retried(tmp_path):
+    loader = feedline.DataLoader(KillsItsWorker(str(tmp_path / "m")), batch_size=4,
+                                 num_workers=2, executor="process")
+    values = torch.cat(list(loader)).flatten().tolist()
+    assert values == list(range(30))
+    st = loader.stats()["python"]
+    assert st["worker_deaths"] == 1 and st["retries"] == 1
+
+
+def test_a_sample_that_always_kills_its_worker_is_a_clear_error(tmp_path):
+    loader = feedline.DataLoader(KillsItsWorker(str(tmp_path / "m"), always=True),
+                                 batch_size=4, num_workers=2, executor="process")
+    with pytest.raises(RuntimeError, match=r"died \(exit code -9, SIGKILL\) while loading "
+                                           r"dataset\[7\]"):
+        list(loader)
+
+
+class Slow(tud.Dataset):
+    def __len__(self):
+        return 300
+
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return torch.tensor([i])
+
+
+def test_soak_random_worker_kills_lose_no_sample():
+    loader = feedline.DataLoader(Slow(), batch_size=10, num_workers=2, executor="process")
+    rng = random.Random(5)
+    stop = threading.Event()
+
+    def killer():
+        while not stop.wait(rng.uniform(0.05, 0.15)):
+            procs = [p for p in loader._procs.values() if p.is_alive()]
+            if procs:
+                try:
+                    os.kill(rng.choice(procs).pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    for _ in range(2):
+        t = threading.Thread(target=killer)
+        t.start()
+        try:
+            values = torch.cat(list(loader)).flatten().tolist()
+        finally:
+            stop.set()
+            t.join()
+        stop.clear()
+        assert values == list(range(300))
+    assert loader.stats()["python"]["worker_deaths"] >= 3
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_resume_mid_epoch_is_exact(executor):
+    def make(workers):
+        return feedline.DataLoader(Mixed(), batch_size=4, shuffle=True, num_workers=2,
+                                   executor=executor, workers=workers, seed=9)
+
+    loader = make(1)
+    it = iter(loader)
+    head = [next(it) for _ in range(3)]
+    state = loader.state_dict()
+    tail = list(it)
+    assert len(head) + len(tail) == len(loader)
+    resumed = make(2)
+    resumed.load_state_dict(state)
+    assert_batches(tail, list(resumed))
+    # A state taken between epochs resumes at the next epoch's start.
+    assert len(list(resumed)) == len(loader)
+
+
+def test_resume_with_a_distributed_sampler():
+    ds = Mixed(30)
+    sampler = tud.DistributedSampler(ds, num_replicas=2, rank=1, seed=2)
+    sampler.set_epoch(5)
+    loader = feedline.DataLoader(ds, batch_size=3, sampler=sampler, num_workers=2)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    tail = list(it)
+    sampler2 = tud.DistributedSampler(ds, num_replicas=2, rank=1, seed=2)
+    loader2 = feedline.DataLoader(ds, batch_size=3, sampler=sampler2, num_workers=2)
+    loader2.load_state_dict(state)
+    assert sampler2.epoch == 5
+    assert_batches(tail, list(loader2))
+
+
+def test_a_second_iter_stops_the_first_loudly():
+    loader = feedline.DataLoader(Mixed(), batch_size=4, num_workers=2)
+    first = iter(loader)
+    next(first)
+    second = iter(loader)
+    with pytest.raises(RuntimeError, match="newer iter"):
+        next(first)
+    assert len(list(second)) == len(loader)
+
+
+class Shards(tud.IterableDataset):
+    """Splits itself across workers with get_worker_info(), as torch's recipes do."""
+
+    def __init__(self, n=27):
+        self.n = n
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        start, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(start, self.n, step):
+            yield {"x": torch.tensor([i]), "name": f"s{i}"}
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+@pytest.mark.parametrize("executor", ["auto", "thread"])
+def test_iterable_dataset_same_batches_as_torch(num_workers, executor):
+    with warnings.catch_warnings():  # torch warns about 3 workers on 2 cores
+        warnings.simplefilter("ignore")
+        ref = list(tud.DataLoader(Shards(), batch_size=4, num_workers=num_workers))
+    got = list(feedline.DataLoader(Shards(), batch_size=4, num_workers=num_workers,
+                                   executor=executor))
+    assert_batches(ref, got)
+
+
+def test_executor_is_chosen_by_measurement():
+    class ReleasesGil(tud.Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            time.sleep(0.002)  # as an I/O wait or a C decode: the GIL is free meanwhile
+            return torch.tensor([i])
+
+    class HoldsGil(tud.Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            s = 0
+            for k in range(30000):  # pure-Python parsing
+                s += k % 7
+            return torch.tensor([i + s * 0])
+
+    a = feedline.DataLoader(ReleasesGil(), batch_size=8)
+    assert torch.cat(list(a)).flatten().tolist() == list(range(64))
+    assert a.executor == "thread", a.stats()["python"]["reason"]
+    b = feedline.DataLoader(HoldsGil(), batch_size=8)
+    assert torch.cat(list(b)).flatten().tolist() == list(range(64))
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert b.executor == "process", b.stats()["python"]["reason"]
+    assert "GIL" in b.stats()["python"]["reason"] or "core" in b.stats()["python"]["reason"]
