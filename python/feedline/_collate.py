@@ -138,7 +138,7 @@ def infer(sample):
     return Schema(root, fields, objects)
 
 
-class SampleMismatch(Exception):
+class SampleMismatch(RuntimeError):
     """A sample unlike the first one (torch's default_collate would fail on its batch)."""
 
 
