@@ -129,6 +129,12 @@ modes:
                         Python sentencepiece in its workers, and the tokenizer limit
                         (single-thread C++ encode x cores): tokens/s, CPU per token,
                         packing efficiency, peak memory
+  --python-dataset      user Python datasets (pil: torchvision ImageFolder + transforms on
+                        the bundled images; numpy: work that releases the GIL; python:
+                        pure-Python parsing that holds it) through feedline.DataLoader,
+                        automatic and with each executor forced, against torch's
+                        DataLoader at each --torch-workers count (default 0,1,2,4):
+                        images/s, CPU per image, first epoch, peak PSS of the process tree
   --dataset-variant overhead|cheap|computed|costly|all
                         which of --compare-dataset's variants to run (default all)
   --torch-workers LIST  the DataLoader worker counts to try, e.g. 1,2,4 (default: 1, 2,
@@ -166,6 +172,7 @@ struct BenchFlags {
   bool compare_torch = false;
   bool compare_dataset = false;
   bool compare_text = false;
+  bool python_dataset = false;
   std::string dataset_variant = "all";
   std::vector<int> torch_workers;  // empty: the default list
   std::string python;
@@ -213,8 +220,9 @@ constexpr absl::string_view kValueFlags[] = {
     "--io-depth", "--transform",     "--layout",        "--device",  "--seed",
     "--json",     "--io-latency-ms", "--consumer-ms",   "--plot",    "--trace",
     "--source",   "--grid-seconds",  "--torch-workers", "--python",  "--dataset-variant"};
-constexpr absl::string_view kSwitches[] = {"--quiet", "--tune-grid", "--compare-torch",
-                                           "--compare-dataset", "--compare-text"};
+constexpr absl::string_view kSwitches[] = {"--quiet",         "--tune-grid",
+                                           "--compare-torch", "--compare-dataset",
+                                           "--compare-text",  "--python-dataset"};
 
 // Accepts "--flag value" and "--flag=value".
 absl::StatusOr<BenchFlags> ParseFlags(int argc, char** argv) {
@@ -232,6 +240,7 @@ absl::StatusOr<BenchFlags> ParseFlags(int argc, char** argv) {
       if (arg == "--compare-torch") flags.compare_torch = true;
       if (arg == "--compare-dataset") flags.compare_dataset = true;
       if (arg == "--compare-text") flags.compare_text = true;
+      if (arg == "--python-dataset") flags.python_dataset = true;
       continue;
     }
     if (arg.substr(0, 2) != "--") {
@@ -356,19 +365,24 @@ absl::Status CheckCombinations(const BenchFlags& f) {
     }
     return absl::OkStatus();
   };
-  if (int(f.tune_grid) + int(f.compare_torch) + int(f.compare_dataset) + int(f.compare_text) > 1) {
+  if (int(f.tune_grid) + int(f.compare_torch) + int(f.compare_dataset) + int(f.compare_text) +
+          int(f.python_dataset) >
+      1) {
     return absl::InvalidArgumentError(
-        "--tune-grid, --compare-torch, --compare-dataset and --compare-text are separate runs");
+        "--tune-grid, --compare-torch, --compare-dataset, --compare-text and --python-dataset "
+        "are separate runs");
   }
-  if (f.compare_text) {
+  if (f.compare_text || f.python_dataset) {
+    const char* mode = f.compare_text ? "--compare-text: " : "--python-dataset: ";
     for (const char* flag :
          {"--data", "--source", "--workers", "--prefetch", "--io-depth", "--transform", "--layout",
           "--device", "--io-latency-ms", "--consumer-ms", "--plot", "--trace", "--seed",
           "--batch-size", "--dataset-variant", "--grid-seconds"}) {
       if (f.given.count(flag) > 0) {
+        if (f.python_dataset && std::string_view(flag) == "--batch-size") continue;
         return absl::InvalidArgumentError(absl::StrCat(
-            "--compare-text: ", flag,
-            " does not apply (the bundled corpus, feedline with its automatic settings)"));
+            mode, flag,
+            " does not apply (the bundled data, feedline with its automatic settings)"));
       }
     }
     return absl::OkStatus();
@@ -674,6 +688,38 @@ int RunTextCompare(const BenchFlags& flags) {
   return Fail(absl::ErrnoToStatus(errno, absl::StrCat("cannot run ", args[0])));
 }
 
+// --python-dataset runs bench/python_compare.py on the bundled images (see its docstring).
+int RunPythonDatasetCompare(const BenchFlags& flags) {
+  absl::StatusOr<std::string> python = FindPython(flags);
+  if (!python.ok()) return Fail(python.status());
+  absl::StatusOr<std::string> scripts = FindScriptDir();
+  if (!scripts.ok()) return Fail(scripts.status());
+  absl::StatusOr<std::string> data = EnsureBundledData(flags.quiet);
+  if (!data.ok()) return Fail(data.status());
+  std::vector<std::string> args = {
+      *python,
+      (fs::path(*scripts) / "python_compare.py").string(),
+      "--data",
+      *data,
+      "--epochs",
+      absl::StrCat(flags.epochs),
+      "--batch-size",
+      absl::StrCat(flags.given.count("--batch-size") ? flags.batch_size : 64),
+      "--torch-workers",
+      flags.torch_workers.empty() ? std::string("0,1,2,4")
+                                  : absl::StrJoin(flags.torch_workers, ",")};
+  if (!flags.json.empty()) args.insert(args.end(), {"--json", flags.json});
+  if (flags.quiet) args.push_back("--quiet");
+  const std::string path = FeedlinePythonPath();
+  if (!path.empty()) ::setenv("PYTHONPATH", path.c_str(), 1);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::fflush(nullptr);
+  ::execv(argv[0], argv.data());
+  return Fail(absl::ErrnoToStatus(errno, absl::StrCat("cannot run ", args[0])));
+}
+
 int RunCompare(const BenchFlags& flags, const std::string& data) {
   std::error_code ec;
   if (!fs::is_directory(data, ec)) {
@@ -874,6 +920,7 @@ int main(int argc, char** argv) {
 
   if (flags.compare_dataset) return RunDatasetCompare(flags);
   if (flags.compare_text) return RunTextCompare(flags);
+  if (flags.python_dataset) return RunPythonDatasetCompare(flags);
   std::string data = flags.data;
   if (flags.synthetic) {
     absl::StatusOr<std::string> tiny = EnsureTinyData();

@@ -1,0 +1,167 @@
+"""`feedline-bench --python-dataset`: feedline.DataLoader against torch's DataLoader on user
+Python datasets, in one run (see peer_pydataset.py for the workloads).
+
+For each workload: torch's DataLoader at each num_workers given (its best is the reference),
+feedline.DataLoader with automatic settings, and feedline forced to each executor (thread,
+process). Every contender runs in a process of its own; the process tree's memory (RSS and PSS
+summed over the contender and its workers) is sampled from here every 50 ms. Images/s are taken
+over the epochs after the first (steady state); the first epoch's time is shown as startup.
+
+    /usr/bin/python3 bench/python_compare.py --data DIR [--json F] [--torch-workers 0,1,2,4]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TARGETS = {"pil": 1.0, "numpy": 1.5, "python": 1.0}  # feedline auto / best torch
+MEMORY_TARGET = 0.6  # feedline's peak memory / torch's, on pil
+
+
+def _children():
+    kids = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    data = f.read()
+                ppid = int(data[data.rindex(b")") + 2:].split()[1])
+                kids.setdefault(ppid, []).append(int(name))
+            except (OSError, ValueError):
+                pass
+    return kids
+
+
+def _tree_memory(root):
+    """(RSS, PSS) in bytes summed over `root` and its descendants, and the process count."""
+    kids = _children()
+    todo, pids = [root], []
+    while todo:
+        p = todo.pop()
+        pids.append(p)
+        todo.extend(kids.get(p, []))
+    rss = pss = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Rss:"):
+                        rss += int(line.split()[1]) * 1024
+                    elif line.startswith("Pss:"):
+                        pss += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return rss, pss, len(pids)
+
+
+def run(args, extra, name):
+    cmd = [sys.executable, os.path.join(HERE, "peer_pydataset.py"), "--data", args.data,
+           "--epochs", str(args.epochs), "--batch-size", str(args.batch_size)] + extra
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1",
+               OPENBLAS_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [HERE, env.get("PYTHONPATH", "")] if p)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    peak = {"rss": 0, "pss": 0, "processes": 0}
+    done = threading.Event()
+
+    def sample():
+        while not done.wait(0.05):
+            rss, pss, n = _tree_memory(proc.pid)
+            peak["rss"] = max(peak["rss"], rss)
+            peak["pss"] = max(peak["pss"], pss)
+            peak["processes"] = max(peak["processes"], n)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    out, err = proc.communicate()
+    done.set()
+    t.join()
+    if proc.returncode != 0:
+        sys.stderr.write(err)
+        raise SystemExit(f"python-dataset: {name} failed ({' '.join(cmd)})")
+    epochs, info = [], {}
+    for line in out.splitlines():
+        words = line.split()
+        if not words:
+            continue
+        fields = dict(w.split("=", 1) for w in words[1:] if "=" in w)
+        if words[0] == "epoch":
+            epochs.append({k: float(v) for k, v in fields.items()})
+        elif words[0] == "info":
+            info.update(fields)
+    steady = epochs[1:] or epochs
+    images = sum(e["images"] for e in steady)
+    seconds = sum(e["seconds"] for e in steady)
+    cpu = sum(e["cpu_seconds"] for e in steady)
+    r = {"name": name, "images_per_s": images / seconds, "cpu_ms_per_image": 1e3 * cpu / images,
+         "first_epoch_s": epochs[0]["seconds"], "peak_rss_bytes": peak["rss"],
+         "peak_pss_bytes": peak["pss"], "processes": peak["processes"], "info": info}
+    if not args.quiet:
+        print(f"    {name:44s} {r['images_per_s']:9.1f} /s  {r['cpu_ms_per_image']:7.3f} ms CPU"
+              f"  first epoch {r['first_epoch_s']:6.2f} s  peak PSS {peak['pss'] / 2**20:7.1f} "
+              f"MiB (RSS {peak['rss'] / 2**20:.1f}, {peak['processes']} proc)", flush=True)
+    return r
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", required=True, help="ImageFolder directory (the bundled set)")
+    p.add_argument("--workloads", default="pil,numpy,python")
+    p.add_argument("--torch-workers", default="0,1,2,4")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--json", default="")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args()
+    results = {"mode": "python_dataset", "cores": len(os.sched_getaffinity(0)),
+               "epochs": args.epochs, "batch_size": args.batch_size, "workloads": {}}
+    verdicts = []
+    for w in args.workloads.split(","):
+        if not args.quiet:
+            print(f"  workload {w}:", flush=True)
+        base = ["--workload", w]
+        torch_runs = [run(args, base + ["--loader", "torch", "--workers", str(n)],
+                          f"torch DataLoader (num_workers={n})")
+                      for n in map(int, args.torch_workers.split(","))]
+        best = max(torch_runs, key=lambda r: r["images_per_s"])
+        auto = run(args, base + ["--loader", "feedline"], "feedline.DataLoader (automatic)")
+        forced = [run(args, base + ["--loader", "feedline", "--executor", e],
+                      f"feedline.DataLoader (executor={e})") for e in ("thread", "process")]
+        better = max(forced, key=lambda r: r["images_per_s"])
+        speed = auto["images_per_s"] / best["images_per_s"]
+        vs_forced = auto["images_per_s"] / better["images_per_s"]
+        # Memory as --compare-torch counts it: the RSS summed over the process tree (PSS, which
+        # splits the pages forked workers share with their parent, is shown beside it).
+        mem = auto["peak_rss_bytes"] / max(best["peak_rss_bytes"], 1)
+        mem_pss = auto["peak_pss_bytes"] / max(best["peak_pss_bytes"], 1)
+        chosen = auto["info"].get("executor", "?")
+        reason = auto["info"].get("reason", "").replace("_", " ")
+        lines = [f"  {w}: feedline automatic / best torch ({best['name']}): {speed:.2f}x "
+                 f"(target >= {TARGETS[w]}x)",
+                 f"  {w}: automatic / better forced executor ({better['name']}): "
+                 f"{vs_forced:.2f}x (target >= 0.9x); chose {chosen}: {reason}",
+                 f"  {w}: peak memory (RSS of the process tree) feedline / best torch: "
+                 f"{mem:.2f}x" + (f" (target <= {MEMORY_TARGET}x)" if w == "pil" else "")
+                 + f"; PSS {mem_pss:.2f}x"]
+        verdicts += lines
+        results["workloads"][w] = {
+            "torch": torch_runs, "feedline_auto": auto, "feedline_forced": forced,
+            "speed_vs_best_torch": speed, "speed_target": TARGETS[w],
+            "auto_vs_better_forced": vs_forced, "memory_vs_best_torch": mem,
+            "pss_vs_best_torch": mem_pss,
+            "executor_chosen": chosen, "executor_reason": reason}
+    print("\n".join(verdicts))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
