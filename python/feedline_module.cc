@@ -891,7 +891,7 @@ PYBIND11_MODULE(_feedline, m) {
                        int64_t max_errors, double read_timeout_ms, const std::string& cache,
                        int64_t cache_budget, const std::string& dtype, std::array<double, 3> mean,
                        std::array<double, 3> std, const std::string& device, bool synthetic,
-                       bool accept_corrupt, bool exif_transpose) {
+                       bool accept_corrupt, bool exif_transpose, bool even_shards) {
              feedline::LoaderOptions o(source);
              o.shards(shards);
              o.batch_size(batch_size).shuffle(shuffle).seed(seed).drop_last(drop_last);
@@ -923,6 +923,7 @@ PYBIND11_MODULE(_feedline, m) {
                                                  {"bfloat16", feedline::DType::kBFloat16}}));
              o.mean(mean).stddev(std).device(device).synthetic(synthetic);
              o.accept_corrupt(accept_corrupt).exif_transpose(exif_transpose);
+             o.even_shards(even_shards);
              absl::StatusOr<std::unique_ptr<feedline::Loader>> loader;
              {
                py::gil_scoped_release release;
@@ -942,7 +943,7 @@ PYBIND11_MODULE(_feedline, m) {
            py::arg("mean") = std::array<double, 3>{0.485, 0.456, 0.406},
            py::arg("std") = std::array<double, 3>{0.229, 0.224, 0.225}, py::arg("device") = "cpu",
            py::arg("synthetic") = false, py::arg("accept_corrupt") = false,
-           py::arg("exif_transpose") = false)
+           py::arg("exif_transpose") = false, py::arg("even_shards") = true)
       .def("start_epoch",
            [](feedline::Loader& l) {
              std::unique_ptr<feedline::Epoch> e;

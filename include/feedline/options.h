@@ -137,6 +137,9 @@ class LoaderOptions {
                NoCheck());  // this process's shard (DistributedSampler semantics)
   FEEDLINE_ARG(kEngine, int, world_size, 1,
                AtLeast(1));  // shards; every rank gets the same number of batches
+  // false: no padding to equal shards (evaluation: each sample once over all ranks; ranks then
+  // differ by at most one sample, and so may differ by one batch)
+  FEEDLINE_ARG(kEngine, bool, even_shards, true, NoCheck());
 
   // --- Transform (image built-in) -----------------------------------------------------------
   FEEDLINE_ARG(kImage, Transform, transform, Transform::kTrain, NoCheck());

@@ -13,6 +13,7 @@ tensors through DLPack without a copy. Each ``iter(loader)`` starts the next epo
 import os
 import re
 import sys
+import weakref
 
 from . import _feedline
 from ._feedline import DataError, DeviceError
@@ -190,7 +191,24 @@ class ImageLoader:
     on_error: "raise" (feedline.DataError naming the file, at the batch of the sample) or
         "skip" (the sample is replaced by another of the same epoch; errors in stats()).
     rank, world_size: shard for distributed training (default: torch.distributed if
-        initialized, else the RANK / WORLD_SIZE environment variables, else 0 / 1).
+        initialized, else the RANK / WORLD_SIZE environment variables, else 0 / 1; a loader
+        made before init_process_group looks again at each iteration, and warns when it
+        changes). even_shards: True (DistributedSampler's default: the order is padded so
+        that every rank gets as many batches) or False (evaluation: each sample exactly once
+        over all ranks, which then differ by at most one sample).
+    seed: the shuffle's and augmentations' seed; None (default) follows torch's RNG as torch's
+        own DataLoader does: torch.initial_seed() (so torch.manual_seed(s) before makes the run
+        repeatable), agreed across ranks (rank 0's, broadcast) when torch.distributed is
+        initialized.
+    num_workers, pin_memory: torch's names, accepted so that a DataLoader call can be renamed:
+        feedline sizes its decoder threads itself, whatever num_workers says (workers= fixes
+        the count), and pins what it copies to a GPU.
+
+    Output: uint8 [B, 3, H, W] by default, the pixels of torchvision's PILToTensor. With
+    dtype="float32" (and the default mean/std) a batch equals torchvision's
+    ToTensor() + Normalize(mean, std) per image, i.e. (x / 255 - mean) / std per channel;
+    the uint8 output gives the same from ``((x.float() / 255) - mean[:, None, None]) /
+    std[:, None, None]`` on the GPU, which moves 4x fewer bytes.
     cache: None, "bytes" (file contents in RAM, for slow storage) or "decoded" (decoded images
         with the shorter side at most 2 * size, so later epochs skip decode); cache_budget
         bounds it ("auto": what memory_budget leaves). Hits and misses are in stats().
@@ -207,7 +225,7 @@ class ImageLoader:
     Each iteration over the loader is one epoch; a new iteration cancels an unfinished one.
     """
 
-    def __init__(self, source, batch_size=256, shuffle=True, seed=0, drop_last=False,
+    def __init__(self, source, batch_size=256, shuffle=True, seed=None, drop_last=False,
                  transform="train", size=224, resize_size=256, scale=(0.08, 1.0),
                  ratio=(3.0 / 4.0, 4.0 / 3.0), flip=True, layout="NCHW", dtype="uint8",
                  mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), device="cpu",
@@ -215,7 +233,13 @@ class ImageLoader:
                  on_error="raise", rank=None, world_size=None, cache=None, cache_budget=None,
                  return_index=False, max_image_pixels=178956970, max_errors=None,
                  read_timeout=60.0, simulated_read_latency_ms=0.0, accept_corrupt=False,
-                 exif_transpose=False):
+                 exif_transpose=False, even_shards=True, num_workers=None, pin_memory=False):
+        self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        if num_workers is not None:  # accepted, not obeyed: feedline sizes its threads
+            _check_type("num_workers", num_workers, int, "an int")
+        _check_type("pin_memory", pin_memory, bool, "a bool")
+        _check_type("even_shards", even_shards, bool, "a bool")
+        seed = _default_seed() if seed is None else seed
         shards = []
         if isinstance(source, (list, tuple)):
             if not source:
@@ -270,6 +294,7 @@ class ImageLoader:
             r, w = _world()
             rank = r if rank is None else rank
             world_size = w if world_size is None else world_size
+        self._world_defaulted = self._args["rank"] is None and self._args["world_size"] is None
         _check_type("rank", rank, int, "an int")
         _check_type("world_size", world_size, int, "an int")
         scale = _pair("scale", scale)
@@ -291,23 +316,56 @@ class ImageLoader:
             read_timeout_ms=1000.0 * _timeout(read_timeout),
             cache=cache or "none",
             dtype=dtype, mean=mean, std=std, device=device, accept_corrupt=accept_corrupt,
-            exif_transpose=exif_transpose,
+            exif_transpose=exif_transpose, even_shards=even_shards,
             cache_budget=0 if cache_budget is None else _parse_bytes("cache_budget", cache_budget),
             simulated_read_latency_ms=float(_check_type(
                 "simulated_read_latency_ms", simulated_read_latency_ms, (int, float), "a number")))
         self._samples = None
         self.batch_size = batch_size
+        self.seed = seed
         self.source = source or shards
         self.rank = rank
         self.world_size = world_size
+        self.drop_last = drop_last
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
 
     def __len__(self):
         """Batches per epoch for this rank."""
         return len(self._loader)
 
+    def _recheck_world(self):
+        """A loader made before init_process_group took world_size 1: re-shard now."""
+        if not self._world_defaulted:
+            return
+        rank, world = _world()
+        if (rank, world) == (self.rank, self.world_size):
+            return
+        import warnings
+        warnings.warn(f"feedline.ImageLoader: made as rank {self.rank} of {self.world_size}, "
+                      f"but torch.distributed now says rank {rank} of {world}: re-sharding "
+                      "(create loaders after init_process_group to avoid this)", stacklevel=3)
+        args = dict(self._args, rank=rank, world_size=world, seed=self.seed)
+        epoch = self._loader.next_epoch
+        self.__init__(**args)
+        self._loader.set_epoch(epoch)
+
     def __iter__(self):
+        self._recheck_world()
         # The iterator holds the loader: `for x, y in ImageLoader(...)` must see every batch.
         return _EpochIterator(self._loader.start_epoch(), self._return_index, self)
+
+    @property
+    def dataset(self):
+        """torch's ``loader.dataset``: len() is the data set's size; classes, samples, targets
+        and class_to_idx as torchvision's ImageFolder."""
+        return _DatasetView(self)
+
+    @property
+    def sampler(self):
+        """torch's ``loader.sampler``: len() is this rank's samples per epoch (as
+        DistributedSampler's); set_epoch(e) chooses the next epoch."""
+        return _SamplerView(self)
 
     @property
     def classes(self):
@@ -379,6 +437,64 @@ class ImageLoader:
     def __repr__(self):
         return (f"feedline.ImageLoader({self.source!r}, batch_size={self.batch_size}, "
                 f"batches={len(self)}, workers={self.workers}, prefetch={self.prefetch})")
+
+
+class _DatasetView:
+    """What scripts read from ``loader.dataset`` (an ImageFolder's attributes)."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def __len__(self):
+        return len(self._loader.samples)
+
+    classes = property(lambda self: self._loader.classes)
+    class_to_idx = property(lambda self: self._loader.class_to_idx)
+    samples = property(lambda self: self._loader.samples)
+    imgs = samples
+    targets = property(lambda self: self._loader.targets)
+    root = property(lambda self: self._loader.source)
+
+    def __repr__(self):
+        return f"feedline dataset view ({len(self)} samples of {self._loader.source!r})"
+
+
+class _SamplerView:
+    """What scripts read from ``loader.sampler`` (a DistributedSampler's len and set_epoch)."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def __len__(self):
+        return self._loader._loader.num_samples
+
+    def set_epoch(self, epoch):
+        self._loader.set_epoch(epoch)
+
+    @property
+    def num_replicas(self):
+        return self._loader.world_size
+
+    @property
+    def rank(self):
+        return self._loader.rank
+
+
+def _default_seed():
+    """torch's RNG decides, as for torch's DataLoader (rank 0's seed on every rank)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return 0
+    seed = torch.initial_seed() % (2**63)
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            box = [seed]
+            dist.broadcast_object_list(box, src=0)
+            seed = int(box[0])
+    except Exception:  # noqa: BLE001 (no collective possible: each rank's own seed)
+        pass
+    return seed
 
 
 class TokenLoader:
@@ -649,6 +765,12 @@ class _EpochIterator:
         self._owner = owner
         self._epoch = epoch
         self._return_index = return_index
+        # Starting this epoch cancelled the loader's previous one: its iterator must say so.
+        previous = getattr(owner, "_current_iterator", None)
+        previous = previous() if previous is not None else None
+        if previous is not None:
+            previous._supersede()
+        owner._current_iterator = weakref.ref(self)
 
     def __iter__(self):
         return self
@@ -656,7 +778,18 @@ class _EpochIterator:
     def __len__(self):
         return len(self._epoch) if self._epoch is not None else 0
 
+    def _supersede(self):
+        """A newer iter(loader) started another epoch: this one raises from now on."""
+        if self._epoch is not None:
+            self._superseded = True
+
+    def _check(self):
+        if getattr(self, "_superseded", False):
+            raise RuntimeError("feedline: this epoch was cancelled by a newer iter(loader) (one "
+                               "epoch runs at a time: zip(loader, loader) cannot work)")
+
     def __next__(self):
+        self._check()
         if self._epoch is None:
             raise StopIteration
         try:
@@ -695,6 +828,7 @@ class _FieldsIterator(_EpochIterator):
         self._drop = drop  # views the dicts leave out
 
     def __next__(self):
+        self._check()
         if self._epoch is None:
             raise StopIteration
         try:

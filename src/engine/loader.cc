@@ -343,6 +343,7 @@ absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOpt
   shared->sampler.drop_last = options.drop_last();
   shared->sampler.rank = options.rank();
   shared->sampler.world_size = options.world_size();
+  shared->sampler.even_shards = options.even_shards();
   shared->options = std::move(options);
   return std::unique_ptr<Loader>(new Loader(std::move(shared)));
 }

@@ -10,6 +10,7 @@ namespace feedline {
 
 int64_t SamplesPerRank(const SamplerConfig& c) {
   const int64_t n = c.dataset_size, w = c.world_size;
+  if (!c.even_shards) return n > c.rank ? (n - c.rank + w - 1) / w : 0;
   if (c.drop_last && n % w != 0) return (n - w + w - 1) / w;  // ceil((n - w) / w)
   return (n + w - 1) / w;
 }
@@ -33,7 +34,7 @@ std::vector<int64_t> EpochOrder(const SamplerConfig& c, int64_t epoch) {
   const int64_t total = per_rank * c.world_size;
   std::vector<int64_t> mine;
   mine.reserve(size_t(per_rank));
-  for (int64_t pos = c.rank; pos < total; pos += c.world_size) {
+  for (int64_t pos = c.rank; int64_t(mine.size()) < per_rank && pos < total; pos += c.world_size) {
     mine.push_back(perm[size_t(pos % n)]);  // pos >= n: padding repeats from the start
   }
   if (c.drop_last) mine.resize(size_t(mine.size() / size_t(c.batch_size) * size_t(c.batch_size)));

@@ -4,6 +4,9 @@
 // DistributedSampler's split: padded by repeating from the start (drop_last = false) or
 // truncated (drop_last = true) to a multiple of world_size, and rank r takes positions
 // r, r + world_size, ... — every rank gets the same number of samples, hence of batches.
+// Without `even_shards` (distributed evaluation: every sample exactly once over all ranks) the
+// order is neither padded nor truncated: rank r takes r, r + world_size, ... < dataset size,
+// and ranks differ by at most one sample.
 #ifndef FEEDLINE_SRC_ENGINE_SAMPLER_H_
 #define FEEDLINE_SRC_ENGINE_SAMPLER_H_
 
@@ -20,6 +23,7 @@ struct SamplerConfig {
   bool drop_last = false;
   int rank = 0;
   int world_size = 1;
+  bool even_shards = true;
 };
 
 // Samples per epoch for one rank (padding included).

@@ -76,6 +76,32 @@ TEST_CASE("ranks get disjoint, complete, equal shards (DistributedSampler)", "[s
   }
 }
 
+TEST_CASE("even_shards = false: every sample exactly once over all ranks", "[sampler]") {
+  for (int64_t n : {1, 10, 11, 97}) {
+    for (int world : {1, 2, 3, 4}) {
+      std::multiset<int64_t> all;
+      std::set<size_t> sizes;
+      for (int rank = 0; rank < world; ++rank) {
+        SamplerConfig c;
+        c.dataset_size = n;
+        c.batch_size = 4;
+        c.seed = 9;
+        c.rank = rank;
+        c.world_size = world;
+        c.even_shards = false;
+        const std::vector<int64_t> mine = feedline::EpochOrder(c, 2);
+        REQUIRE(int64_t(mine.size()) == feedline::SamplesPerRank(c));
+        sizes.insert(mine.size());
+        all.insert(mine.begin(), mine.end());
+      }
+      INFO("n=" << n << " world=" << world);
+      REQUIRE(int64_t(all.size()) == n);  // no padding duplicates
+      REQUIRE(std::set<int64_t>(all.begin(), all.end()).size() == size_t(n));
+      REQUIRE(*sizes.rbegin() - *sizes.begin() <= 1);
+    }
+  }
+}
+
 TEST_CASE("SampleRng: uniform and unbiased enough", "[sampler]") {
   feedline::SampleRng rng(1, 2, 3, 4);
   std::map<uint64_t, int> counts;
