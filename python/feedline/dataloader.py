@@ -422,10 +422,68 @@ class DataLoader:
         except Exception:  # noqa: BLE001 (the sample's error comes again, at its batch)
             return "thread", "the probe's sample failed"
         if parallel >= 1.3:
+            if not self._thread_safe(keys):
+                return "process", ("the dataset gives each sample the same bytes alone but not "
+                                   "from two threads at once (it changes global state, such as "
+                                   "torch's RNG): processes keep torch's isolation")
             return "thread", (f"the dataset releases the GIL: 2 threads ran {parallel:.2f} CPU "
                               "seconds per second")
         return "process", (f"the dataset holds the GIL: 2 threads ran only {parallel:.2f} CPU "
                            "seconds per second")
+
+    def _thread_safe(self, keys):
+        """False when samples that are deterministic one at a time change when two threads
+        load them together (a dataset that reseeds torch's global RNG, as torchvision's
+        FakeData does, or keeps a shared cursor). Random datasets cannot be told apart: True."""
+        def feed(x, h):  # tensors' pickles are not deterministic: their bytes are
+            if isinstance(x, torch.Tensor):
+                h.update(str((x.dtype, tuple(x.shape))).encode())
+                t = x.detach().cpu().contiguous()
+                h.update((t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()
+                         .tobytes())
+            elif isinstance(x, dict):
+                for k, v in x.items():
+                    h.update(repr(k).encode())
+                    feed(v, h)
+            elif isinstance(x, (list, tuple)):
+                h.update(b"[%d" % len(x))
+                for v in x:
+                    feed(v, h)
+            elif hasattr(x, "tobytes"):  # numpy arrays, PIL images
+                h.update(x.tobytes())
+            else:
+                h.update(repr(x).encode())
+
+        def digest(k):
+            h = hashlib.sha1()
+            feed(self.dataset[k], h)
+            return h.digest()
+
+        ks = list(itertools.islice(itertools.cycle(keys), 8))
+        alone = [digest(k) for k in ks]
+        if alone != [digest(k) for k in ks]:
+            return True  # random per fetch (augmentations): nothing to compare
+        together = {}
+
+        def run(t):
+            for _ in range(4):
+                for i, k in enumerate(ks):
+                    if together.setdefault((t, i), digest(k)) != digest(k) or \
+                            together[(t, i)] != alone[i]:
+                        together["differs"] = True
+
+        import sys
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)  # interleave the threads as finely as the engine's would
+        try:
+            threads = [threading.Thread(target=run, args=(t,)) for t in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            sys.setswitchinterval(interval)
+        return "differs" not in together
 
     # Thread executor: called by the engine's worker threads, with the GIL.
     def _fetch(self, position):
