@@ -71,6 +71,7 @@ def main():
     p.add_argument("--loader", choices=["torch", "feedline"], required=True)
     p.add_argument("--workers", type=int, default=None, help="torch: num_workers")
     p.add_argument("--executor", default="auto", help="feedline: auto, thread or process")
+    p.add_argument("--fixed-workers", default="auto", help="feedline: workers= (default auto)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
@@ -87,7 +88,9 @@ def main():
     else:
         import feedline
         loader = feedline.DataLoader(ds, batch_size=a.batch_size, shuffle=True,
-                                     num_workers=a.workers, executor=a.executor)
+                                     num_workers=a.workers, executor=a.executor,
+                                     workers=a.fixed_workers if a.fixed_workers == "auto"
+                                     else int(a.fixed_workers))
         label = f"feedline.DataLoader (executor {a.executor})"
     bench_proc.report("info", contender=a.loader, workload=a.workload, images=len(ds),
                       batches=len(loader))
