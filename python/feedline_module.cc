@@ -656,7 +656,8 @@ PYBIND11_MODULE(_feedline, m) {
   py::class_<feedline::python::PyTransform, std::shared_ptr<feedline::python::PyTransform>>(
       m, "PythonTransform")
       .def(py::init([](const py::list& fields, bool batch_mode, py::object fetch) {
-             // fields: (name, dtype, shape, ragged) with -n for a variable dimension up to n
+             // fields: (name, dtype, shape, ragged[, pad_value]) with -n for a variable
+             // dimension up to n (padded to the batch's longest with pad_value, or ragged)
              std::vector<feedline::Field> out;
              for (const py::handle& h : fields) {
                auto t = h.cast<py::tuple>();
@@ -667,6 +668,7 @@ PYBIND11_MODULE(_feedline, m) {
                feedline::Field f(t[0].cast<std::string>(), DTypeOf(t[1].cast<std::string>()),
                                  std::move(shape));
                if (t[3].cast<bool>()) f.collate(feedline::Collate::kRagged);
+               if (t.size() > 4) f.pad_value(t[4].cast<double>());
                out.push_back(std::move(f));
              }
              feedline::Schema schema(std::move(out));

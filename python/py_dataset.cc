@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "feedline/error.h"
 
 namespace py = pybind11;
 
@@ -126,7 +127,13 @@ absl::Status PyTransform::Failed(int64_t position, const std::string& text) cons
     std::lock_guard<std::mutex> lock(mu_);
     errors_[position] = text;
   }
-  return absl::DataLossError(summary);
+  absl::Status st = absl::DataLossError(summary);
+  // The Python side's error details (JSON after the summary) say `"replace": false` for a
+  // failure the loop must see even under on_error="skip" (a padded field's bound exceeded).
+  if (nl != std::string::npos && text.find("\"replace\": false", nl) != std::string::npos) {
+    st = MarkNotReplaceable(std::move(st));
+  }
+  return st;
 }
 
 absl::Status PyTransform::ApplyThread(int64_t position, SampleWriter& out) const {

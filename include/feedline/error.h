@@ -36,6 +36,18 @@ inline bool IsDeviceError(const absl::Status& s) {
   return s.GetPayload(kDeviceErrorPayload).has_value();
 }
 
+// A sample failure that replacing the sample would hide (on_error=kSkip does not replace it,
+// and it is not counted as a bad sample): the transform asks its consumer to act instead —
+// e.g. Python's DataLoader(pad=True) grows a padded field's bound and restarts at the batch.
+inline constexpr char kNotReplaceablePayload[] = "https://feedline.dev/not-replaceable";
+inline absl::Status MarkNotReplaceable(absl::Status s) {
+  if (!s.ok()) s.SetPayload(kNotReplaceablePayload, absl::Cord("1"));
+  return s;
+}
+inline bool IsNotReplaceable(const absl::Status& s) {
+  return s.GetPayload(kNotReplaceablePayload).has_value();
+}
+
 class Error : public std::runtime_error {
  public:
   // An error is never OK: an OK status or code becomes kUnknown.

@@ -9,6 +9,13 @@ rebuilt from the slot's columns by the same rules as torch (a tuple becomes a li
 keeps its type when it can, ...). A sample that does not fit the tree (another shape, a missing
 key) is that sample's error, as torch's ``default_collate`` would fail on the batch.
 
+Variable-length leaves (``DataLoader(pad=...)``): a field whose dimensions may vary has
+``shape`` entries ``-max`` for those dimensions; the engine pads each batch to its longest sample
+with ``pad_value`` and gives each sample's length along the first variable dimension beside it.
+A sample longer than ``max`` raises PadOverflow, which the loader answers by growing the bound
+and restarting the epoch at the batch it stopped at (so bounds learned from the first samples
+never fail a run).
+
 What the tree cannot hold (None, PIL images, custom classes, numpy arrays of strings) makes
 ``infer`` return None: the loader then collates whole batches in Python with torch's own
 ``default_collate`` (which raises what torch raises).
@@ -35,13 +42,30 @@ OBJECTS_FIELD = "__objects__"
 
 
 class Field:
-    """A tensor leaf: column `index` of the slot."""
-    __slots__ = ("index", "path", "kind", "dtype", "np_dtype", "shape")
+    """A tensor leaf: column `index` of the slot. `shape` has -max for a variable dimension
+    (padded to the batch's longest, lengths beside); `lengths_key` is the mapping key the
+    lengths go under (None: the leaf becomes a (padded, lengths) pair)."""
+    __slots__ = ("index", "path", "kind", "dtype", "np_dtype", "shape", "pad_value",
+                 "lengths_key", "padded")
 
     def __init__(self, index, path, kind, dtype, shape):
         self.index, self.path, self.kind, self.dtype = index, path, kind, dtype
         self.np_dtype = _DTYPES[dtype][1]
         self.shape = tuple(shape)
+        self.pad_value = 0
+        self.lengths_key = None
+        self.padded = False  # pad= names it: any of its dimensions may become variable
+
+    @property
+    def variable(self):
+        return any(d < 0 for d in self.shape)
+
+    def slot_elements(self):
+        """The most elements one sample may have."""
+        n = 1
+        for d in self.shape:
+            n *= abs(d)
+        return n
 
 
 class Obj:
@@ -67,10 +91,11 @@ class Schema:
         self.root, self.fields, self.objects = root, fields, objects
 
     def engine_fields(self):
-        """(name, dtype, shape, ragged) for feedline's PythonTransform."""
-        out = [(f"f{f.index}", _DTYPES[f.dtype][0], list(f.shape), False) for f in self.fields]
+        """(name, dtype, shape, ragged, pad_value) for feedline's PythonTransform."""
+        out = [(f"f{f.index}", _DTYPES[f.dtype][0], list(f.shape), False, float(f.pad_value))
+               for f in self.fields]
         if self.objects:
-            out.append((OBJECTS_FIELD, "bytes", [-OBJECT_BYTES], True))
+            out.append((OBJECTS_FIELD, "bytes", [-OBJECT_BYTES], True, 0.0))
         return out
 
 
@@ -142,7 +167,112 @@ class SampleMismatch(RuntimeError):
     """A sample unlike the first one (torch's default_collate would fail on its batch)."""
 
 
-def _to_numpy(x, f):
+class PadOverflow(SampleMismatch):
+    """A padded leaf longer than its field's bound. The message's last line is
+    ``<field index> <dimension> <size>``: the loader grows the bound and goes on (so it is
+    never replaced by another sample under on_error="skip")."""
+    replaceable = False
+
+
+def overflow_of(text):
+    """(field index, dimension, size) from a PadOverflow's message, else None."""
+    try:
+        f, d, n = text.strip().rsplit("\n", 1)[-1].split()
+        return int(f), int(d), int(n)
+    except ValueError:
+        return None
+
+
+def _leaf_name(path):
+    """A leaf's name for pad={...}: its mapping key or sequence index (the last path step)."""
+    return path[-1] if path else None
+
+
+def resolve_pad(samples, schema, pad, pad_value, bounds):
+    """Makes the variable dimensions of `schema`'s fields from `pad` (True: every leaf whose
+    shape differs among `samples`; a dict {name: True | max | per-dimension maxima}) and the
+    bounds grown earlier in this loader (`bounds`: {(field, dim): max}). A learned bound is
+    twice the longest seen, rounded up to a power of two."""
+    if not pad and not bounds:
+        return schema
+    names = {} if pad is True or not pad else dict(pad)
+    seen = [[[] for _ in f.shape] for f in schema.fields]
+    for s in samples:
+        try:
+            leaves = flatten(s, schema, check_shapes=False)
+        except SampleMismatch:
+            continue
+        for f, a in zip(schema.fields, leaves):
+            if a.ndim == len(f.shape):
+                for d, n in enumerate(a.shape):
+                    seen[f.index][d].append(n)
+    used = set()
+    for f in schema.fields:
+        if not f.shape:
+            continue
+        spec = True if pad is True else names.get(_leaf_name(f.path), None)
+        if _leaf_name(f.path) in names:
+            used.add(_leaf_name(f.path))
+        shape = list(f.shape)
+        if spec is not None and spec is not False:
+            if spec is True:
+                var = [len(set(v)) > 1 for v in seen[f.index]]
+                maxima = [0] * len(shape)
+            elif isinstance(spec, int):
+                var = [d == 0 for d in range(len(shape))]
+                maxima = [spec] + [0] * (len(shape) - 1)
+            else:
+                spec = list(spec)
+                if len(spec) != len(shape):
+                    raise ValueError(f"pad: {_leaf_name(f.path)!r} has {len(shape)} dimensions, "
+                                     f"got {len(spec)} bounds")
+                var = [m is not None for m in spec]
+                maxima = [m if isinstance(m, int) and not isinstance(m, bool) else 0
+                          for m in spec]
+            for d in range(len(shape)):
+                if var[d]:
+                    longest = max(seen[f.index][d] + [shape[d], 1])
+                    bound = maxima[d] or 1 << max(4, (2 * longest - 1).bit_length())
+                    shape[d] = -bound
+            f.pad_value = pad_value
+            f.padded = True
+        for (fi, d), m in bounds.items():
+            if fi == f.index and d < len(shape):
+                shape[d] = -max(abs(shape[d]), m)
+        f.shape = tuple(shape)
+        _name_lengths(schema, f)
+    unknown = set(names) - used
+    if unknown:
+        raise ValueError(f"pad: no tensor field named {sorted(unknown, key=repr)[0]!r} in the "
+                         "samples")
+    return schema
+
+
+def _name_lengths(schema, f):
+    """A variable leaf in a mapping gets its lengths under `<key>_lengths` beside it (when the
+    mapping has no such key); elsewhere the leaf becomes a (padded, lengths) pair."""
+    if not f.variable or not f.path or f.lengths_key is not None:
+        return
+    parent = _parent(schema.root, f.path)
+    if parent is not None and parent.kind == "map":
+        key = f"{f.path[-1]}_lengths"
+        if key not in parent.keys:
+            f.lengths_key = key
+
+
+def _parent(root, path):
+    node = root
+    for step in path[:-1]:
+        if not isinstance(node, Node):
+            return None
+        if node.kind == "map":
+            node = node.children[node.keys.index(step)]
+        else:
+            node = node.children[step]
+    return node if isinstance(node, Node) else None
+
+
+def _to_numpy(x, f, check_shapes=True):
     if f.kind == "tensor":
         if not isinstance(x, torch.Tensor):
             raise SampleMismatch(f"{_name(f.path)}: a {type(x).__name__}, the first sample has "
@@ -169,14 +299,30 @@ def _to_numpy(x, f):
             raise SampleMismatch(f"{_name(f.path)}: a {type(x).__name__}, the first sample has "
                                  "a number")
         a = np.asarray(x, dtype=f.np_dtype)
-    if a.shape != f.shape:
-        raise SampleMismatch(
-            f"{_name(f.path)}: shape {list(a.shape)}, the first sample's is {list(f.shape)} "
-            "(torch's default_collate cannot stack them either; pass collate_fn= to pad)")
+    if check_shapes:
+        _check_shape(a, f)
     return a
 
 
-def flatten(sample, schema):
+def _check_shape(a, f):
+    """Raises unless array `a` fits field `f` (PadOverflow: it would, with a larger bound)."""
+    if a.shape == f.shape:
+        return
+    if (f.variable or f.padded) and a.ndim == len(f.shape):
+        for d, (n, m) in enumerate(zip(a.shape, f.shape)):
+            if (m < 0 and n > -m) or (m >= 0 and n != m and f.padded):
+                raise PadOverflow(f"{_name(f.path)}: {n} along dimension {d}, more than the "
+                                  f"padded field's bound {abs(m)}\n{f.index} {d} {n}")
+            if m >= 0 and n != m:
+                break
+        else:
+            return
+    raise SampleMismatch(
+        f"{_name(f.path)}: shape {list(a.shape)}, the first sample's is {list(f.shape)} "
+        "(torch's default_collate cannot stack them either; pass pad=True or collate_fn=)")
+
+
+def flatten(sample, schema, check_shapes=True):
     """The sample's slot columns (contiguous numpy arrays, in field order, then the pickled
     objects as uint8 when there are any)."""
     leaves = [None] * len(schema.fields)
@@ -184,7 +330,7 @@ def flatten(sample, schema):
 
     def walk(x, node):
         if isinstance(node, Field):
-            leaves[node.index] = _to_numpy(x, node)
+            leaves[node.index] = _to_numpy(x, node, check_shapes)
         elif isinstance(node, Obj):
             if not isinstance(x, node.types):
                 raise SampleMismatch(f"{_name(node.path)}: a {type(x).__name__}, the first "
@@ -215,12 +361,52 @@ def flatten(sample, schema):
     return leaves
 
 
-def rebuild(schema, columns, objects):
+def collate_padded(samples, schema):
+    """Python's padded collation (num_workers=0): the engine's layout for `schema` — variable
+    leaves padded to the batch's longest with lengths beside them; a pad= leaf whose fixed
+    dimension differs becomes variable there (as the engine's restart does)."""
+    flat = [flatten(s, schema, check_shapes=False) for s in samples]
+    columns, lengths = [], {}
+    for f in schema.fields:
+        arrays = [leaves[f.index] for leaves in flat]
+        for a in arrays:
+            try:
+                _check_shape(a, f)
+            except PadOverflow:
+                f.shape = tuple(-max(abs(m), n) if (m < 0 or n != m) else m
+                                for m, n in zip(f.shape, a.shape))
+        if not f.variable:
+            t = torch.from_numpy(np.stack(arrays))
+        else:
+            longest = [max(a.shape[d] for a in arrays) for d in range(len(f.shape))]
+            out = np.full([len(arrays)] + longest, f.pad_value, dtype=f.np_dtype)
+            for i, a in enumerate(arrays):
+                out[(i,) + tuple(slice(0, n) for n in a.shape)] = a
+            t = torch.from_numpy(out)
+            first = next(d for d, m in enumerate(f.shape) if m < 0)
+            lengths[f.index] = torch.tensor([a.shape[first] for a in arrays], dtype=torch.int64)
+        if f.dtype == torch.bfloat16:
+            t = t.view(torch.bfloat16)
+        elif f.dtype == torch.bool:
+            t = t.view(torch.bool) if t.dtype != torch.bool else t
+        columns.append(t)
+        _name_lengths(schema, f)
+    objects = None
+    if schema.objects:
+        objects = [pickle.loads(leaves[-1].tobytes()) for leaves in flat]
+    return rebuild(schema, columns, objects, lengths)
+
+
+def rebuild(schema, columns, objects, lengths=None):
     """The batch as torch's default_collate gives it: `columns` are the fields' [B, ...]
-    tensors, `objects` a list (per sample) of the object leaves."""
+    tensors, `objects` a list (per sample) of the object leaves, `lengths` the padded fields'
+    [B] lengths by field index (under `<key>_lengths` in their mapping, else beside the padded
+    tensor as a (padded, lengths) pair)."""
 
     def walk(node):
         if isinstance(node, Field):
+            if node.variable and node.lengths_key is None:
+                return (columns[node.index], lengths[node.index])
             return columns[node.index]
         if isinstance(node, Obj):
             values = [o[node.index] for o in objects]
@@ -228,6 +414,9 @@ def rebuild(schema, columns, objects):
         values = [walk(c) for c in node.children]
         if node.kind == "map":
             d = {k: v for k, v in zip(node.keys, values)}
+            for c in node.children:
+                if isinstance(c, Field) and c.lengths_key is not None:
+                    d[c.lengths_key] = lengths[c.index]
             try:
                 return node.type(d)
             except TypeError:

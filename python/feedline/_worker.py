@@ -26,6 +26,8 @@ def error_text(exc, what, where):
                f"last):\n" + tb.split("\n", 1)[1] if "\n" in tb else tb)
     summary = f"{what}: {name}: {exc}".replace("\n", " ")
     details = {"type": f"{type(exc).__module__}.{type(exc).__qualname__}", "message": message}
+    if not getattr(exc, "replaceable", True):  # the loop must see it, also with on_error="skip"
+        details["replace"] = False
     return summary + "\n" + json.dumps(details)
 
 

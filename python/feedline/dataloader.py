@@ -32,6 +32,9 @@ from ._feedline import DataError
 
 __all__ = ["DataLoader"]
 
+# Samples read to learn which dimensions of pad=True leaves vary (and their bounds).
+_PAD_PROBE = 32
+
 _LIVE = weakref.WeakSet()
 
 
@@ -129,6 +132,9 @@ class DataLoader:
       on_error: "raise" (the sample's exception reaches the loop) or "skip" (replaced, counted).
       seed: seeds the shuffle (a torch.Generator) when no ``generator`` is given.
       device: move each batch there (``.to(device, non_blocking=True)``).
+      pad: True (pad every leaf whose shape varies), or {name: True | bound | per-dimension
+        bounds}; padded to the batch's longest with ``pad_value``, lengths beside them
+        (``"<key>_lengths"`` in a dict sample, else a (padded, lengths) pair).
 
     ``num_workers=0`` loads in the calling thread as torch does; any other count (or None)
     loads in parallel with the worker count tuned (``workers=N`` fixes it). For an
@@ -140,7 +146,7 @@ class DataLoader:
                  timeout=0, worker_init_fn=None, multiprocessing_context=None, generator=None,
                  *, prefetch_factor=None, persistent_workers=True, pin_memory_device="",
                  workers="auto", executor="auto", memory_budget="auto", on_error="raise",
-                 max_errors=None, seed=None, device=None):
+                 max_errors=None, seed=None, device=None, pad=None, pad_value=0):
         if num_workers is not None and (isinstance(num_workers, bool)
                                         or not isinstance(num_workers, int)):
             raise TypeError(f"num_workers: expected an int, got {type(num_workers).__name__}")
@@ -153,6 +159,23 @@ class DataLoader:
             raise ValueError(f"executor: expected 'auto', 'thread' or 'process', got {executor!r}")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error: expected 'raise' or 'skip', got {on_error!r}")
+        if not (pad is None or isinstance(pad, (bool, dict))):
+            raise TypeError(f"pad: expected True, False or a dict {{name: bound}}, got "
+                            f"{type(pad).__name__}")
+        if isinstance(pad, dict):
+            for k, v in pad.items():
+                ok = v is True or v is False or (isinstance(v, int) and v > 0) or (
+                    isinstance(v, (tuple, list)) and all(
+                        m is None or (isinstance(m, int) and not isinstance(m, bool) and m > 0)
+                        for m in v))
+                if not ok:
+                    raise ValueError(f"pad[{k!r}]: expected True, a positive int or a tuple of "
+                                     f"bounds (None: fixed), got {v!r}")
+        if pad and collate_fn is not None:
+            raise ValueError("pad: your collate_fn collates the batch; pad= applies to feedline's "
+                             "own collation (leave collate_fn=None)")
+        if isinstance(pad_value, bool) or not isinstance(pad_value, (int, float)):
+            raise TypeError(f"pad_value: expected a number, got {type(pad_value).__name__}")
         if prefetch_factor is not None and num_workers == 0:
             raise ValueError("prefetch_factor option could only be specified in multiprocessing."
                              "let num_workers > 0 to enable multiprocessing.")
@@ -216,6 +239,11 @@ class DataLoader:
         self._on_error = on_error
         self._max_errors = max_errors
         self._device = torch.device(device) if device is not None else None
+        self._pad = pad
+        self._pad_value = pad_value
+        self._pad_bounds = {}  # (field, dim) -> bound, grown when a sample overflowed one
+        self._pad_restarts = 0
+        self._schema = None
         # Engine state, kept across epochs (persistent workers).
         self._transform = None
         self._transform_key = None
@@ -304,6 +332,11 @@ class DataLoader:
         schema = None
         if left and regular and self.collate_fn is tud.default_collate:
             schema = _collate.infer(self.dataset[left[0][0]])
+            if schema is not None and (self._pad or self._pad_bounds):
+                keys = [k for b in left for k in b]
+                probe = keys[::max(1, len(keys) // _PAD_PROBE)][:_PAD_PROBE]
+                schema = _collate.resolve_pad([self.dataset[k] for k in probe], schema,
+                                              self._pad, self._pad_value, self._pad_bounds)
         batch_mode = schema is None
         if batch_mode:
             engine_batch = 1
@@ -339,7 +372,7 @@ class DataLoader:
                 max_errors=_parse_count("max_errors", self._max_errors))
             self._loader_key = key
         self._results.clear()
-        return _EngineIter(self, self._loader.start_epoch(), schema, engine_batch, skip)
+        return _EngineIter(self, self._loader.start_epoch(), schema, engine_batch, skip, batches)
 
     def _ensure_transform(self, schema, batch_mode, flat):
         key = (None if schema is None else [f for f in schema.engine_fields()], batch_mode)
@@ -358,7 +391,7 @@ class DataLoader:
         if self._executor == "process":
             self._staging = 64 << 20
             if schema is not None:
-                per = sum(8 * len(f.shape) + 8 + int(torch.Size(f.shape).numel()) *
+                per = sum(8 * len(f.shape) + 8 + f.slot_elements() *
                           torch.empty((), dtype=f.dtype).element_size() for f in schema.fields)
                 self._staging = max(16 << 20, 2 * per + _collate.OBJECT_BYTES + 4096)
             from . import _parse_count
@@ -607,6 +640,12 @@ class DataLoader:
               "reason": self._executor_reason if self.num_workers != 0 else "num_workers=0"}
         if self._transform is not None:
             py.update(self._transform.stats())
+        if self._pad:
+            schema = self._schema if self._schema is not None else None
+            py["pad_bounds"] = {} if schema is None else {
+                _collate._name(f.path): [-d for d in f.shape if d < 0]
+                for f in schema.fields if f.variable}
+            py["pad_restarts"] = self._pad_restarts
         out["python"] = py
         return out
 
@@ -681,6 +720,7 @@ class _SerialIter(_BaseIter):
         owner._executor, owner._executor_reason = "main", "num_workers=0"
         self._batches = iter(batches[skip:])
         self._batches_done = skip
+        self._pad_schema = None  # pad=: the samples' schema (False: torch's collate)
 
     def __next__(self):
         self._check()
@@ -691,18 +731,44 @@ class _SerialIter(_BaseIter):
             self._finished = True
             raise
         if o._auto_collation:
-            return self._out(o.collate_fn([o.dataset[k] for k in keys]))
+            samples = [o.dataset[k] for k in keys]
+            if o._pad and o.collate_fn is tud.default_collate:
+                if self._pad_schema is None:
+                    self._pad_schema = _collate.infer(samples[0]) or False
+                    if self._pad_schema:
+                        _collate.resolve_pad(samples, self._pad_schema, o._pad, o._pad_value, {})
+                if self._pad_schema:
+                    return self._out(_collate.collate_padded(samples, self._pad_schema))
+            return self._out(o.collate_fn(samples))
         return self._out(o.collate_fn(o.dataset[keys[0]]))
 
 
 class _EngineIter(_BaseIter):
-    def __init__(self, owner, epoch, schema, engine_batch, skip):
+    def __init__(self, owner, epoch, schema, engine_batch, skip, batches):
         super().__init__(owner)
         self._epoch = epoch
         self._schema = schema
         self._engine_batch = engine_batch
         self._batches_done = skip
+        self._batches = batches  # the epoch's whole order: a restart continues in it
         self._position_batch = 0  # the engine's batches handed out (errors included)
+
+    def _grow_and_restart(self, overflow):
+        """A padded sample was longer than its field's bound: the bound grows (kept for later
+        epochs), the epoch restarts at this batch with the new slots; no sample is lost."""
+        o = self._owner
+        f, d, n = overflow
+        o._pad_bounds[(f, d)] = 1 << max(4, (2 * n - 1).bit_length())
+        o._pad_restarts += 1
+        self._close()
+        new = o._engine_iter(self._batches, self._batches_done, None)
+        if isinstance(new, _EmptyIter):
+            self._finished = True
+            raise StopIteration
+        self._epoch, self._schema = new._epoch, new._schema
+        self._engine_batch = new._engine_batch
+        self._position_batch = 0
+        new._epoch = None
 
     def _close(self):
         epoch, self._epoch = self._epoch, None
@@ -722,10 +788,18 @@ class _EngineIter(_BaseIter):
             raise
         except DataError:
             k = self._position_batch
+            texts = [o._transform.take_error(pos)
+                     for pos in range(k * self._engine_batch, (k + 1) * self._engine_batch)]
+            for text in texts:
+                if text and "_collate.PadOverflow" in text.partition("\n")[2]:
+                    overflow = _collate.overflow_of(json.loads(text.partition("\n")[2])
+                                                    .get("message", ""))
+                    if overflow is not None:
+                        self._grow_and_restart(overflow)
+                        return self.__next__()
             self._position_batch += 1
             self._batches_done += 1
-            for pos in range(k * self._engine_batch, (k + 1) * self._engine_batch):
-                text = o._transform.take_error(pos)
+            for text in texts:
                 if text:
                     _raise_from_text(text)
             raise
@@ -743,13 +817,15 @@ class _EngineIter(_BaseIter):
             elif f.dtype == torch.bfloat16 and t.dtype != torch.bfloat16:
                 t = t.view(torch.bfloat16)
             columns.append(t)
+        lengths = {f.index: torch.from_dlpack(fields[f"f{f.index}_lengths"])
+                   for f in self._schema.fields if f.variable}
         objects = None
         if self._schema.objects:
             values = torch.from_dlpack(fields[_collate.OBJECTS_FIELD]).numpy()
             offs = torch.from_dlpack(fields[_collate.OBJECTS_FIELD + "_offsets"]).tolist()
             objects = [pickle.loads(values[offs[i]:offs[i + 1]].tobytes())
                        for i in range(len(offs) - 1)]
-        return self._out(_collate.rebuild(self._schema, columns, objects))
+        return self._out(_collate.rebuild(self._schema, columns, objects, lengths))
 
 
 class _IterableIter(_BaseIter):

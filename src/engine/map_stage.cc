@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "feedline/error.h"
 
 namespace feedline {
 namespace {
@@ -151,11 +152,13 @@ void MapStage::ProcessItem(ReadItem* item, SampleTransform::WorkerState* state,
     }
     if (!st.ok()) {
       const std::string name = sh.dataset->Describe(entry.sample);
+      const bool replaceable = !IsNotReplaceable(st);
       st = WithName(st, name);
-      if (replacement_->MarkBad(entry.sample)) {
+      if (replaceable && replacement_->MarkBad(entry.sample)) {
         sh.RecordError(SampleError{name, std::string(st.message()), entry.sample, core_->epoch});
       }
-      if (sh.options.on_error() == OnError::kSkip && entry.attempt < Replacement::kAttempts) {
+      if (replaceable && sh.options.on_error() == OnError::kSkip &&
+          entry.attempt < Replacement::kAttempts) {
         // Replace it by another sample of this epoch, chosen from (seed, epoch, position,
         // attempt) so the run stays reproducible. The read goes through the retry reader,
         // under the read timeout like every read.

@@ -411,3 +411,104 @@ def test_executor_is_chosen_by_measurement():
     if len(os.sched_getaffinity(0)) >= 2:
         assert b.executor == "process", b.stats()["python"]["reason"]
     assert "GIL" in b.stats()["python"]["reason"] or "core" in b.stats()["python"]["reason"]
+
+
+# --- pad=: variable-length fields padded in place, against torch's pad_sequence -------------
+class Sequences(tud.Dataset):
+    """Token-like samples, a fixed feature, a label. Lengths are long-tailed, and the long ones
+    sit at odd indices past 100, which the loader's probe of every 4th sample of a sequential
+    order never sees: the bound it learns must grow during the epoch."""
+
+    def __init__(self, n=150, longest=300):
+        self.n, self.longest = n, longest
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        short = i < 100 or i % 2 == 0
+        length = 1 + (i * 7919) % 13 if short else 1 + (i * 104729) % self.longest
+        return {"ids": torch.arange(length, dtype=torch.int64) + i,
+                "feat": np.full((4,), i, np.float32), "label": i}
+
+
+def padded_reference(dataset, batches, pad_value=0):
+    out = []
+    for b in batches:
+        samples = [dataset[i] for i in b]
+        ids = [s["ids"] for s in samples]
+        out.append({"ids": torch.nn.utils.rnn.pad_sequence(ids, batch_first=True,
+                                                           padding_value=pad_value),
+                    "feat": torch.stack([torch.from_numpy(s["feat"]) for s in samples]),
+                    "label": torch.tensor([s["label"] for s in samples]),
+                    "ids_lengths": torch.tensor([len(x) for x in ids])})
+    return out
+
+
+@pytest.mark.parametrize("executor", EXECUTORS + ["main"])
+@pytest.mark.parametrize("pad", [True, {"ids": True}])
+def test_pad_equals_pad_sequence_and_grows_its_bound(executor, pad):
+    ds = Sequences()
+    loader = feedline.DataLoader(ds, batch_size=8, num_workers=0 if executor == "main" else 2,
+                                 pad=pad, pad_value=-1,
+                                 executor="auto" if executor == "main" else executor)
+    restarts = []
+    for epoch in range(2):  # the grown bound is kept: the second epoch does not restart
+        got = list(loader)
+        restarts.append(loader.stats()["python"]["pad_restarts"])
+        if executor == "main":  # padded in Python: no bound, no restart
+            restarts[-1] = 1
+        ids_seen = sorted(int(x) for b in got for x in b["label"])
+        assert ids_seen == list(range(len(ds))), "every sample once"
+        batches = [[int(x) for x in b["label"]] for b in got]
+        for b, ref in zip(got, padded_reference(ds, batches, pad_value=-1)):
+            assert list(b) == ["ids", "feat", "label", "ids_lengths"]
+            for k in ref:
+                assert b[k].dtype == ref[k].dtype and torch.equal(b[k], ref[k]), k
+    bounds = loader.stats()["python"]["pad_bounds"]
+    assert executor == "main" or bounds["sample['ids']"][0] >= 300
+    assert restarts[0] >= 1 and restarts[1] == restarts[0]
+
+
+def test_pad_with_skip_never_drops_an_overflowing_sample():
+    ds = Sequences()
+    loader = feedline.DataLoader(ds, batch_size=10, num_workers=2, pad=True, on_error="skip",
+                                 executor="thread")
+    got = list(loader)
+    assert [int(x) for b in got for x in b["label"]] == list(range(len(ds)))
+    assert max(int(b["ids_lengths"].max()) for b in got) > 100
+
+
+def test_pad_tuple_samples_give_padded_and_lengths_pairs():
+    class Pairs(tud.Dataset):
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, i):
+            return torch.ones(1 + i % 5, 3) * i, i
+
+    loader = feedline.DataLoader(Pairs(), batch_size=4, num_workers=1, pad={0: 64})
+    (x, lengths), y = next(iter(loader))
+    assert x.shape == (4, 4, 3) and lengths.tolist() == [1, 2, 3, 4]
+    ref = torch.nn.utils.rnn.pad_sequence([Pairs()[i][0] for i in range(4)], batch_first=True)
+    assert torch.equal(x, ref) and y.tolist() == [0, 1, 2, 3]
+
+
+def test_pad_fixed_bound_overflow_is_grown_and_without_pad_is_torchs_error():
+    ds = Sequences(n=120, longest=40)
+    got = list(feedline.DataLoader(ds, batch_size=16, num_workers=2, pad={"ids": 4}))
+    assert sum(len(b["label"]) for b in got) == 120
+    with pytest.raises(RuntimeError, match="pad=True"):
+        list(feedline.DataLoader(ds, batch_size=16, num_workers=2))
+
+
+def test_pad_arguments_are_checked():
+    with pytest.raises(TypeError, match="pad"):
+        feedline.DataLoader(Sequences(), pad="yes")
+    with pytest.raises(ValueError, match=r"pad\['ids'\]"):
+        feedline.DataLoader(Sequences(), pad={"ids": -3})
+    with pytest.raises(ValueError, match="collate_fn"):
+        feedline.DataLoader(Sequences(), pad=True, collate_fn=lambda b: b)
+    with pytest.raises(ValueError, match="no tensor field named 'nope'"):
+        next(iter(feedline.DataLoader(Sequences(), batch_size=4, num_workers=1,
+                                      pad={"nope": True})))

@@ -291,6 +291,47 @@ TEST_CASE("errors from user code become the sample's error at its batch; skip re
 
 namespace {
 
+// Sample 6 fails with a mark that asks for the loop's attention (feedline::MarkNotReplaceable):
+// on_error=kSkip must hand it to the consumer at its batch, not replace it.
+class NeedsTheLoop final : public feedline::SampleTransform {
+ public:
+  const Schema& schema() const override { return schema_; }
+  absl::Status Apply(const Record&, const SampleContext& ctx, WorkerState*,
+                     SampleWriter& out) const override {
+    if (ctx.index() == 6) {
+      return feedline::MarkNotReplaceable(absl::DataLossError("bound exceeded"));
+    }
+    if (ctx.index() == 9) return absl::DataLossError("bad record");
+    *out.Fixed<int64_t>(0) = ctx.index();
+    return absl::OkStatus();
+  }
+
+ private:
+  Schema schema_{Field("i", DType::kInt64, {})};
+};
+
+}  // namespace
+
+TEST_CASE("skip does not replace a failure marked not replaceable; it reaches its batch",
+          "[engine]") {
+  auto loader = Make(std::make_shared<Documents>(12), std::make_shared<NeedsTheLoop>(),
+                     LoaderOptions().batch_size(4).shuffle(false).workers(2).on_error(
+                         feedline::OnError::kSkip));
+  auto epoch = loader->StartEpoch();
+  absl::StatusOr<Batch> first = epoch->Next();
+  REQUIRE(first.ok());
+  absl::StatusOr<Batch> second = epoch->Next();  // samples 4..7: 6 is marked
+  REQUIRE_FALSE(second.ok());
+  REQUIRE(std::string(second.status().message()) == "sample 6: bound exceeded");
+  absl::StatusOr<Batch> third = epoch->Next();  // 9 is an ordinary bad sample: replaced
+  REQUIRE(third.ok());
+  for (int64_t i = 0; i < third->size(); ++i) REQUIRE(third->indices()[i] != 9);
+  REQUIRE(absl::IsOutOfRange(epoch->Next().status()));
+  REQUIRE(loader->stats().error_count == 1);  // the marked failure is not a bad sample
+}
+
+namespace {
+
 class ThrowingDataset final : public feedline::DatasetWrapper {
  public:
   using DatasetWrapper::DatasetWrapper;
