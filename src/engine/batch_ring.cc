@@ -94,6 +94,19 @@ BatchRing::Taken BatchRing::Take(int64_t b) {
   return t;
 }
 
+BatchRing::Peeked BatchRing::Peek(int64_t b) {
+  InFlight& e = at(b);
+  Peeked p;
+  if (!Ready(b)) return p;  // acquire: the slot's bytes and fields below are complete
+  {
+    std::lock_guard<std::mutex> lock(e.mu);
+    if (!e.error.ok()) return p;
+  }
+  p.slot = e.slot;
+  p.count = e.count;
+  return p;
+}
+
 int64_t BatchRing::ReadyBatches() {
   int64_t ready = 0;
   std::lock_guard<std::mutex> lock(open_mu_);

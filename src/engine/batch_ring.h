@@ -57,6 +57,13 @@ class BatchRing {
     const InFlight& e = at(b);
     return e.batch.load(std::memory_order_acquire) == b && e.ready.load(std::memory_order_acquire);
   }
+  // A ready batch's slot and count, left in the ring (the copy stage reads it early; nothing
+  // writes an assembled slot); null slot when the batch failed or has no slot. Consumer only.
+  struct Peeked {
+    std::shared_ptr<internal::BatchSlot> slot;
+    int64_t count = 0;
+  };
+  Peeked Peek(int64_t b);
   // Waits up to `poll` for batch b; true when it is ready.
   bool WaitReady(int64_t b, std::chrono::nanoseconds poll);
   struct Taken {

@@ -53,6 +53,7 @@ EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t 
 }
 
 EpochRun::~EpochRun() {
+  early_.clear();  // their copies are waited for before the slots go back
   Shutdown();
   LoaderShared& sh = *core_.shared;
   std::lock_guard<std::mutex> lock(sh.active_mu);
@@ -150,13 +151,37 @@ absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interr
   batch.epoch_ = core_.epoch;
   if (sh.device_stage != nullptr) {
     absl::StatusOr<std::shared_ptr<internal::DeviceBatch>> on_device =
-        sh.device_stage->Submit(batch.slot_, batch.size_);
+        OnDevice(b, batch.slot_, batch.size_);
     if (!on_device.ok()) return on_device.status();
     batch.device_batch_ = *std::move(on_device);
     batch.device_ = sh.device;
     batch.slot_.reset();  // the device batch holds it until the copy from it is done
+    SubmitAhead(b);
   }
   return batch;
+}
+
+absl::StatusOr<std::shared_ptr<internal::DeviceBatch>> EpochRun::OnDevice(
+    int64_t b, std::shared_ptr<internal::BatchSlot> slot, int64_t n) {
+  while (!early_.empty() && early_.front().first < b) early_.pop_front();
+  if (!early_.empty() && early_.front().first == b) {
+    std::shared_ptr<internal::DeviceBatch> d = std::move(early_.front().second);
+    early_.pop_front();
+    return d;
+  }
+  return core_.shared->device_stage->Submit(std::move(slot), n);
+}
+
+void EpochRun::SubmitAhead(int64_t b) {
+  DeviceStage& stage = *core_.shared->device_stage;
+  int64_t next = early_.empty() ? b + 1 : early_.back().first + 1;
+  for (; next <= b + kDeviceLookahead && next < core_.num_batches; ++next) {
+    BatchRing::Peeked p = ring_.Peek(next);
+    if (p.slot == nullptr) return;  // not ready, or failed: it is copied (or raised) when taken
+    absl::StatusOr<std::shared_ptr<internal::DeviceBatch>> d = stage.Submit(p.slot, p.count);
+    if (!d.ok()) return;  // submitted again when taken, which returns the error then
+    early_.emplace_back(next, *std::move(d));
+  }
 }
 
 void EpochRun::Cancel() {

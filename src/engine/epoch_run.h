@@ -17,6 +17,7 @@
 #define FEEDLINE_SRC_ENGINE_EPOCH_RUN_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -39,6 +40,10 @@ class EpochRun {
  public:
   EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t start_batch);
   ~EpochRun();
+  // Batches whose device copy is queued before the consumer asks for them (the copy of b+1
+  // runs during the consumer's step on b, also when that step synchronises the device).
+  static constexpr int kDeviceLookahead = 2;
+
   EpochRun(const EpochRun&) = delete;
   EpochRun& operator=(const EpochRun&) = delete;
 
@@ -65,6 +70,11 @@ class EpochRun {
  private:
   void Shutdown();
   absl::Status TooManyErrors();  // max_errors exceeded: the error to give the consumer
+  // The device batch of b: the one submitted early, else submitted now.
+  absl::StatusOr<std::shared_ptr<internal::DeviceBatch>> OnDevice(
+      int64_t b, std::shared_ptr<internal::BatchSlot> slot, int64_t n);
+  // Queues the copies of the ready batches after b, up to kDeviceLookahead.
+  void SubmitAhead(int64_t b);
 
   EpochCore core_;
   BatchRing ring_;
@@ -77,6 +87,8 @@ class EpochRun {
 
   int64_t last_return_ns_ = 0;  // consumer thread only
   int64_t held_images_ = 0;     // the last returned batch's samples; consumer thread only
+  // Device copies queued ahead, in batch order (consumer thread; cleared by the destructor).
+  std::deque<std::pair<int64_t, std::shared_ptr<internal::DeviceBatch>>> early_;
   TraceTrack* consumer_track_ = nullptr;
   TraceTrack* batch_track_ = nullptr;
   std::mutex shutdown_mu_;

@@ -5,14 +5,19 @@
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/device_stage.h"
+#include "engine/engine_parts.h"
+#include "engine/epoch_run.h"
 #include "feedline/feedline.h"
 #include "feedline/text.h"
 #include "test_util.h"
@@ -328,6 +333,92 @@ TEST_CASE("skip does not replace a failure marked not replaceable; it reaches it
   for (int64_t i = 0; i < third->size(); ++i) REQUIRE(third->indices()[i] != 9);
   REQUIRE(absl::IsOutOfRange(epoch->Next().status()));
   REQUIRE(loader->stats().error_count == 1);  // the marked failure is not a bad sample
+}
+
+namespace {
+
+// A copy stage that copies nothing (every field stays on the host) and logs, per submission,
+// the batch's first index and how many batches the consumer had taken by then.
+class FailsAtSix final : public feedline::SampleTransform {
+ public:
+  const Schema& schema() const override { return schema_; }
+  absl::Status Apply(const Record&, const SampleContext& ctx, WorkerState*,
+                     SampleWriter& out) const override {
+    if (ctx.index() == 6) return absl::DataLossError("bad record");
+    *out.Fixed<int64_t>(0) = ctx.index();
+    return absl::OkStatus();
+  }
+
+ private:
+  Schema schema_{Field("i", DType::kInt64, {})};
+};
+
+class LoggingCopyStage final : public feedline::DeviceStage {
+ public:
+  struct Fake final : feedline::internal::DeviceBatch {
+    absl::Status UseOnStream(void*) override { return absl::OkStatus(); }
+  };
+  int device() const override { return 0; }
+  absl::StatusOr<std::shared_ptr<feedline::internal::DeviceBatch>> Submit(
+      std::shared_ptr<feedline::internal::BatchSlot> slot, int64_t n) override {
+    auto d = std::make_shared<Fake>();
+    d->columns.resize(size_t(slot->layout->schema.size()));  // data null: host fields
+    submitted.push_back({slot->indices[0], taken.load()});
+    REQUIRE(n > 0);
+    d->host = std::move(slot);
+    return std::shared_ptr<feedline::internal::DeviceBatch>(std::move(d));
+  }
+  int64_t device_bytes() const override { return 0; }
+  double copy_ms() const override { return 0; }
+  static_assert(feedline::EpochRun::kDeviceLookahead == 2, "the test counts two ahead");
+  int64_t batches() const override { return int64_t(submitted.size()); }
+
+  std::vector<std::pair<int64_t, int64_t>> submitted;  // consumer thread only
+  std::atomic<int64_t> taken{0};
+};
+
+}  // namespace
+
+TEST_CASE("the copy stage gets batches ahead of the consumer, in order, each once", "[engine]") {
+  auto stage_owner = std::make_unique<LoggingCopyStage>();
+  LoggingCopyStage* stage = stage_owner.get();
+  feedline::internal::EngineParts parts;
+  parts.dataset = std::make_shared<Documents>(40);
+  parts.transform = std::make_shared<FailsAtSix>();  // its batch is never copied
+  parts.device = 0;
+  parts.make_device_stage = [&stage_owner](auto) -> absl::StatusOr<
+                                                   std::unique_ptr<feedline::DeviceStage>> {
+    return std::unique_ptr<feedline::DeviceStage>(std::move(stage_owner));
+  };
+  auto loader = feedline::internal::BuildLoader(
+      std::move(parts), LoaderOptions().batch_size(4).shuffle(false).workers(2).prefetch(4));
+  REQUIRE(loader.ok());
+  auto epoch = (*loader)->StartEpoch();
+  int64_t ahead = 0;
+  for (int64_t b = 0; b < 10; ++b) {
+    // A slow training step: the next batches are assembled meanwhile.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    absl::StatusOr<Batch> batch = epoch->Next();
+    stage->taken.fetch_add(1);
+    if (b == 1) {  // samples 4..7
+      REQUIRE_FALSE(batch.ok());
+      continue;
+    }
+    REQUIRE(batch.ok());
+    REQUIRE(batch->indices()[0] == 4 * b);  // the device batch is this batch's
+    REQUIRE(static_cast<const int64_t*>(batch->field("i").data)[3] == 4 * b + 3);
+  }
+  REQUIRE(absl::IsOutOfRange(epoch->Next().status()));
+  std::vector<int64_t> firsts;
+  for (const auto& [first, taken_then] : stage->submitted) {
+    firsts.push_back(first);
+    // Batches after the first two go to the copy stage before the consumer asks for them.
+    if (first >= 12) {
+      ahead += taken_then < first / 4 ? 1 : 0;
+    }
+  }
+  REQUIRE(firsts == std::vector<int64_t>{0, 8, 12, 16, 20, 24, 28, 32, 36});
+  REQUIRE(ahead == 7);
 }
 
 namespace {
