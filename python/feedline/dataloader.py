@@ -34,6 +34,14 @@ __all__ = ["DataLoader"]
 
 # Samples read to learn which dimensions of pad=True leaves vary (and their bounds).
 _PAD_PROBE = 32
+# Below this cost per sample (one thread, measured at the first epoch) the calling thread loads
+# (as num_workers=0 does): a hand-off to a worker thread or process costs more than the sample
+# (bench/peer_pydataset.py "python": 58 us samples, 17.4k/s in the calling thread vs 11.6k/s
+# on two processes and 4.2k/s on two GIL-bound threads).
+_INLINE_US = 40
+# After the first epoch, an automatic choice is revisited when the consumer waited at least this
+# share of the time (the loader was the bottleneck).
+_REVISIT_WAIT = 0.5
 
 _LIVE = weakref.WeakSet()
 
@@ -244,6 +252,10 @@ class DataLoader:
         self._pad_bounds = {}  # (field, dim) -> bound, grown when a sample overflowed one
         self._pad_restarts = 0
         self._schema = None
+        self._probe_rate = None  # samples/s of one thread (the executor probe)
+        self._flat_keys = []
+        self._revisited = False
+        self._epochs_finished = 0
         # Engine state, kept across epochs (persistent workers).
         self._transform = None
         self._transform_key = None
@@ -317,7 +329,11 @@ class DataLoader:
                                  "generator_state": None if gen_state is None else
                                  bytes(gen_state.numpy().tobytes()),
                                  "order": fp, "batches": len(batches)}
-            if self.num_workers == 0:
+            if (self.num_workers != 0 and self._executor_option == "auto"
+                    and self._executor in ("thread", "process") and not self._revisited
+                    and self._epochs_finished >= 1 and self._loader is not None):
+                self._revisit()
+            if self.num_workers == 0 or self._executor == "main":
                 it = _SerialIter(self, batches, skip)
             else:
                 it = self._engine_iter(batches, skip, base_seed)
@@ -346,6 +362,11 @@ class DataLoader:
             engine_batch = max(len(left[0]), 1)
             flat = [b for batch in left for b in batch]
             offsets = list(range(len(flat) + 1))
+        self._flat_keys = flat
+        if self._executor is None:
+            self._executor, self._executor_reason = self._choose_executor(schema, flat)
+        if self._executor == "main":
+            return _SerialIter(self, batches, skip)
         self._ensure_transform(schema, batch_mode, flat)
         self._keys = flat if not batch_mode else left
         self._key_offsets = offsets
@@ -386,8 +407,6 @@ class DataLoader:
         self._transform.set_timeout(float(self.timeout))
         self._transform_key = key
         self._loader = None
-        if self._executor is None:
-            self._executor, self._executor_reason = self._choose_executor(schema, flat)
         if self._executor == "process":
             self._staging = 64 << 20
             if schema is not None:
@@ -399,60 +418,59 @@ class DataLoader:
             self._base_seed_procs = int(torch.empty((), dtype=torch.int64).random_().item())
             self._transform.use_processes(_weak(self._spawn), count)
 
+    def _timed_fetch(self, schema, ring, threads, seconds):
+        """(samples per second, CPU seconds per wall second) of `threads` threads fetching
+        samples (and flattening them into the schema's columns) for about `seconds`. The second
+        figure is the tell: threads that hold the GIL take turns (about 1 CPU second per second,
+        however many), threads whose work releases it run at once."""
+        stop = time.perf_counter() + seconds
+        counts = [0] * threads
+        cpu = [0.0] * threads
+
+        def run(t):
+            c0 = time.thread_time()
+            while counts[t] < 4 or time.perf_counter() < stop:
+                sample = self.dataset[next(ring)]
+                if schema is not None:
+                    _collate.flatten(sample, schema)
+                counts[t] += 1
+            cpu[t] = time.thread_time() - c0
+
+        t0 = time.perf_counter()
+        pool = [threading.Thread(target=run, args=(t,)) for t in range(1, threads)]
+        for t in pool:
+            t.start()
+        run(0)
+        for t in pool:
+            t.join()
+        wall = time.perf_counter() - t0
+        return sum(counts) / wall, sum(cpu) / wall
+
     def _choose_executor(self, schema, flat):
         if self._executor_option != "auto":
             return self._executor_option, "forced (executor=)"
+        keys = flat if flat else [0]
+        ring = itertools.cycle(keys)
+        try:
+            self._timed_fetch(schema, ring, 1, 0)  # warm-up
+            one, busy = self._timed_fetch(schema, ring, 1, 0.05)
+        except Exception:  # noqa: BLE001 (the sample's error comes again, at its batch)
+            return "thread", "the probe's sample failed"
+        self._probe_rate = one
+        if one > 1e6 / _INLINE_US and self._inline_allowed():
+            return "main", (f"{1e6 / one:.0f} us per sample: the calling thread loads (as "
+                            "num_workers=0), cheaper than a hand-off to a worker")
         if not all(isinstance(k, int) for k in flat[:64]):
             return "thread", "sample keys are not ints"
         if _cpus() < 2:
             return "thread", "one core: nothing to gain from processes"
-
-        def get(k):
-            s = self.dataset[k]
-            if schema is not None:
-                _collate.flatten(s, schema)
-
-        keys = flat if flat else [0]
-        ring = itertools.cycle(keys)
-
-        def timed(threads, seconds):
-            """(samples per second, CPU seconds per wall second) of `threads` threads
-            fetching for about `seconds`. The second figure is the tell: threads that hold the
-            GIL take turns (about 1 CPU second per second, however many), threads whose work
-            releases it run at once."""
-            stop = time.perf_counter() + seconds
-            counts = [0] * threads
-            cpu = [0.0] * threads
-
-            def run(t):
-                c0 = time.thread_time()
-                while counts[t] < 4 or time.perf_counter() < stop:
-                    get(next(ring))
-                    counts[t] += 1
-                cpu[t] = time.thread_time() - c0
-
-            t0 = time.perf_counter()
-            pool = [threading.Thread(target=run, args=(t,)) for t in range(1, threads)]
-            for t in pool:
-                t.start()
-            run(0)
-            for t in pool:
-                t.join()
-            wall = time.perf_counter() - t0
-            return sum(counts) / wall, sum(cpu) / wall
-
+        if busy < 0.5:  # I/O, sleeps: the GIL is free while it waits
+            return "thread", (f"the dataset waits more than it computes ({busy:.2f} CPU "
+                              "seconds per second in one thread)")
         try:
-            get(next(ring))  # warm-up
-            one, busy = timed(1, 0.05)
-            if one > 1 / 30e-6:
-                return "thread", (f"{1e6 / one:.0f} us per sample: cheaper than a hand-off to "
-                                  "a process")
-            if busy < 0.5:  # I/O, sleeps: the GIL is free while it waits
-                return "thread", (f"the dataset waits more than it computes ({busy:.2f} CPU "
-                                  "seconds per second in one thread)")
             # Two rounds, the more parallel one: a busy machine only ever lowers the figure.
-            parallel = max(timed(2, 0.1)[1] for _ in range(2))
-        except Exception:  # noqa: BLE001 (the sample's error comes again, at its batch)
+            parallel = max(self._timed_fetch(schema, ring, 2, 0.1)[1] for _ in range(2))
+        except Exception:  # noqa: BLE001
             return "thread", "the probe's sample failed"
         if parallel >= 1.3:
             if not self._thread_safe(keys):
@@ -463,6 +481,48 @@ class DataLoader:
                               "seconds per second")
         return "process", (f"the dataset holds the GIL: 2 threads ran only {parallel:.2f} CPU "
                            "seconds per second")
+
+    def _revisit(self):
+        """Once, after the first epoch of an automatic choice: when the loader was the
+        bottleneck (the consumer waited), moves to what the measurements say is faster — the
+        calling thread when one thread loads faster than the workers delivered, processes when
+        worker threads spent their time waiting for the GIL."""
+        self._revisited = True
+        s = self._loader.stats()
+        rate, wait = s.get("images_per_s", 0.0), s.get("consumer_wait_fraction", 0.0)
+        py = self._transform.stats() if self._transform is not None else {}
+        if wait < _REVISIT_WAIT:
+            return  # the consumer is the bottleneck: the loader keeps up
+        was = f"{self._executor} workers delivered {rate:.0f} samples/s"
+        if self._inline_allowed():
+            try:  # measured again: the first epoch's samples may cost what the first ones did not
+                ring = itertools.cycle(self._flat_keys[:256] or [0])
+                one = self._timed_fetch(self._schema, ring, 1, 0.05)[0]
+            except Exception:  # noqa: BLE001
+                one = 0.0
+            if one > 1.25 * rate:
+                self._switch("main", f"revisited after epoch 1: {was} while the consumer waited "
+                                     f"{wait:.0%}; one thread loads {one:.0f}/s, so the calling "
+                                     "thread does (as num_workers=0)")
+                return
+        call, gil = py.get("call_s", 0.0), py.get("gil_wait_s", 0.0)
+        if self._executor == "thread" and call > 0 and gil / call > 0.3 and all(
+                isinstance(k, int) for k in self._flat_keys[:64]) and _cpus() >= 2:
+            self._switch("process", f"revisited after epoch 1: {was}, waiting for the GIL "
+                                    f"{gil / call:.0%} of their time; processes each have one")
+
+    def _inline_allowed(self):
+        """The calling thread may load only where nothing tells it from a worker: no
+        worker_init_fn to run, no timeout to enforce, no failed sample to replace."""
+        return (self.worker_init_fn is None and not self.timeout and self._on_error == "raise"
+                and self._device is None)
+
+    def _switch(self, executor, reason):
+        self._stop_processes()
+        self._transform = None
+        self._transform_key = None
+        self._loader = None
+        self._executor, self._executor_reason = executor, reason
 
     def _thread_safe(self, keys):
         """False when samples that are deterministic one at a time change when two threads
@@ -637,7 +697,8 @@ class DataLoader:
         """The engine's figures, and a "python" stage: the executor chosen and why, GIL wait."""
         out = self._loader.stats() if self._loader is not None else {}
         py = {"executor": self._executor or ("main" if self.num_workers == 0 else None),
-              "reason": self._executor_reason if self.num_workers != 0 else "num_workers=0"}
+              "reason": self._executor_reason if self.num_workers != 0 else "num_workers=0",
+              "probe_samples_per_s": self._probe_rate}
         if self._transform is not None:
             py.update(self._transform.stats())
         if self._pad:
@@ -717,7 +778,8 @@ class _SerialIter(_BaseIter):
 
     def __init__(self, owner, batches, skip):
         super().__init__(owner)
-        owner._executor, owner._executor_reason = "main", "num_workers=0"
+        if owner.num_workers == 0:
+            owner._executor, owner._executor_reason = "main", "num_workers=0"
         self._batches = iter(batches[skip:])
         self._batches_done = skip
         self._pad_schema = None  # pad=: the samples' schema (False: torch's collate)
@@ -784,6 +846,7 @@ class _EngineIter(_BaseIter):
             fields, _, index = self._epoch.next_fields()
         except StopIteration:
             self._finished = True
+            o._epochs_finished += 1
             self._close()
             raise
         except DataError:
