@@ -133,8 +133,9 @@ modes:
                         the bundled images; numpy: work that releases the GIL; python:
                         pure-Python parsing that holds it) through feedline.DataLoader,
                         automatic and with each executor forced, against torch's
-                        DataLoader at each --torch-workers count (default 0,1,2,4):
-                        images/s, CPU per image, first epoch, peak PSS of the process tree
+                        DataLoader at each --torch-workers count (default 0,1,2,4), in two
+                        interleaved rounds (means): images/s, CPU per image, first epoch,
+                        peak RSS and PSS of the process tree
   --dataset-variant overhead|cheap|computed|costly|all
                         which of --compare-dataset's variants to run (default all)
   --torch-workers LIST  the DataLoader worker counts to try, e.g. 1,2,4 (default: 1, 2,

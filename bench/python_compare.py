@@ -8,6 +8,7 @@ summed over the contender and its workers) is sampled from here every 50 ms. Ima
 over the epochs after the first (steady state); the first epoch's time is shown as startup.
 
     /usr/bin/python3 bench/python_compare.py --data DIR [--json F] [--torch-workers 0,1,2,4]
+                                             [--rounds 2]
 """
 
 import argparse
@@ -103,10 +104,26 @@ def run(args, extra, name):
          "first_epoch_s": epochs[0]["seconds"], "peak_rss_bytes": peak["rss"],
          "peak_pss_bytes": peak["pss"], "processes": peak["processes"], "info": info}
     if not args.quiet:
-        print(f"    {name:44s} {r['images_per_s']:9.1f} /s  {r['cpu_ms_per_image']:7.3f} ms CPU"
-              f"  first epoch {r['first_epoch_s']:6.2f} s  peak PSS {peak['pss'] / 2**20:7.1f} "
-              f"MiB (RSS {peak['rss'] / 2**20:.1f}, {peak['processes']} proc)", flush=True)
+        _show(r)
     return r
+
+
+def _show(r):
+    print(f"    {r['name']:44s} {r['images_per_s']:9.1f} /s  {r['cpu_ms_per_image']:7.3f} ms CPU"
+          f"  first epoch {r['first_epoch_s']:6.2f} s  peak PSS {r['peak_pss_bytes'] / 2**20:7.1f}"
+          f" MiB (RSS {r['peak_rss_bytes'] / 2**20:.1f}, {r['processes']} proc)", flush=True)
+
+
+def _mean_of(runs):
+    """One contender over the rounds: mean rates and times, the highest peaks."""
+    n = len(runs)
+    out = dict(runs[-1])
+    for k in ("images_per_s", "cpu_ms_per_image", "first_epoch_s"):
+        out[k] = sum(r[k] for r in runs) / n
+    for k in ("peak_rss_bytes", "peak_pss_bytes", "processes"):
+        out[k] = max(r[k] for r in runs)
+    out["rounds"] = [{k: r[k] for k in ("images_per_s", "cpu_ms_per_image")} for r in runs]
+    return out
 
 
 def main():
@@ -116,6 +133,8 @@ def main():
     p.add_argument("--torch-workers", default="0,1,2,4")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=2,
+                   help="runs of every contender, interleaved; figures are their means")
     p.add_argument("--json", default="")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args()
@@ -126,13 +145,30 @@ def main():
         if not args.quiet:
             print(f"  workload {w}:", flush=True)
         base = ["--workload", w]
-        torch_runs = [run(args, base + ["--loader", "torch", "--workers", str(n)],
-                          f"torch DataLoader (num_workers={n})")
+        contenders = [(base + ["--loader", "torch", "--workers", str(n)],
+                       f"torch DataLoader (num_workers={n})")
                       for n in map(int, args.torch_workers.split(","))]
+        contenders.append((base + ["--loader", "feedline"], "feedline.DataLoader (automatic)"))
+        contenders += [(base + ["--loader", "feedline", "--executor", e],
+                        f"feedline.DataLoader (executor={e})") for e in ("thread", "process")]
+        # Rounds interleave the contenders (a machine that drifts, or a contender that leaves
+        # the page cache or memory in another state, biases whoever runs next); each figure is
+        # the mean over the rounds.
+        rounds = {name: [] for _, name in contenders}
+        for k in range(args.rounds):
+            if not args.quiet and args.rounds > 1:
+                print(f"   round {k + 1} of {args.rounds}", flush=True)
+            for extra, name in contenders:
+                rounds[name].append(run(args, extra, name))
+        merged = {name: _mean_of(runs) for name, runs in rounds.items()}
+        if not args.quiet and args.rounds > 1:
+            print("   means over the rounds:")
+            for _, name in contenders:
+                _show(merged[name])
+        torch_runs = [merged[name] for extra, name in contenders if "torch" in extra]
         best = max(torch_runs, key=lambda r: r["images_per_s"])
-        auto = run(args, base + ["--loader", "feedline"], "feedline.DataLoader (automatic)")
-        forced = [run(args, base + ["--loader", "feedline", "--executor", e],
-                      f"feedline.DataLoader (executor={e})") for e in ("thread", "process")]
+        auto = merged["feedline.DataLoader (automatic)"]
+        forced = [merged[f"feedline.DataLoader (executor={e})"] for e in ("thread", "process")]
         better = max(forced, key=lambda r: r["images_per_s"])
         speed = auto["images_per_s"] / best["images_per_s"]
         vs_forced = auto["images_per_s"] / better["images_per_s"]

@@ -183,6 +183,12 @@ def overflow_of(text):
         return None
 
 
+def learned_bound(longest):
+    """The bound of a padded dimension whose longest sample so far is `longest`: twice that,
+    rounded up to a power of two (at least 16), so that growing it is rare."""
+    return 1 << max(4, (2 * longest - 1).bit_length())
+
+
 def _leaf_name(path):
     """A leaf's name for pad={...}: its mapping key or sequence index (the last path step)."""
     return path[-1] if path else None
@@ -232,7 +238,7 @@ def resolve_pad(samples, schema, pad, pad_value, bounds):
             for d in range(len(shape)):
                 if var[d]:
                     longest = max(seen[f.index][d] + [shape[d], 1])
-                    bound = maxima[d] or 1 << max(4, (2 * longest - 1).bit_length())
+                    bound = maxima[d] or learned_bound(longest)
                     shape[d] = -bound
             f.pad_value = pad_value
             f.padded = True

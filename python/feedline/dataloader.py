@@ -494,10 +494,9 @@ class DataLoader:
         if wait < _REVISIT_WAIT:
             return  # the consumer is the bottleneck: the loader keeps up
         was = f"{self._executor} workers delivered {rate:.0f} samples/s"
-        if self._inline_allowed():
-            try:  # measured again: the first epoch's samples may cost what the first ones did not
-                ring = itertools.cycle(self._flat_keys[:256] or [0])
-                one = self._timed_fetch(self._schema, ring, 1, 0.05)[0]
+        if self._inline_allowed() and self._auto_collation:
+            try:
+                one = self._inline_rate()
             except Exception:  # noqa: BLE001
                 one = 0.0
             if one > 1.25 * rate:
@@ -510,6 +509,20 @@ class DataLoader:
                 isinstance(k, int) for k in self._flat_keys[:64]) and _cpus() >= 2:
             self._switch("process", f"revisited after epoch 1: {was}, waiting for the GIL "
                                     f"{gil / call:.0%} of their time; processes each have one")
+
+    def _inline_rate(self):
+        """Samples/s of the calling thread loading and collating whole batches as num_workers=0
+        does (at least two batches and 0.2 s, distinct samples of the epoch: a few samples
+        fetched over and over stay in the caches and look cheaper than they are)."""
+        keys, bs = self._flat_keys, max(self.batch_size or 1, 1)
+        t0 = time.perf_counter()
+        n = 0
+        for i in range(0, len(keys), bs):
+            self.collate_fn([self.dataset[k] for k in keys[i:i + bs]])
+            n += len(keys[i:i + bs])
+            if n >= 2 * bs and time.perf_counter() - t0 >= 0.2:
+                break
+        return n / max(time.perf_counter() - t0, 1e-9)
 
     def _inline_allowed(self):
         """The calling thread may load only where nothing tells it from a worker: no
@@ -820,7 +833,7 @@ class _EngineIter(_BaseIter):
         epochs), the epoch restarts at this batch with the new slots; no sample is lost."""
         o = self._owner
         f, d, n = overflow
-        o._pad_bounds[(f, d)] = 1 << max(4, (2 * n - 1).bit_length())
+        o._pad_bounds[(f, d)] = _collate.learned_bound(n)
         o._pad_restarts += 1
         self._close()
         new = o._engine_iter(self._batches, self._batches_done, None)
