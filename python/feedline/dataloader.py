@@ -495,9 +495,13 @@ class DataLoader:
             return  # the consumer is the bottleneck: the loader keeps up
         was = f"{self._executor} workers delivered {rate:.0f} samples/s"
         if self._inline_allowed() and self._auto_collation:
+            # A quick look first (20 ms of samples, no collation: an upper bound); only when
+            # even it would beat the workers is the calling thread measured for real.
             try:
-                one = self._inline_rate()
-            except Exception:  # noqa: BLE001
+                keys = itertools.cycle(self._flat_keys or [0])
+                quick = self._timed_fetch(None, keys, 1, 0.02)[0]
+                one = self._inline_rate() if quick > 1.25 * rate else 0.0
+            except Exception:  # noqa: BLE001 (the sample's error comes again, at its batch)
                 one = 0.0
             if one > 1.25 * rate:
                 self._switch("main", f"revisited after epoch 1: {was} while the consumer waited "
@@ -512,15 +516,15 @@ class DataLoader:
 
     def _inline_rate(self):
         """Samples/s of the calling thread loading and collating whole batches as num_workers=0
-        does (at least two batches and 0.2 s, distinct samples of the epoch: a few samples
-        fetched over and over stay in the caches and look cheaper than they are)."""
+        does (at least a batch and 0.1 s, distinct samples of the epoch: a few samples fetched
+        over and over stay in the caches and look cheaper than they are)."""
         keys, bs = self._flat_keys, max(self.batch_size or 1, 1)
         t0 = time.perf_counter()
         n = 0
         for i in range(0, len(keys), bs):
             self.collate_fn([self.dataset[k] for k in keys[i:i + bs]])
             n += len(keys[i:i + bs])
-            if n >= 2 * bs and time.perf_counter() - t0 >= 0.2:
+            if time.perf_counter() - t0 >= 0.1:
                 break
         return n / max(time.perf_counter() - t0, 1e-9)
 
