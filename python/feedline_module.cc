@@ -697,10 +697,13 @@ PYBIND11_MODULE(_feedline, m) {
       "python_loader",
       [](std::shared_ptr<feedline::python::PyTransform> transform, int64_t positions,
          uint64_t fingerprint, int64_t batch_size, bool drop_last, int workers, int prefetch,
-         int64_t memory_budget, const std::string& on_error, int64_t max_errors) {
+         int64_t memory_budget, const std::string& on_error, int64_t max_errors,
+         const std::string& device) {
         feedline::LoaderOptions o =
             EngineOptions(batch_size, /*shuffle=*/false, /*seed=*/0, drop_last, /*rank=*/0,
                           /*world_size=*/1, workers, prefetch, memory_budget, on_error, max_errors);
+        // "cuda:N": pinned slots and the copy stage (every field copied on its side stream).
+        o.device(device);
         absl::StatusOr<std::unique_ptr<feedline::Loader>> loader;
         {
           py::gil_scoped_release release;
@@ -712,7 +715,7 @@ PYBIND11_MODULE(_feedline, m) {
       },
       py::arg("transform"), py::arg("positions"), py::arg("fingerprint"), py::arg("batch_size"),
       py::arg("drop_last"), py::arg("workers"), py::arg("prefetch"), py::arg("memory_budget"),
-      py::arg("on_error"), py::arg("max_errors"));
+      py::arg("on_error"), py::arg("max_errors"), py::arg("device") = "cpu");
 
   m.def("build_info", [] {
     feedline::BuildInfo b = feedline::GetBuildInfo();

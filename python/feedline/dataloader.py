@@ -139,7 +139,9 @@ class DataLoader:
       memory_budget: bytes of batch slots in flight ("auto": a share of the machine's memory).
       on_error: "raise" (the sample's exception reaches the loop) or "skip" (replaced, counted).
       seed: seeds the shuffle (a torch.Generator) when no ``generator`` is given.
-      device: move each batch there (``.to(device, non_blocking=True)``).
+      device: where batches arrive. "cuda"/"cuda:N": batches collated by feedline are copied
+        from pinned slots on a side stream (the consumer's stream waits on an event, as with
+        ImageLoader; lengths stay on the host); others move with ``.to(device)``.
       pad: True (pad every leaf whose shape varies), or {name: True | bound | per-dimension
         bounds}; padded to the batch's longest with ``pad_value``, lengths beside them
         (``"<key>_lengths"`` in a dict sample, else a (padded, lengths) pair).
@@ -390,7 +392,8 @@ class DataLoader:
                 prefetch=_parse_count("prefetch", self.prefetch_factor),
                 memory_budget=_parse_bytes("memory_budget", self._memory_budget),
                 on_error=self._on_error,
-                max_errors=_parse_count("max_errors", self._max_errors))
+                max_errors=_parse_count("max_errors", self._max_errors),
+                device=(self._engine_device() if schema is not None else None) or "cpu")
             self._loader_key = key
         self._results.clear()
         return _EngineIter(self, self._loader.start_epoch(), schema, engine_batch, skip, batches)
@@ -527,6 +530,16 @@ class DataLoader:
             if time.perf_counter() - t0 >= 0.1:
                 break
         return n / max(time.perf_counter() - t0, 1e-9)
+
+    def _engine_device(self):
+        """"cuda:N" when batches go to a GPU through the engine's copy stage (pinned slots, a
+        side stream, an event the consumer's stream waits on), else None."""
+        if self._device is None or self._device.type != "cuda":
+            return None
+        if self._device.index is not None:
+            return f"cuda:{self._device.index}"
+        from . import _resolve_cuda
+        return _resolve_cuda("cuda")
 
     def _inline_allowed(self):
         """The calling thread may load only where nothing tells it from a worker: no
@@ -757,10 +770,10 @@ class _BaseIter:
             raise RuntimeError(f"feedline.DataLoader: this epoch's iterator was stopped: "
                                f"{self._cancelled}")
 
-    def _out(self, batch):
+    def _out(self, batch, on_device=False):
         self._batches_done += 1
         dev = self._owner._device
-        if dev is not None:
+        if dev is not None and not on_device:
             batch = _to_device(batch, dev)
         return batch
 
@@ -901,11 +914,12 @@ class _EngineIter(_BaseIter):
                    for f in self._schema.fields if f.variable}
         objects = None
         if self._schema.objects:
-            values = torch.from_dlpack(fields[_collate.OBJECTS_FIELD]).numpy()
+            values = torch.from_dlpack(fields[_collate.OBJECTS_FIELD]).cpu().numpy()
             offs = torch.from_dlpack(fields[_collate.OBJECTS_FIELD + "_offsets"]).tolist()
             objects = [pickle.loads(values[offs[i]:offs[i + 1]].tobytes())
                        for i in range(len(offs) - 1)]
-        return self._out(_collate.rebuild(self._schema, columns, objects, lengths))
+        return self._out(_collate.rebuild(self._schema, columns, objects, lengths),
+                         on_device=o._engine_device() is not None)
 
 
 class _IterableIter(_BaseIter):

@@ -246,9 +246,44 @@ def check_dry_run(root, results):
     return ok and refused and fast
 
 
+def check_dataloader(root, results):
+    """feedline.DataLoader(device="cuda"): batches collated in pinned slots and copied by the
+    copy stage equal the CPU path's, for each executor, padded fields included; tensors are on
+    the GPU, padded lengths stay on the host (as pack_padded_sequence wants them)."""
+    import numpy as np
+
+    class Samples(torch.utils.data.Dataset):
+        def __len__(self):
+            return 103
+
+        def __getitem__(self, i):
+            return {"x": torch.arange(12, dtype=torch.float32).reshape(3, 4) * i,
+                    "h": torch.full((5,), i, dtype=torch.bfloat16),
+                    "ids": torch.arange(1 + i % 17), "a": np.full((2,), i, np.int16),
+                    "y": i, "name": f"s{i}"}
+
+    ok = True
+    for executor in ("thread", "process"):
+        kw = dict(batch_size=8, num_workers=2, executor=executor, pad=True)
+        cpu = list(feedline.DataLoader(Samples(), **kw))
+        gpu = list(feedline.DataLoader(Samples(), device="cuda", **kw))
+        same = len(cpu) == len(gpu)
+        for a, b in zip(cpu, gpu):
+            for k in a:
+                if isinstance(a[k], torch.Tensor):
+                    want_cuda = k != "ids_lengths"
+                    same &= b[k].is_cuda == want_cuda and torch.equal(a[k], b[k].cpu())
+                else:
+                    same &= a[k] == b[k]
+        results[f"dataloader_{executor}"] = bool(same)
+        print(f"DataLoader device='cuda' ({executor}): same as CPU = {same}")
+        ok &= bool(same)
+    return ok
+
+
 GPU_CHECKS = [("correctness", check_correctness), ("stream_ordering", check_stream_ordering),
               ("dlpack_streams", check_dlpack_streams), ("leaks", check_leaks),
-              ("throughput", check_throughput)]
+              ("throughput", check_throughput), ("dataloader", check_dataloader)]
 
 
 class StepTimeout(Exception):

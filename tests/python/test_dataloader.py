@@ -572,3 +572,13 @@ def test_an_automatic_choice_is_revisited_after_the_first_epoch():
     assert first == second == list(range(2000))
     assert now["executor"] == "main" and now["reason"].startswith("revisited after epoch 1"), now
     assert not any(p.is_alive() for p in loader._procs.values())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
+def test_device_cuda_goes_through_the_copy_stage_and_fails_clearly_without_a_gpu():
+    loader = feedline.DataLoader(Mixed(), batch_size=4, num_workers=2, device="cuda")
+    t = time.perf_counter()
+    with pytest.raises(feedline.DeviceError, match="cuda"):
+        next(iter(loader))
+    assert time.perf_counter() - t < 10
+    assert loader.executor in ("thread", "process")  # the copy stage needs the engine
