@@ -17,7 +17,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TARGETS = {"pil": 1.0, "numpy": 1.5, "python": 1.0}  # feedline auto / best torch

@@ -500,12 +500,15 @@ class DataLoader:
         if self._inline_allowed() and self._auto_collation:
             # A quick look first (20 ms of samples, no collation: an upper bound); only when
             # even it would beat the workers is the calling thread measured for real.
+            rng = torch.get_rng_state()  # the measurement's draws must not shift the epoch's
             try:
                 keys = itertools.cycle(self._flat_keys or [0])
                 quick = self._timed_fetch(None, keys, 1, 0.02)[0]
                 one = self._inline_rate() if quick > 1.25 * rate else 0.0
             except Exception:  # noqa: BLE001 (the sample's error comes again, at its batch)
                 one = 0.0
+            finally:
+                torch.set_rng_state(rng)
             if one > 1.25 * rate:
                 self._switch("main", f"revisited after epoch 1: {was} while the consumer waited "
                                      f"{wait:.0%}; one thread loads {one:.0f}/s, so the calling "
@@ -732,10 +735,9 @@ class DataLoader:
         if self._transform is not None:
             py.update(self._transform.stats())
         if self._pad:
-            schema = self._schema if self._schema is not None else None
-            py["pad_bounds"] = {} if schema is None else {
+            py["pad_bounds"] = {} if self._schema is None else {
                 _collate._name(f.path): [-d for d in f.shape if d < 0]
-                for f in schema.fields if f.variable}
+                for f in self._schema.fields if f.variable}
             py["pad_restarts"] = self._pad_restarts
         out["python"] = py
         return out

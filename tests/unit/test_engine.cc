@@ -319,9 +319,9 @@ class NeedsTheLoop final : public feedline::SampleTransform {
 
 TEST_CASE("skip does not replace a failure marked not replaceable; it reaches its batch",
           "[engine]") {
-  auto loader = Make(std::make_shared<Documents>(12), std::make_shared<NeedsTheLoop>(),
-                     LoaderOptions().batch_size(4).shuffle(false).workers(2).on_error(
-                         feedline::OnError::kSkip));
+  auto loader = Make(
+      std::make_shared<Documents>(12), std::make_shared<NeedsTheLoop>(),
+      LoaderOptions().batch_size(4).shuffle(false).workers(2).on_error(feedline::OnError::kSkip));
   auto epoch = loader->StartEpoch();
   absl::StatusOr<Batch> first = epoch->Next();
   REQUIRE(first.ok());
@@ -386,8 +386,8 @@ TEST_CASE("the copy stage gets batches ahead of the consumer, in order, each onc
   parts.dataset = std::make_shared<Documents>(40);
   parts.transform = std::make_shared<FailsAtSix>();  // its batch is never copied
   parts.device = 0;
-  parts.make_device_stage = [&stage_owner](auto) -> absl::StatusOr<
-                                                   std::unique_ptr<feedline::DeviceStage>> {
+  parts.make_device_stage =
+      [&stage_owner](auto) -> absl::StatusOr<std::unique_ptr<feedline::DeviceStage>> {
     return std::unique_ptr<feedline::DeviceStage>(std::move(stage_owner));
   };
   auto loader = feedline::internal::BuildLoader(
