@@ -70,11 +70,11 @@ void DeleteOwner(DLManagedTensor* self) { delete static_cast<DLPackOwner*>(self-
 void CapsuleDestructor(PyObject* capsule) {
   // A consumer renames the capsule to "used_dltensor" and takes over the deleter; only an
   // unconsumed capsule is ours to free.
+  // PyCapsule_IsValid sets no error, so nothing is cleared here: a destructor that ran while an
+  // exception was propagating must leave that exception alone.
   if (PyCapsule_IsValid(capsule, "dltensor")) {
     auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
     if (managed != nullptr && managed->deleter != nullptr) managed->deleter(managed);
-  } else {
-    PyErr_Clear();
   }
 }
 

@@ -33,29 +33,33 @@ struct Params {
   float bias[3];
 };
 
+// The grid is (blocks over one image's pixels, images): blockIdx.y is the image, so no thread
+// divides to find which image a pixel belongs to.
 template <typename T>
-__global__ void ConvertKernel(const uint8_t* __restrict__ src, T* __restrict__ dst, int64_t pixels,
-                              int64_t hw, bool nchw, Params p) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < pixels;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const uint8_t* s = src + 3 * i;
-    const int64_t image = i / hw, within = i - image * hw;
+__global__ void ConvertKernel(const uint8_t* __restrict__ src, T* __restrict__ dst, int64_t hw,
+                              bool nchw, Params p) {
+  const int64_t image = blockIdx.y;
+  const uint8_t* s_image = src + 3 * image * hw;
+  for (int64_t within = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; within < hw;
+       within += int64_t(gridDim.x) * blockDim.x) {
+    const uint8_t* s = s_image + 3 * within;
 #pragma unroll
     for (int c = 0; c < 3; ++c) {
       const float v = __fadd_rn(__fmul_rn(float(s[c]), p.scale[c]), p.bias[c]);
-      const int64_t at = nchw ? (image * 3 + c) * hw + within : 3 * i + c;
+      const int64_t at = nchw ? (image * 3 + c) * hw + within : 3 * (image * hw + within) + c;
       dst[at] = Store<T>(v);
     }
   }
 }
 
 __global__ void TransposeKernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst,
-                                int64_t pixels, int64_t hw) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < pixels;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t image = i / hw, within = i - image * hw;
+                                int64_t hw) {
+  const int64_t image = blockIdx.y;
+  for (int64_t within = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; within < hw;
+       within += int64_t(gridDim.x) * blockDim.x) {
+    const uint8_t* s = src + 3 * (image * hw + within);
 #pragma unroll
-    for (int c = 0; c < 3; ++c) dst[(image * 3 + c) * hw + within] = src[3 * i + c];
+    for (int c = 0; c < 3; ++c) dst[(image * 3 + c) * hw + within] = s[c];
   }
 }
 
@@ -65,31 +69,31 @@ cudaError_t LaunchConvert(const uint8_t* src, void* dst, int64_t images, int64_t
                           int dtype, const float* scale, const float* bias, cudaStream_t stream) {
   const int64_t pixels = images * hw;
   if (pixels == 0) return cudaSuccess;
+  if (images > 65535) return cudaErrorInvalidValue;  // gridDim.y's limit; batches are smaller
   const int threads = 256;
-  const int blocks =
-      int((pixels + threads - 1) / threads < 65535 ? (pixels + threads - 1) / threads : 65535);
+  const int64_t per_image = (hw + threads - 1) / threads;
+  const dim3 blocks(unsigned(per_image < 4096 ? per_image : 4096), unsigned(images));
   Params p;
   for (int c = 0; c < 3; ++c) p.scale[c] = scale[c], p.bias[c] = bias[c];
   switch (dtype) {
     case kConvertUint8:
       if (nchw) {
-        TransposeKernel<<<blocks, threads, 0, stream>>>(src, static_cast<uint8_t*>(dst), pixels,
-                                                        hw);
+        TransposeKernel<<<blocks, threads, 0, stream>>>(src, static_cast<uint8_t*>(dst), hw);
       } else {
         return cudaMemcpyAsync(dst, src, size_t(pixels) * 3, cudaMemcpyDeviceToDevice, stream);
       }
       break;
     case kConvertFloat32:
       ConvertKernel<float>
-          <<<blocks, threads, 0, stream>>>(src, static_cast<float*>(dst), pixels, hw, nchw, p);
+          <<<blocks, threads, 0, stream>>>(src, static_cast<float*>(dst), hw, nchw, p);
       break;
     case kConvertFloat16:
       ConvertKernel<__half>
-          <<<blocks, threads, 0, stream>>>(src, static_cast<__half*>(dst), pixels, hw, nchw, p);
+          <<<blocks, threads, 0, stream>>>(src, static_cast<__half*>(dst), hw, nchw, p);
       break;
     case kConvertBFloat16:
-      ConvertKernel<__nv_bfloat16><<<blocks, threads, 0, stream>>>(
-          src, static_cast<__nv_bfloat16*>(dst), pixels, hw, nchw, p);
+      ConvertKernel<__nv_bfloat16>
+          <<<blocks, threads, 0, stream>>>(src, static_cast<__nv_bfloat16*>(dst), hw, nchw, p);
       break;
     default:
       return cudaErrorInvalidValue;

@@ -70,7 +70,7 @@ class PinnedAllocator final : public HostAllocator {
 };
 
 // One device buffer: a column per field (the image field: its uint8 staging copy and the
-// converted images).
+// converted images; uint8 NHWC needs no staging: the slot's bytes are the output).
 struct Buffer {
   void* memory = nullptr;
   size_t bytes = 0;
@@ -168,14 +168,17 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
       // The copy may have started: the pinned slot must not go back to the ring while the
       // device still reads it, so wait for the stream (whatever it says) before giving up.
       cudaStreamSynchronize(stream_);
-      b->timed = false;
       b->has_release = false;
       std::lock_guard<std::mutex> lock(mu_);
+      b->timed = false;
       free_.push_back(b);
       batch->Disarm();
       return st;
     }
-    b->timed = true;
+    {
+      std::lock_guard<std::mutex> lock(mu_);  // copy_ms() reads it from any thread
+      b->timed = true;
+    }
     batch->ready_event = b->ready;
     batch->host = std::move(slot);
     batches_.fetch_add(1);
@@ -237,16 +240,21 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
       const size_t bytes = size_t(elems) * size_t(ElementSize(schema.field(f).dtype()));
       if (image_ && f == image_->field) {
         const int64_t hw = int64_t(image_->size) * image_->size;
-        FEEDLINE_CUDA_RETURN(cudaMemcpyAsync(b->staging, slot.field_data(f), size_t(n * hw * 3),
-                                             cudaMemcpyHostToDevice, stream_));
         const DType t = image_->dtype;
+        const bool nchw = image_->layout == Layout::kNCHW;
+        // uint8 NHWC is the slot's own layout: copied straight to its place, no kernel.
+        const bool as_is = t == DType::kUint8 && !nchw;
+        FEEDLINE_CUDA_RETURN(cudaMemcpyAsync(as_is ? b->fields[size_t(f)] : b->staging,
+                                             slot.field_data(f), size_t(n * hw * 3),
+                                             cudaMemcpyHostToDevice, stream_));
         const int kind = t == DType::kFloat32    ? kConvertFloat32
                          : t == DType::kFloat16  ? kConvertFloat16
                          : t == DType::kBFloat16 ? kConvertBFloat16
                                                  : kConvertUint8;
-        const bool nchw = image_->layout == Layout::kNCHW;
-        FEEDLINE_CUDA_RETURN(LaunchConvert(b->staging, b->fields[size_t(f)], n, hw, nchw, kind,
-                                           norm_.scale, norm_.bias, stream_));
+        if (!as_is) {
+          FEEDLINE_CUDA_RETURN(LaunchConvert(b->staging, b->fields[size_t(f)], n, hw, nchw, kind,
+                                             norm_.scale, norm_.bias, stream_));
+        }
         const int64_t s = image_->size;
         out.shape = nchw ? std::vector<int64_t>{n, 3, s, s} : std::vector<int64_t>{n, s, s, 3};
         out.dtype = t;
@@ -295,12 +303,14 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
       at += align(bytes);
     }
     const size_t staging_at = at;
-    if (image_) at += align(size_t(image_->size) * size_t(image_->size) * 3 * batch);
+    const bool staged =
+        image_ && !(image_->dtype == DType::kUint8 && image_->layout == Layout::kNHWC);
+    if (staged) at += align(size_t(image_->size) * size_t(image_->size) * 3 * batch);
     b->bytes = std::max<size_t>(at, 256);
     FEEDLINE_CUDA_RETURN(cudaMalloc(&b->memory, b->bytes));
     auto* base = static_cast<uint8_t*>(b->memory);
     for (size_t off : offsets) b->fields.push_back(base + off);
-    if (image_) b->staging = base + staging_at;
+    if (staged) b->staging = base + staging_at;
     FEEDLINE_CUDA_RETURN(cudaEventCreate(&b->start));
     FEEDLINE_CUDA_RETURN(cudaEventCreate(&b->ready));
     FEEDLINE_CUDA_RETURN(cudaEventCreateWithFlags(&b->released, cudaEventDisableTiming));
