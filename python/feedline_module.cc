@@ -464,10 +464,9 @@ feedline::Loader::State DictToState(const py::dict& d) {
 // Documents of a text / JSON Lines file or WebDataset shards, tokenized by a SentencePiece
 // model in the workers: padded int64 ids, or ragged int32 ones for the packer.
 absl::StatusOr<std::unique_ptr<feedline::Loader>> DocumentLoader(
-    const std::string& path, const std::string& field, const std::string& model, int64_t max_length,
-    bool add_bos, bool add_eos, bool ragged, feedline::LoaderOptions o) {
-  auto tokenizer = feedline::text::LoadSentencePiece(model);
-  if (!tokenizer.ok()) return tokenizer.status();
+    const std::string& path, const std::string& field,
+    std::shared_ptr<const feedline::text::Tokenizer> tokenizer, int64_t max_length, bool add_bos,
+    bool add_eos, bool ragged, feedline::LoaderOptions o) {
   // WebDataset shards (a .tar or a brace pattern): one document per key.
   const bool shards = absl::EndsWith(path, ".tar") || absl::StrContains(path, "{");
   absl::StatusOr<std::shared_ptr<const feedline::Dataset>> docs;
@@ -480,7 +479,7 @@ absl::StatusOr<std::unique_ptr<feedline::Loader>> DocumentLoader(
   }
   if (!docs.ok()) return docs.status();
   feedline::text::TokenizeOptions t;
-  t.tokenizer = *tokenizer;
+  t.tokenizer = std::move(tokenizer);
   t.max_length = max_length;
   t.add_bos = add_bos;
   t.add_eos = add_eos;
@@ -555,8 +554,13 @@ PYBIND11_MODULE(_feedline, m) {
         absl::StatusOr<std::unique_ptr<feedline::Loader>> loader;
         {
           py::gil_scoped_release release;
-          loader = DocumentLoader(path, field, model, max_length, add_bos, add_eos,
-                                  /*ragged=*/false, std::move(o));
+          auto tokenizer = feedline::text::LoadSentencePiece(model);
+          if (tokenizer.ok()) {
+            loader = DocumentLoader(path, field, *std::move(tokenizer), max_length, add_bos,
+                                    add_eos, /*ragged=*/false, std::move(o));
+          } else {
+            loader = tokenizer.status();
+          }
         }
         if (!loader.ok()) ThrowStatus(loader.status(), false);
         return LoaderHolder(loader->release());
@@ -586,12 +590,12 @@ PYBIND11_MODULE(_feedline, m) {
         {
           py::gil_scoped_release release;
           packed = [&]() -> absl::StatusOr<std::unique_ptr<feedline::text::PackedLoader>> {
-            auto docs = DocumentLoader(path, field, model, max_length, add_bos, add_eos,
-                                       /*ragged=*/true, std::move(o));
-            if (!docs.ok()) return docs.status();
-            auto tokenizer = feedline::text::LoadSentencePiece(model);
+            auto tokenizer = feedline::text::LoadSentencePiece(model);  // loaded once
             if (!tokenizer.ok()) return tokenizer.status();
             p.pad_id = std::max((*tokenizer)->pad_id(), 0);
+            auto docs = DocumentLoader(path, field, *std::move(tokenizer), max_length, add_bos,
+                                       add_eos, /*ragged=*/true, std::move(o));
+            if (!docs.ok()) return docs.status();
             return feedline::text::PackedLoader::Create(*std::move(docs), p);
           }();
         }
