@@ -258,6 +258,7 @@ class DataLoader:
         self._flat_keys = []
         self._revisited = False
         self._epochs_finished = 0
+        self._last_epoch = None  # the last full engine epoch: samples, seconds, consumer wait
         # Engine state, kept across epochs (persistent workers).
         self._transform = None
         self._transform_key = None
@@ -491,8 +492,9 @@ class DataLoader:
         calling thread when one thread loads faster than the workers delivered, processes when
         worker threads spent their time waiting for the GIL."""
         self._revisited = True
-        s = self._loader.stats()
-        rate, wait = s.get("images_per_s", 0.0), s.get("consumer_wait_fraction", 0.0)
+        last = self._last_epoch or {}
+        rate = last.get("samples", 0) / max(last.get("seconds", 0.0), 1e-9)
+        wait = last.get("wait_fraction", 0.0)
         py = self._transform.stats() if self._transform is not None else {}
         if wait < _REVISIT_WAIT:
             return  # the consumer is the bottleneck: the loader keeps up
@@ -846,6 +848,11 @@ class _EngineIter(_BaseIter):
         self._batches_done = skip
         self._batches = batches  # the epoch's whole order: a restart continues in it
         self._position_batch = 0  # the engine's batches handed out (errors included)
+        # This epoch's own figures for the revisit (the engine's stats span every epoch and
+        # the pauses between them, e.g. a validation loop).
+        self._t0 = time.perf_counter()
+        self._waited = 0.0
+        self._samples = sum(len(b) for b in batches[skip:])
 
     def _grow_and_restart(self, overflow):
         """A padded sample was longer than its field's bound: the bound grows (kept for later
@@ -874,11 +881,15 @@ class _EngineIter(_BaseIter):
         if self._epoch is None:
             raise StopIteration
         o = self._owner
+        t = time.perf_counter()
         try:
             fields, _, index = self._epoch.next_fields()
         except StopIteration:
             self._finished = True
             o._epochs_finished += 1
+            seconds = time.perf_counter() - self._t0
+            o._last_epoch = {"samples": self._samples, "seconds": seconds,
+                             "wait_fraction": min(1.0, self._waited / max(seconds, 1e-9))}
             self._close()
             raise
         except DataError:
@@ -898,6 +909,7 @@ class _EngineIter(_BaseIter):
                 if text:
                     _raise_from_text(text)
             raise
+        self._waited += time.perf_counter() - t
         self._position_batch += 1
         if self._schema is None:  # batch mode: the batch was made in Python
             pos = int(torch.from_dlpack(fields["batch"])[0])

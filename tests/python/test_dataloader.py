@@ -567,6 +567,7 @@ def test_an_automatic_choice_is_revisited_after_the_first_epoch():
     chose = loader.stats()["python"]
     assert chose["executor"] == "process", chose
     ds.cheap = True  # the workers, ~2,000 samples/s, are now far slower than this thread
+    time.sleep(1.5)  # a validation loop between epochs: not the loader's time
     second = torch.cat(list(loader)).flatten().tolist()
     now = loader.stats()["python"]
     assert first == second == list(range(2000))
