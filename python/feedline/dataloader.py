@@ -40,8 +40,9 @@ _PAD_PROBE = 32
 # on two processes and 4.2k/s on two GIL-bound threads).
 _INLINE_US = 40
 # After the first epoch, an automatic choice is revisited when the consumer waited at least this
-# share of the time (the loader was the bottleneck).
+# share of the time (the loader was the bottleneck), over at least this many batches.
 _REVISIT_WAIT = 0.5
+_REVISIT_BATCHES = 10
 
 _LIVE = weakref.WeakSet()
 
@@ -461,7 +462,7 @@ class DataLoader:
         except Exception:  # noqa: BLE001 (the sample's error comes again, at its batch)
             return "thread", "the probe's sample failed"
         self._probe_rate = one
-        if one > 1e6 / _INLINE_US and self._inline_allowed():
+        if one > 1e6 / _INLINE_US and self._inline_allowed() and self._thread_safe(keys):
             return "main", (f"{1e6 / one:.0f} us per sample: the calling thread loads (as "
                             "num_workers=0), cheaper than a hand-off to a worker")
         if not all(isinstance(k, int) for k in flat[:64]):
@@ -498,6 +499,8 @@ class DataLoader:
         py = self._transform.stats() if self._transform is not None else {}
         if wait < _REVISIT_WAIT:
             return  # the consumer is the bottleneck: the loader keeps up
+        if last.get("batches", 0) < _REVISIT_BATCHES:
+            return  # a short epoch is mostly the pipeline filling: nothing to conclude
         was = f"{self._executor} workers delivered {rate:.0f} samples/s"
         if self._inline_allowed() and self._auto_collation:
             # A quick look first (20 ms of samples, no collation: an upper bound); only when
@@ -511,7 +514,9 @@ class DataLoader:
                 one = 0.0
             finally:
                 torch.set_rng_state(rng)
-            if one > 1.25 * rate:
+            # A dataset that changes global state (reseeds torch's RNG, as FakeData does) would
+            # change it in the training's own thread: it keeps its workers.
+            if one > 1.25 * rate and self._thread_safe(self._flat_keys[:64] or [0]):
                 self._switch("main", f"revisited after epoch 1: {was} while the consumer waited "
                                      f"{wait:.0%}; one thread loads {one:.0f}/s, so the calling "
                                      "thread does (as num_workers=0)")
@@ -853,6 +858,7 @@ class _EngineIter(_BaseIter):
         self._t0 = time.perf_counter()
         self._waited = 0.0
         self._samples = sum(len(b) for b in batches[skip:])
+        self._epoch_batches = len(batches) - skip
 
     def _grow_and_restart(self, overflow):
         """A padded sample was longer than its field's bound: the bound grows (kept for later
@@ -888,7 +894,8 @@ class _EngineIter(_BaseIter):
             self._finished = True
             o._epochs_finished += 1
             seconds = time.perf_counter() - self._t0
-            o._last_epoch = {"samples": self._samples, "seconds": seconds,
+            o._last_epoch = {"samples": self._samples, "batches": self._epoch_batches,
+                             "seconds": seconds,
                              "wait_fraction": min(1.0, self._waited / max(seconds, 1e-9))}
             self._close()
             raise
