@@ -465,6 +465,9 @@ class DataLoader:
         if one > 1e6 / _INLINE_US and self._inline_allowed() and self._thread_safe(keys):
             return "main", (f"{1e6 / one:.0f} us per sample: the calling thread loads (as "
                             "num_workers=0), cheaper than a hand-off to a worker")
+        if one > 1 / 30e-6:
+            return "thread", (f"{1e6 / one:.0f} us per sample: cheaper than a hand-off to "
+                              "a process")
         if not all(isinstance(k, int) for k in flat[:64]):
             return "thread", "sample keys are not ints"
         if _cpus() < 2:
