@@ -367,6 +367,14 @@ def flatten(sample, schema, check_shapes=True):
     return leaves
 
 
+def as_field_dtype(t, f):
+    """A column's tensor with its field's torch dtype: bool and bfloat16 travel as bytes and
+    int16 (numpy and DLPack have no bfloat16)."""
+    if f.dtype in (torch.bool, torch.bfloat16) and t.dtype != f.dtype:
+        return t.view(f.dtype)
+    return t
+
+
 def collate_padded(samples, schema):
     """Python's padded collation (num_workers=0): the engine's layout for `schema` — variable
     leaves padded to the batch's longest with lengths beside them; a pad= leaf whose fixed
@@ -391,11 +399,7 @@ def collate_padded(samples, schema):
             t = torch.from_numpy(out)
             first = next(d for d, m in enumerate(f.shape) if m < 0)
             lengths[f.index] = torch.tensor([a.shape[first] for a in arrays], dtype=torch.int64)
-        if f.dtype == torch.bfloat16:
-            t = t.view(torch.bfloat16)
-        elif f.dtype == torch.bool:
-            t = t.view(torch.bool) if t.dtype != torch.bool else t
-        columns.append(t)
+        columns.append(as_field_dtype(t, f))
         _name_lengths(schema, f)
     objects = None
     if schema.objects:

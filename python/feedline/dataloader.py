@@ -862,6 +862,8 @@ class _EngineIter(_BaseIter):
         self._waited = 0.0
         self._samples = sum(len(b) for b in batches[skip:])
         self._epoch_batches = len(batches) - skip
+        # Collated batches come from the copy stage already on the GPU (see _engine_iter).
+        self._on_device = schema is not None and owner._engine_device() is not None
 
     def _grow_and_restart(self, overflow):
         """A padded sample was longer than its field's bound: the bound grows (kept for later
@@ -876,7 +878,7 @@ class _EngineIter(_BaseIter):
             self._finished = True
             raise StopIteration
         self._epoch, self._schema = new._epoch, new._schema
-        self._engine_batch = new._engine_batch
+        self._engine_batch, self._on_device = new._engine_batch, new._on_device
         self._position_batch = 0
         new._epoch = None
 
@@ -907,9 +909,9 @@ class _EngineIter(_BaseIter):
             texts = [o._transform.take_error(pos)
                      for pos in range(k * self._engine_batch, (k + 1) * self._engine_batch)]
             for text in texts:
-                if text and "_collate.PadOverflow" in text.partition("\n")[2]:
-                    overflow = _collate.overflow_of(json.loads(text.partition("\n")[2])
-                                                    .get("message", ""))
+                details = text.partition("\n")[2] if text else ""
+                if "_collate.PadOverflow" in details:
+                    overflow = _collate.overflow_of(json.loads(details).get("message", ""))
                     if overflow is not None:
                         self._grow_and_restart(overflow)
                         return self.__next__()
@@ -928,12 +930,7 @@ class _EngineIter(_BaseIter):
             return self._out(o._results.pop(pos))
         columns = []
         for f in self._schema.fields:
-            t = torch.from_dlpack(fields[f"f{f.index}"])
-            if f.dtype == torch.bool:
-                t = t.view(torch.bool)
-            elif f.dtype == torch.bfloat16 and t.dtype != torch.bfloat16:
-                t = t.view(torch.bfloat16)
-            columns.append(t)
+            columns.append(_collate.as_field_dtype(torch.from_dlpack(fields[f"f{f.index}"]), f))
         lengths = {f.index: torch.from_dlpack(fields[f"f{f.index}_lengths"])
                    for f in self._schema.fields if f.variable}
         objects = None
@@ -943,7 +940,7 @@ class _EngineIter(_BaseIter):
             objects = [pickle.loads(values[offs[i]:offs[i + 1]].tobytes())
                        for i in range(len(offs) - 1)]
         return self._out(_collate.rebuild(self._schema, columns, objects, lengths),
-                         on_device=o._engine_device() is not None)
+                         on_device=self._on_device)
 
 
 class _IterableIter(_BaseIter):

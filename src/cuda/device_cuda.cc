@@ -242,8 +242,7 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
         const int64_t hw = int64_t(image_->size) * image_->size;
         const DType t = image_->dtype;
         const bool nchw = image_->layout == Layout::kNCHW;
-        // uint8 NHWC is the slot's own layout: copied straight to its place, no kernel.
-        const bool as_is = t == DType::kUint8 && !nchw;
+        const bool as_is = !Staged();
         FEEDLINE_CUDA_RETURN(cudaMemcpyAsync(as_is ? b->fields[size_t(f)] : b->staging,
                                              slot.field_data(f), size_t(n * hw * 3),
                                              cudaMemcpyHostToDevice, stream_));
@@ -270,6 +269,12 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
     }
     FEEDLINE_CUDA_RETURN(cudaEventRecord(b->ready, stream_));
     return absl::OkStatus();
+  }
+
+  // The image field goes through a staging buffer and the conversion kernel, except uint8
+  // NHWC: the slot's own layout, copied straight to its place.
+  bool Staged() const {
+    return image_ && !(image_->dtype == DType::kUint8 && image_->layout == Layout::kNHWC);
   }
 
   absl::StatusOr<Buffer*> Acquire() {
@@ -303,8 +308,7 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
       at += align(bytes);
     }
     const size_t staging_at = at;
-    const bool staged =
-        image_ && !(image_->dtype == DType::kUint8 && image_->layout == Layout::kNHWC);
+    const bool staged = Staged();
     if (staged) at += align(size_t(image_->size) * size_t(image_->size) * 3 * batch);
     b->bytes = std::max<size_t>(at, 256);
     FEEDLINE_CUDA_RETURN(cudaMalloc(&b->memory, b->bytes));
