@@ -1,7 +1,7 @@
 """Remote storage against local files, in one run: the bundled ImageFolder read from disk, and
 the same files served by nginx on loopback (Debian's nginx-light) and read over HTTP, as they
-are and with 20 ms added to every request (the loader's simulated_read_latency_ms, in front of each real HTTP
-GET), both with automatic settings. Prints images/s of each, the ratio, and the remote run's
+are and with 20 ms added to every request by the server (tests/servers/nginx.py: a delay before
+each answer, as a remote object store has it), all with automatic settings. Prints images/s of each, the ratio, and the remote run's
 request figures and settings (the autotuner raises the I/O depth to cover the latency).
 
     PYTHONPATH=build/python /usr/bin/python3 bench/remote_compare.py [DATA_DIR] [--latency-ms 20]
@@ -12,57 +12,15 @@ DATA_DIR defaults to build/bench/data/imagenet-like-v1 (made by build/bench/feed
 import argparse
 import os
 import shutil
-import socket
-import subprocess
+import sys
 import tempfile
 import time
 
 import feedline
 
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def serve(root, work):
-    """Starts nginx serving `root` on a free loopback port; returns (process, base URL)."""
-    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-    port = _free_port()
-    os.makedirs(os.path.join(work, "tmp"), exist_ok=True)
-    user = "user root;\n" if os.geteuid() == 0 else ""
-    conf = os.path.join(work, "nginx.conf")
-    with open(conf, "w") as f:
-        f.write(f"""{user}daemon off;
-worker_processes 1;
-pid {work}/nginx.pid;
-error_log {work}/error.log warn;
-events {{ worker_connections 1024; }}
-http {{
-  access_log off;
-  sendfile on;
-  keepalive_requests 100000;
-  client_body_temp_path {work}/tmp;
-  proxy_temp_path {work}/tmp;
-  fastcgi_temp_path {work}/tmp;
-  uwsgi_temp_path {work}/tmp;
-  scgi_temp_path {work}/tmp;
-  server {{ listen 127.0.0.1:{port}; root {root}; }}
-}}
-""")
-    proc = subprocess.Popen([nginx, "-c", conf, "-p", work])
-    end = time.time() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            if time.time() > end:
-                proc.terminate()
-                raise
-            time.sleep(0.05)
-    return proc, f"http://127.0.0.1:{port}"
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                "servers"))
+import nginx  # noqa: E402  (tests/servers/nginx.py: the test suite's nginx on loopback)
 
 
 def _cpu_s(pids):
@@ -118,22 +76,23 @@ def main():
     work = tempfile.mkdtemp(prefix="feedline-remote-")
     local = feedline.ImageLoader(root, batch_size=args.batch_size)
     lst = os.path.join(work, "urls.txt")
-    proc, base = serve(root, work)
+    slow_lst = os.path.join(work, "slow-urls.txt")
     try:
-        with open(lst, "w") as f:
-            for path, label in local.samples:
-                f.write(f"{base}/{os.path.relpath(path, root)} {label}\n")
-        pids = _nginx_pids(proc.pid)
-        local_rate, local_cpu = rate(local, args.epochs)
-        plain = feedline.ImageLoader(lst, batch_size=args.batch_size)
-        plain_rate, plain_cpu = rate(plain, args.epochs, pids)
-        remote = feedline.ImageLoader(lst, batch_size=args.batch_size,
-                                      simulated_read_latency_ms=args.latency_ms)
-        remote_rate, remote_cpu = rate(remote, args.epochs, pids)
-        s = remote.stats()
+        with nginx.serve(root, os.path.join(work, "plain")) as (base, master), \
+                nginx.serve(root, os.path.join(work, "slow"), latency_ms=args.latency_ms) as (
+                    slow_base, slow_master):
+            for name, url in ((lst, base), (slow_lst, slow_base)):
+                with open(name, "w") as f:
+                    for path, label in local.samples:
+                        f.write(f"{url}/{os.path.relpath(path, root)} {label}\n")
+            pids = _nginx_pids(master) + _nginx_pids(slow_master)
+            local_rate, local_cpu = rate(local, args.epochs)
+            plain = feedline.ImageLoader(lst, batch_size=args.batch_size)
+            plain_rate, plain_cpu = rate(plain, args.epochs, pids)
+            remote = feedline.ImageLoader(slow_lst, batch_size=args.batch_size)
+            remote_rate, remote_cpu = rate(remote, args.epochs, pids)
+            s = remote.stats()
     finally:
-        proc.terminate()
-        proc.wait()
         shutil.rmtree(work, ignore_errors=True)
     r = s["remote"]
     print(f"{len(local.samples)} images, batch {args.batch_size}, {args.epochs} epochs each "
@@ -147,7 +106,7 @@ def main():
           f"(workers {remote.workers}, io_depth {remote.io_depth})")
     print(f"  HTTP + {args.latency_ms:g} ms / local: {remote_rate / local_rate:.2f}x; / HTTP alone: "
           f"{remote_rate / plain_rate:.2f}x (the latency's own cost); {r['requests']} requests, "
-          f"{r['retries']} retried, {r['request_ms']:.1f} ms each (HTTP alone), "
+          f"{r['retries']} retried, {r['request_ms']:.1f} ms each, "
           f"{r['bytes'] / 1e6:.0f} MB; verdict: {s['bottleneck']} ({s['bottleneck_reason']})")
 
 

@@ -27,6 +27,7 @@
 #define FEEDLINE_DATASET_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -81,6 +82,19 @@ class Dataset {
   // What a data set that fetches over a network did so far (default: nothing remote). Called
   // from any thread while reads run.
   virtual RemoteStats remote_stats() const { return {}; }
+
+  // Reads that do not hold a thread while they wait (network storage). When async_reads() is
+  // true the read stage starts reads with ReadAsync and goes on: one reader thread keeps the
+  // autotuner's I/O depth of reads in flight, instead of one blocked thread per read. ReadAsync
+  // returns at once; `done` is called exactly once with the read's outcome, on any thread
+  // (possibly before ReadAsync returns), and must not block; `record` is the data set's until
+  // then. The read must end by itself within its own deadline (the watchdog that fails hung
+  // blocking reads cannot abandon these). Default: false, and ReadAsync calls Read.
+  virtual bool async_reads() const { return false; }
+  virtual void ReadAsync(int64_t index, Record* record,
+                         std::function<void(absl::Status)> done) const {
+    done(Read(index, record));
+  }
 };
 
 // Forwards every call to `target` (not owned unless given as a shared_ptr).
@@ -95,6 +109,7 @@ class DatasetWrapper : public Dataset {
   uint64_t Fingerprint() const override { return target_->Fingerprint(); }
   bool empty_records() const override { return target_->empty_records(); }
   RemoteStats remote_stats() const override { return target_->remote_stats(); }
+  // async_reads() stays false: a wrapper's own Read (latency, faults) must see every read.
   const Dataset& target() const { return *target_; }
 
  private:

@@ -6,6 +6,10 @@
 // idle decoders spinning that way cost 1.5x the CPU per image of an idle-sleeping pipeline,
 // which is exactly the CPU the consumer-bound regime must not burn.
 //
+// `Semaphore`: std::counting_semaphore (spins, then sleeps: for the stage hand-offs, where few
+// threads wait and the spin gives the core to the producer) or SleepingSemaphore (core/sleep.h:
+// for queues where many threads may wait at once).
+//
 // Unbounded: the number of items in circulation (read buffers) bounds it. A null item is the
 // stop sentinel, pushed once per consumer thread.
 //
@@ -18,9 +22,11 @@
 #include <cstddef>
 #include <semaphore>
 
+#include "core/sleep.h"
+
 namespace feedline {
 
-template <typename T>
+template <typename T, typename Semaphore = std::counting_semaphore<>>
 class HandoffQueue {
  public:
   void push(T item) {
@@ -44,7 +50,7 @@ class HandoffQueue {
 
  private:
   tbb::concurrent_queue<T> items_;
-  std::counting_semaphore<> available_{0};
+  Semaphore available_{0};
 };
 
 }  // namespace feedline

@@ -58,6 +58,50 @@ class WakeWord {
   std::atomic<int> sleepers_{0};
 };
 
+// A counting semaphore that sleeps at once (a futex on the count), for waits where many
+// threads may wait together and spinning helps nobody: readers waiting for a free read item
+// when storage is slow (tens of them; std::counting_semaphore's spin and sched_yield calls per
+// wait cost ~5% of the CPU of a remote run at io_depth 90, measured with perf).
+class SleepingSemaphore {
+ public:
+  explicit SleepingSemaphore(int32_t initial = 0) : count_(initial) {}
+  void release() {
+    count_.fetch_add(1, std::memory_order_seq_cst);
+    if (waiters_.load(std::memory_order_seq_cst) > 0) {
+      syscall(SYS_futex, Address(), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+    }
+  }
+  bool try_acquire() {
+    int32_t c = count_.load(std::memory_order_relaxed);
+    while (c > 0) {
+      if (count_.compare_exchange_weak(c, c - 1, std::memory_order_acquire,
+                                       std::memory_order_relaxed)) {
+        return true;
+      }
+    }
+    return false;
+  }
+  void acquire() {
+    while (!try_acquire()) {
+      // A release after the increment below sees the waiter and wakes one; one before it
+      // made the count non-zero, and the futex does not sleep on a changed count.
+      waiters_.fetch_add(1, std::memory_order_seq_cst);
+      if (count_.load(std::memory_order_seq_cst) == 0) {
+        syscall(SYS_futex, Address(), FUTEX_WAIT_PRIVATE, 0, nullptr, nullptr, 0);
+      }
+      waiters_.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
+
+ private:
+  static_assert(sizeof(std::atomic<int32_t>) == sizeof(int32_t) &&
+                std::atomic<int32_t>::is_always_lock_free);
+  int32_t* Address() { return reinterpret_cast<int32_t*>(&count_); }
+
+  std::atomic<int32_t> count_{0};
+  std::atomic<int> waiters_{0};
+};
+
 }  // namespace feedline
 
 #endif  // FEEDLINE_SRC_CORE_SLEEP_H_

@@ -71,6 +71,7 @@ struct ReadItem {
   std::vector<ReadEntry> entries;  // the first `count` are in use
   int count = 0;
   bool retry = false;  // a single replacement read (on_error = skip), from the retry pool
+  int pending = 0;     // asynchronous reads not yet ended (under ReadStage's async mutex)
   ReadEntry& first() { return entries[0]; }
   void Resize(int n) {
     if (int(entries.size()) < n) entries.resize(size_t(n));
@@ -95,7 +96,9 @@ inline void ReadItem::Fill(const EpochCore& core, int64_t seq, int64_t end) {
 // of items bounds them. A null item is the stop sentinel (pushed once per thread on cancel).
 struct ItemQueues {
   HandoffQueue<ReadItem*> ready;
-  HandoffQueue<ReadItem*> free;
+  // Readers wait here for an item while the map stage holds them all: with slow storage tens
+  // of readers at once, so they sleep without spinning.
+  HandoffQueue<ReadItem*, SleepingSemaphore> free;
   HandoffQueue<ReadItem*> retry;
   std::atomic<int> created{0};
 

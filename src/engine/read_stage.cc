@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/sleep.h"
 
 namespace feedline {
 
@@ -24,6 +25,25 @@ struct ReadStage::ReaderState {
   ReadItem* item = nullptr;  // the item being read and the entry (published by the phase store)
   int entry = 0;
   Record record;  // reads land here, then move into the entry
+};
+
+// Shared by the async reader and the callbacks of its reads, which may outlive the stage.
+struct ReadStage::AsyncState {
+  std::mutex mu;
+  bool stopped = false;        // under mu; after it is set, callbacks touch nothing of the run
+  ReadStage* stage = nullptr;  // valid while !stopped
+  std::atomic<int> in_flight{0};
+  WakeWord wake;  // a read ended, or the stage stopped
+};
+
+// One read in flight: the record it fills (the entry's buffers, swapped in) and where it goes.
+struct ReadStage::AsyncRead {
+  std::shared_ptr<AsyncState> state;
+  ReadItem* item = nullptr;
+  int entry = 0;
+  int64_t start_ns = 0;
+  int64_t before = 0;  // the entry's buffer capacity when the read started
+  Record record;
 };
 
 namespace {
@@ -50,11 +70,21 @@ absl::Status SafeRead(const Dataset& d, int64_t index, Record* record) {
 }  // namespace
 
 ReadStage::ReadStage(EpochCore* core, BatchRing* ring, ItemQueues* queues, int64_t start_seq)
-    : core_(core), ring_(ring), queues_(queues), next_seq_(start_seq) {}
+    : core_(core),
+      ring_(ring),
+      queues_(queues),
+      next_seq_(start_seq),
+      async_(core->shared->dataset->async_reads()) {
+  if (async_) {
+    async_state_ = std::make_shared<AsyncState>();
+    async_state_->stage = this;
+  }
+}
 
 void ReadStage::SetThreads(int n) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopped_ || core_->is_cancelled() || core_->shared->inline_reads) return;
+  if (async_) n = std::min(n, 1);  // one thread starts every read
   while (static_cast<int>(readers_.size()) < n) StartReader(static_cast<int>(readers_.size()));
 }
 
@@ -136,6 +166,13 @@ void ReadStage::Stop(std::vector<std::thread>* join) {
     std::lock_guard<std::mutex> lock(mu_);
     stopped_ = true;
   }
+  if (async_state_ != nullptr) {
+    {
+      std::lock_guard<std::mutex> lock(async_state_->mu);
+      async_state_->stopped = true;  // reads still in flight end without touching the run
+    }
+    async_state_->wake.WakeAll();  // the reader may wait for room in flight
+  }
   AbandonStuckReads(std::numeric_limits<int64_t>::max(), "the epoch was stopped");
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& r : readers_) {
@@ -178,7 +215,11 @@ void ReadStage::ReaderLoop(int id, std::shared_ptr<ReaderState> state) {
     if (item == nullptr || core_->is_cancelled()) return;
     sh.read.AddWait(NowNs() - t0);
     item->Fill(*core_, seq, end);
-    if (!ReadInto(item, state.get(), track)) return;  // abandoned
+    if (async_) {
+      if (!StartReads(item, track)) return;  // cancelled
+    } else if (!ReadInto(item, state.get(), track)) {
+      return;  // abandoned
+    }
   }
 }
 
@@ -253,6 +294,107 @@ bool ReadStage::ReadInto(ReadItem* item, ReaderState* state, TraceTrack* track) 
   }
   queues_->ready.push(item);
   return true;
+}
+
+bool ReadStage::StartReads(ReadItem* item, TraceTrack* track) {
+  LoaderShared& sh = *core_->shared;
+  AsyncState& st = *async_state_;
+  SampleCache* cache = sh.cache_holds_bytes ? sh.cache.get() : nullptr;
+  const int64_t t0 = NowNs();
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    item->pending = 1;  // this function's own hold, dropped at the end
+  }
+  bool cancelled = false;
+  for (int k = 0; k < item->count; ++k) {
+    ReadEntry& e = item->entries[size_t(k)];
+    if (sh.transform->SkipsRead(e.sample)) {  // the transform has what it needs
+      e.record.Clear();
+      e.status = absl::OkStatus();
+      continue;
+    }
+    if (cache != nullptr) {
+      std::shared_ptr<const SampleCache::Entry> hit = cache->Get(e.sample);
+      if (hit != nullptr) {
+        cache->CountHit();
+        e.record.bytes.assign(hit->data.begin(), hit->data.end());
+        e.record.label = hit->label;
+        e.record.members = hit->members;
+        e.status = absl::OkStatus();
+        continue;
+      }
+      cache->CountMiss();
+    }
+    // Room in flight: at most io_depth reads at once.
+    while (true) {
+      const uint32_t gen = st.wake.Load();
+      if (core_->is_cancelled()) break;
+      if (st.in_flight.load(std::memory_order_acquire) < std::max(1, sh.io_depth.load())) break;
+      st.wake.Wait(gen);
+    }
+    if (core_->is_cancelled()) {
+      cancelled = true;
+      break;
+    }
+    auto* read = new AsyncRead;
+    read->state = async_state_;
+    read->item = item;
+    read->entry = k;
+    read->before = Capacity(e.record);
+    std::swap(read->record, e.record);
+    {
+      std::lock_guard<std::mutex> lock(st.mu);
+      ++item->pending;
+    }
+    st.in_flight.fetch_add(1, std::memory_order_acq_rel);
+    read->start_ns = NowNs();
+    const int64_t sample = e.sample;  // the entry may be handed on before ReadAsync returns
+    try {
+      sh.dataset->ReadAsync(sample, &read->record,
+                            [read](absl::Status s) { Complete(read, std::move(s)); });
+    } catch (const std::exception& ex) {  // the contract says it does not throw; if it does
+      Complete(read,
+               absl::InternalError(absl::StrCat("the data set's ReadAsync threw: ", ex.what())));
+    }
+  }
+  track->Span(TraceTrack::Kind::kRead, t0, NowNs(), item->first().sample);
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (st.stopped) return false;
+  if (--item->pending == 0) queues_->ready.push(item);
+  return !cancelled;
+}
+
+void ReadStage::Complete(AsyncRead* read, absl::Status status) {
+  std::shared_ptr<AsyncState> st = read->state;
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    if (!st->stopped) {
+      ReadStage& stage = *st->stage;
+      LoaderShared& sh = *stage.core_->shared;
+      ReadItem* item = read->item;
+      ReadEntry& e = item->entries[size_t(read->entry)];
+      std::swap(e.record, read->record);
+      e.status = std::move(status);
+      SampleCache* cache = sh.cache_holds_bytes ? sh.cache.get() : nullptr;
+      if (e.status.ok() && cache != nullptr && !cache->full()) {
+        auto entry = std::make_shared<SampleCache::Entry>();
+        entry->data = e.record.bytes;
+        entry->label = e.record.label;
+        entry->members = e.record.members;
+        cache->Put(e.sample, std::move(entry));
+      }
+      const int64_t delta = Capacity(e.record) - read->before;
+      sh.read_buffer_bytes.fetch_add(delta, std::memory_order_relaxed);
+      stage.buffer_bytes_.fetch_add(delta, std::memory_order_relaxed);
+      // Busy time is each read's latency (Little's law on it sets the I/O depth).
+      sh.read.AddBusy(NowNs() - read->start_ns);
+      sh.read.items.fetch_add(1, std::memory_order_relaxed);
+      if (--item->pending == 0) stage.queues_->ready.push(item);
+    }
+    st->in_flight.fetch_sub(1, std::memory_order_acq_rel);
+  }
+  st->wake.WakeAll();
+  delete read;
 }
 
 }  // namespace feedline

@@ -5,6 +5,12 @@
 // the record through the data set (or the bytes cache) and hand it to the map stage. A retry
 // reader reads the replacements of failed samples, under the same timeout.
 //
+// Asynchronous data sets (Dataset::async_reads, e.g. HTTP/S3): one reader thread starts reads
+// with ReadAsync and goes on, keeping up to io_depth of them in flight; each read's callback
+// (on the data set's thread: the HTTP loop) puts the record in its entry and hands the chunk to
+// the map stage when its last read ends. Those reads end by their own deadlines; after Stop,
+// late callbacks touch nothing of the run (AsyncState::stopped).
+//
 // Hung storage: each reader publishes what it is reading; the watchdog (the tuning loop's
 // thread) fails reads older than `read_timeout_ms` with kDeadlineExceeded, detaches the stuck
 // thread (which keeps alive only what it touches: its own state and the loader's shared state)
@@ -53,6 +59,8 @@ class ReadStage {
 
  private:
   struct ReaderState;
+  struct AsyncState;
+  struct AsyncRead;
   struct Reader {
     std::thread thread;
     std::shared_ptr<ReaderState> state;
@@ -64,12 +72,18 @@ class ReadStage {
   // Reads item->sample into the item under the watchdog's protocol and queues it for the map
   // stage; false when the read was abandoned (the caller must return at once).
   bool ReadInto(ReadItem* item, ReaderState* state, TraceTrack* track);
+  // Starts the reads of `item` (async data sets), waiting for room within io_depth; false
+  // when cancelled meanwhile.
+  bool StartReads(ReadItem* item, TraceTrack* track);
+  static void Complete(AsyncRead* read, absl::Status status);
 
   EpochCore* const core_;
   BatchRing* const ring_;
   ItemQueues* const queues_;
   std::atomic<int64_t> next_seq_;
   std::atomic<int64_t> buffer_bytes_{0};
+  const bool async_;  // the data set reads asynchronously
+  std::shared_ptr<AsyncState> async_state_;
   std::mutex mu_;
   std::vector<Reader> readers_ ABSL_GUARDED_BY(mu_);
   Reader retry_reader_ ABSL_GUARDED_BY(mu_);  // started on the first replacement

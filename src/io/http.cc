@@ -8,9 +8,11 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -23,6 +25,7 @@
 #include "absl/strings/strip.h"
 #include "core/file_io.h"
 #include "core/fnv.h"
+#include "io/http_multi.h"
 #include "io/list_file.h"
 
 namespace feedline {
@@ -34,19 +37,6 @@ void GlobalInit() {
   static std::once_flag once;
   std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
 }
-
-// One easy handle per thread: its connection cache keeps connections (and TLS sessions) open
-// from one request to the next.
-struct Handle {
-  CURL* curl = nullptr;
-  Handle() {
-    GlobalInit();
-    curl = curl_easy_init();
-  }
-  ~Handle() {
-    if (curl != nullptr) curl_easy_cleanup(curl);
-  }
-};
 
 // Where a body goes: a buffer, or a file (downloads).
 struct Sink {
@@ -238,149 +228,227 @@ std::string RedactUrl(const std::string& url) {
 
 namespace {
 
-// HttpFetch's body, into `out` or (fd >= 0) the file `fd` (rewritten at each attempt).
-absl::Status Fetch(const std::string& url, int64_t offset, int64_t length, const HttpOptions& o,
-                   std::vector<uint8_t>* out, int fd, HttpCounters* counters) {
-  thread_local Handle handle;
-  CURL* curl = handle.curl;
-  const std::string shown = RedactUrl(url);
+// One fetch in progress: its request, its attempts, and what to call when it ends. Created by
+// StartFetch, driven by the loop's callbacks (OnDone, the retry timer), freed by Finish.
+struct FetchOp {
+  std::string url, shown, target, range, sigv4;
+  int64_t offset = 0, length = 0;
+  HttpOptions o;
   std::shared_ptr<const S3Config> s3;
-  std::string target = url;
-  if (IsS3Url(url)) {
-    s3 = o.s3 != nullptr ? o.s3 : std::make_shared<const S3Config>(LoadS3Config());
-    if (!S3ToHttp(*s3, url, &target)) {
-      return absl::InvalidArgumentError(absl::StrCat(shown, ": not an s3://bucket/key URL"));
-    }
-  }
+  std::vector<uint8_t>* out = nullptr;
+  int fd = -1;
+  HttpCounters* counters = nullptr;
+  std::function<void(absl::Status)> done;
+
+  CURL* curl = nullptr;
   curl_slist* headers = nullptr;
-  if (s3 != nullptr) {
-    // S3 wants the payload's hash; GETs have none to sign.
-    headers = curl_slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
-    if (!s3->session_token.empty()) {
-      headers = curl_slist_append(
-          headers, absl::StrCat("x-amz-security-token: ", s3->session_token).c_str());
-    }
-  }
-  struct FreeHeaders {
-    curl_slist* h;
-    ~FreeHeaders() { curl_slist_free_all(h); }
-  } free_headers{headers};
-  if (curl == nullptr) return absl::InternalError(absl::StrCat(shown, ": curl_easy_init failed"));
-  const double timeout_s = o.timeout_s > 0 ? o.timeout_s : 60.0;
-  const Clock::time_point deadline =
-      Clock::now() + std::chrono::microseconds(int64_t(timeout_s * 1e6));
+  Sink sink{nullptr, -1, 0};
+  char error[CURL_ERROR_SIZE] = {0};
+  Clock::time_point deadline, t0;
   absl::Status last;
   double backoff_s = 0.1;
-  for (int attempt = 1;; ++attempt) {
-    const double left_s = std::chrono::duration<double>(deadline - Clock::now()).count();
-    if (left_s <= 0) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(shown, ": no answer within ", timeout_s, " s (", attempt - 1, " attempts",
-                       last.ok() ? "" : absl::StrCat("; the last: ", last.message()), ")"));
+  int attempt = 0;
+  double timeout_s = 60;
+
+  ~FetchOp() {
+    curl_slist_free_all(headers);
+    if (curl != nullptr) HttpMulti::Get().GiveEasy(curl);
+  }
+};
+
+void Finish(FetchOp* op, absl::Status status) {
+  std::function<void(absl::Status)> done = std::move(op->done);
+  delete op;
+  done(std::move(status));
+}
+
+void OnDone(FetchOp* op, CURLcode rc);
+
+// Starts the next attempt, or finishes when the deadline has passed.
+void Attempt(FetchOp* op) {
+  ++op->attempt;
+  const double left_s = std::chrono::duration<double>(op->deadline - Clock::now()).count();
+  if (left_s <= 0) {
+    return Finish(
+        op,
+        absl::DeadlineExceededError(absl::StrCat(
+            op->shown, ": no answer within ", op->timeout_s, " s (", op->attempt - 1, " attempts",
+            op->last.ok() ? "" : absl::StrCat("; the last: ", op->last.message()), ")")));
+  }
+  op->out->clear();
+  op->sink = Sink{op->out, op->fd, op->o.max_bytes};
+  if (op->fd >= 0 && (::ftruncate(op->fd, 0) != 0 || ::lseek(op->fd, 0, SEEK_SET) != 0)) {
+    return Finish(op, ErrnoStatus(errno, op->shown, "truncate the download"));
+  }
+  op->error[0] = '\0';
+  CURL* curl = op->curl;
+  curl_easy_reset(curl);
+  curl_easy_setopt(curl, CURLOPT_URL, op->target.c_str());
+  if (op->s3 != nullptr) {
+    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, op->headers);
+    if (!op->s3->access_key.empty()) {
+      op->sigv4 = absl::StrCat("aws:amz:", op->s3->region, ":s3");
+      curl_easy_setopt(curl, CURLOPT_AWS_SIGV4, op->sigv4.c_str());
+      curl_easy_setopt(curl, CURLOPT_USERNAME, op->s3->access_key.c_str());
+      curl_easy_setopt(curl, CURLOPT_PASSWORD, op->s3->secret_key.c_str());
     }
-    out->clear();
-    Sink sink{out, fd, o.max_bytes};
-    if (fd >= 0 && (::ftruncate(fd, 0) != 0 || ::lseek(fd, 0, SEEK_SET) != 0)) {
-      return ErrnoStatus(errno, shown, "truncate the download");
-    }
-    char error[CURL_ERROR_SIZE] = {0};
-    curl_easy_reset(curl);
-    curl_easy_setopt(curl, CURLOPT_URL, target.c_str());
-    std::string sigv4;
-    if (s3 != nullptr) {
-      curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
-      if (!s3->access_key.empty()) {
-        sigv4 = absl::StrCat("aws:amz:", s3->region, ":s3");
-        curl_easy_setopt(curl, CURLOPT_AWS_SIGV4, sigv4.c_str());
-        curl_easy_setopt(curl, CURLOPT_USERNAME, s3->access_key.c_str());
-        curl_easy_setopt(curl, CURLOPT_PASSWORD, s3->secret_key.c_str());
+  }
+  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 1L);
+  curl_easy_setopt(curl, CURLOPT_MAXREDIRS, 5L);
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, &Write);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &op->sink);
+  curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, op->error);
+  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
+                   long(std::min(op->o.connect_timeout_s, left_s) * 1000) + 1);
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, long(left_s * 1000) + 1);
+  if (op->o.stall_s > 0) {  // a transfer that stalls this long fails (and is retried)
+    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME, long(std::ceil(op->o.stall_s)));
+  }
+  curl_easy_setopt(curl, CURLOPT_USERAGENT, "feedline/" FEEDLINE_VERSION);
+  curl_easy_setopt(curl, CURLOPT_BUFFERSIZE, 256L * 1024);  // fewer, larger writes
+  if (op->length > 0) {
+    op->range = absl::StrCat(op->offset, "-", op->offset + op->length - 1);
+    curl_easy_setopt(curl, CURLOPT_RANGE, op->range.c_str());
+  }
+  if (op->counters != nullptr) {
+    op->counters->requests.fetch_add(1, std::memory_order_relaxed);
+    op->counters->in_flight.fetch_add(1, std::memory_order_relaxed);
+  }
+  op->t0 = Clock::now();
+  HttpMulti::Get().Start(curl, [op](CURLcode rc) { OnDone(op, rc); });
+}
+
+// An attempt ended (on the loop's thread): the result, a retry after a back-off, or the error.
+void OnDone(FetchOp* op, CURLcode rc) {
+  HttpCounters* counters = op->counters;
+  if (counters != nullptr) counters->in_flight.fetch_sub(1, std::memory_order_relaxed);
+  long status = 0;
+  curl_easy_getinfo(op->curl, CURLINFO_RESPONSE_CODE, &status);
+  const std::string& shown = op->shown;
+  std::vector<uint8_t>* out = op->out;
+  bool retry = false;
+  if (op->sink.write_errno != 0) {
+    return Finish(op, ErrnoStatus(op->sink.write_errno, shown, "write the download"));
+  }
+  if (op->sink.too_big) {
+    return Finish(
+        op, absl::DataLossError(absl::StrCat(shown, ": larger than ", op->o.max_bytes, " bytes")));
+  }
+  if (rc != CURLE_OK) {
+    op->last = absl::UnavailableError(
+        absl::StrCat(shown, ": ", op->error[0] != '\0' ? op->error : curl_easy_strerror(rc)));
+    retry = Transient(rc);
+    if (!retry) return Finish(op, op->last);
+  } else if (status == 200 || status == 206) {
+    const int64_t offset = op->offset, length = op->length;
+    if (length > 0 && status == 200) {  // the server sent the whole object
+      if (int64_t(out->size()) < offset + length) {
+        return Finish(
+            op, absl::DataLossError(absl::StrCat(shown, ": ", out->size(),
+                                                 " bytes, the range ends at ", offset + length)));
       }
+      out->erase(out->begin() + offset + length, out->end());
+      out->erase(out->begin(), out->begin() + offset);
     }
-    curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 1L);
-    curl_easy_setopt(curl, CURLOPT_MAXREDIRS, 5L);
-    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, &Write);
-    curl_easy_setopt(curl, CURLOPT_WRITEDATA, &sink);
-    curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, error);
-    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
-                     long(std::min(o.connect_timeout_s, left_s) * 1000) + 1);
-    curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, long(left_s * 1000) + 1);
-    if (o.stall_s > 0) {  // a transfer that stalls this long fails (and is retried)
-      curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
-      curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME, long(std::ceil(o.stall_s)));
-    }
-    curl_easy_setopt(curl, CURLOPT_USERAGENT, "feedline/" FEEDLINE_VERSION);
-    curl_easy_setopt(curl, CURLOPT_BUFFERSIZE, 256L * 1024);  // fewer, larger writes
-    std::string range;
-    if (length > 0) {
-      range = absl::StrCat(offset, "-", offset + length - 1);
-      curl_easy_setopt(curl, CURLOPT_RANGE, range.c_str());
+    if (length > 0 && int64_t(out->size()) != length) {
+      return Finish(op, absl::DataLossError(absl::StrCat(shown, ": ", out->size(),
+                                                         " bytes for a range of ", length)));
     }
     if (counters != nullptr) {
-      counters->requests.fetch_add(1, std::memory_order_relaxed);
-      counters->in_flight.fetch_add(1, std::memory_order_relaxed);
+      counters->bytes.fetch_add(op->sink.written, std::memory_order_relaxed);
+      counters->latency_ns.fetch_add(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - op->t0).count(),
+          std::memory_order_relaxed);
     }
-    const Clock::time_point t0 = Clock::now();
-    const CURLcode rc = curl_easy_perform(curl);
-    if (counters != nullptr) counters->in_flight.fetch_sub(1, std::memory_order_relaxed);
-    long status = 0;
-    curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
-    bool retry = false;
-    if (sink.write_errno != 0) return ErrnoStatus(sink.write_errno, shown, "write the download");
-    if (sink.too_big) {
-      return absl::DataLossError(absl::StrCat(shown, ": larger than ", o.max_bytes, " bytes"));
-    }
-    if (rc != CURLE_OK) {
-      last = absl::UnavailableError(
-          absl::StrCat(shown, ": ", error[0] != '\0' ? error : curl_easy_strerror(rc)));
-      retry = Transient(rc);
-      if (!retry) return last;
-    } else if (status == 200 || status == 206) {
-      if (length > 0 && status == 200) {  // the server sent the whole object
-        if (int64_t(out->size()) < offset + length) {
-          return absl::DataLossError(absl::StrCat(shown, ": ", out->size(),
-                                                  " bytes, the range ends at ", offset + length));
-        }
-        out->erase(out->begin() + offset + length, out->end());
-        out->erase(out->begin(), out->begin() + offset);
-      }
-      if (length > 0 && int64_t(out->size()) != length) {
-        return absl::DataLossError(
-            absl::StrCat(shown, ": ", out->size(), " bytes for a range of ", length));
-      }
-      if (counters != nullptr) {
-        counters->bytes.fetch_add(sink.written, std::memory_order_relaxed);
-        counters->latency_ns.fetch_add(
-            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count(),
-            std::memory_order_relaxed);
-      }
-      return absl::OkStatus();
-    } else if (status == 404 || status == 410) {
-      return absl::NotFoundError(absl::StrCat(shown, ": HTTP ", status, " (not found)"));
-    } else if (status == 401 || status == 403) {
-      // S3 says why in its error document (InvalidAccessKeyId, SignatureDoesNotMatch, ...).
-      const std::vector<std::string> code = XmlAll(
-          absl::string_view(reinterpret_cast<const char*>(out->data()), out->size()), "Code");
-      return absl::PermissionDeniedError(absl::StrCat(shown, ": HTTP ", status, " (access denied",
-                                                      code.empty() ? "" : ": " + code[0], ")"));
-    } else if (status == 408 || status == 429 || status >= 500) {
-      last = absl::UnavailableError(absl::StrCat(shown, ": HTTP ", status));
-      retry = true;
-    } else {
-      return absl::DataLossError(absl::StrCat(shown, ": HTTP ", status));
-    }
-    if (!retry || attempt >= o.max_attempts) {
-      if (counters != nullptr) counters->failures.fetch_add(1, std::memory_order_relaxed);
-      return absl::UnavailableError(
-          absl::StrCat(last.message(), " (after ", attempt, " attempts)"));
-    }
-    if (counters != nullptr) counters->retries.fetch_add(1, std::memory_order_relaxed);
-    const double wait_s =
-        std::min(Jitter(backoff_s),
-                 std::max(0.0, std::chrono::duration<double>(deadline - Clock::now()).count()));
-    std::this_thread::sleep_for(std::chrono::microseconds(int64_t(wait_s * 1e6)));
-    backoff_s = std::min(backoff_s * 2, 5.0);
+    return Finish(op, absl::OkStatus());
+  } else if (status == 404 || status == 410) {
+    return Finish(op, absl::NotFoundError(absl::StrCat(shown, ": HTTP ", status, " (not found)")));
+  } else if (status == 401 || status == 403) {
+    // S3 says why in its error document (InvalidAccessKeyId, SignatureDoesNotMatch, ...).
+    const std::vector<std::string> code =
+        XmlAll(absl::string_view(reinterpret_cast<const char*>(out->data()), out->size()), "Code");
+    return Finish(
+        op, absl::PermissionDeniedError(absl::StrCat(shown, ": HTTP ", status, " (access denied",
+                                                     code.empty() ? "" : ": " + code[0], ")")));
+  } else if (status == 408 || status == 429 || status >= 500) {
+    op->last = absl::UnavailableError(absl::StrCat(shown, ": HTTP ", status));
+    retry = true;
+  } else {
+    return Finish(op, absl::DataLossError(absl::StrCat(shown, ": HTTP ", status)));
   }
+  if (!retry || op->attempt >= op->o.max_attempts) {
+    if (counters != nullptr) counters->failures.fetch_add(1, std::memory_order_relaxed);
+    return Finish(op, absl::UnavailableError(
+                          absl::StrCat(op->last.message(), " (after ", op->attempt, " attempts)")));
+  }
+  if (counters != nullptr) counters->retries.fetch_add(1, std::memory_order_relaxed);
+  const double wait_s =
+      std::min(Jitter(op->backoff_s),
+               std::max(0.0, std::chrono::duration<double>(op->deadline - Clock::now()).count()));
+  op->backoff_s = std::min(op->backoff_s * 2, 5.0);
+  HttpMulti::Get().After(wait_s, [op] { Attempt(op); });
+}
+
+// Starts fetching `url` into `out` or (fd >= 0) the file `fd` (rewritten at each attempt);
+// `done` runs once, on the loop's thread or (errors found before any request) this one.
+void StartFetch(const std::string& url, int64_t offset, int64_t length, const HttpOptions& o,
+                std::vector<uint8_t>* out, int fd, HttpCounters* counters,
+                std::function<void(absl::Status)> done) {
+  auto* op = new FetchOp;
+  op->url = url;
+  op->shown = RedactUrl(url);
+  op->target = url;
+  op->offset = offset;
+  op->length = length;
+  op->o = o;
+  op->out = out;
+  op->fd = fd;
+  op->counters = counters;
+  op->done = std::move(done);
+  if (IsS3Url(url)) {
+    op->s3 = o.s3 != nullptr ? o.s3 : std::make_shared<const S3Config>(LoadS3Config());
+    if (!S3ToHttp(*op->s3, url, &op->target)) {
+      return Finish(
+          op, absl::InvalidArgumentError(absl::StrCat(op->shown, ": not an s3://bucket/key URL")));
+    }
+    // S3 wants the payload's hash; GETs have none to sign.
+    op->headers = curl_slist_append(op->headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+    if (!op->s3->session_token.empty()) {
+      op->headers = curl_slist_append(
+          op->headers, absl::StrCat("x-amz-security-token: ", op->s3->session_token).c_str());
+    }
+  }
+  GlobalInit();
+  op->curl = HttpMulti::Get().TakeEasy();
+  if (op->curl == nullptr) {
+    return Finish(op, absl::InternalError(absl::StrCat(op->shown, ": curl_easy_init failed")));
+  }
+  op->timeout_s = o.timeout_s > 0 ? o.timeout_s : 60.0;
+  op->deadline = Clock::now() + std::chrono::microseconds(int64_t(op->timeout_s * 1e6));
+  Attempt(op);
+}
+
+// StartFetch, waited for.
+absl::Status Fetch(const std::string& url, int64_t offset, int64_t length, const HttpOptions& o,
+                   std::vector<uint8_t>* out, int fd, HttpCounters* counters) {
+  struct Wait {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    absl::Status status;
+  };
+  auto wait = std::make_shared<Wait>();
+  StartFetch(url, offset, length, o, out, fd, counters, [wait](absl::Status s) {
+    std::lock_guard<std::mutex> lock(wait->mu);
+    wait->status = std::move(s);
+    wait->done = true;
+    wait->cv.notify_one();
+  });
+  std::unique_lock<std::mutex> lock(wait->mu);
+  wait->cv.wait(lock, [&] { return wait->done; });
+  return wait->status;
 }
 
 }  // namespace
@@ -388,6 +456,12 @@ absl::Status Fetch(const std::string& url, int64_t offset, int64_t length, const
 absl::Status HttpFetch(const std::string& url, int64_t offset, int64_t length, const HttpOptions& o,
                        std::vector<uint8_t>* out, HttpCounters* counters) {
   return Fetch(url, offset, length, o, out, -1, counters);
+}
+
+void HttpFetchAsync(const std::string& url, int64_t offset, int64_t length, const HttpOptions& o,
+                    std::vector<uint8_t>* out, HttpCounters* counters,
+                    std::function<void(absl::Status)> done) {
+  StartFetch(url, offset, length, o, out, -1, counters, std::move(done));
 }
 
 absl::Status HttpDownload(const std::string& url, const std::string& path, const HttpOptions& o,
@@ -528,6 +602,17 @@ absl::Status RemoteFileDataset::Read(int64_t index, Record* record) const {
   if (!IsHttpUrl(sample.path))
     return ReadWholeFile(sample.path, options_.max_bytes, &record->bytes);
   return HttpFetch(sample.path, 0, 0, options_, &record->bytes, counters_.get());
+}
+
+void RemoteFileDataset::ReadAsync(int64_t index, Record* record,
+                                  std::function<void(absl::Status)> done) const {
+  const Sample& sample = files_.samples[size_t(index)];
+  record->label = sample.label;
+  record->members.clear();
+  if (!IsHttpUrl(sample.path)) {
+    return done(ReadWholeFile(sample.path, options_.max_bytes, &record->bytes));
+  }
+  HttpFetchAsync(sample.path, 0, 0, options_, &record->bytes, counters_.get(), std::move(done));
 }
 
 RemoteStats RemoteFileDataset::remote_stats() const {

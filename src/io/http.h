@@ -1,9 +1,10 @@
 // HTTP(S) reads with libcurl: whole objects or byte ranges, retried on what is transient.
 //
-// Each calling thread keeps its own easy handle (connections are reused from request to
-// request: keep-alive, TLS sessions), so the read stage's io_depth reader threads are io_depth
-// requests in flight on io_depth connections, and the autotuner's I/O depth is the request
-// concurrency.
+// Every transfer runs on the process's libcurl multi loop (io/http_multi.h): one thread polls
+// all sockets on a shared connection cache (keep-alive, TLS sessions, HTTP/2 multiplexing).
+// Each calling thread keeps its own easy handle and waits for its transfer, so the read
+// stage's io_depth reader threads are io_depth requests in flight, and the autotuner's I/O
+// depth is the request concurrency.
 //
 // Retries: connection failures (refused, reset, DNS), timeouts, 5xx and 429 are retried with
 // exponential backoff and full jitter (100 ms doubling, at most 5 s per wait) while the
@@ -17,6 +18,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -79,6 +81,13 @@ absl::Status HttpFetch(const std::string& url, int64_t offset, int64_t length,
                        const HttpOptions& options, std::vector<uint8_t>* out,
                        HttpCounters* counters = nullptr);
 
+// HttpFetch without waiting: returns at once; `done` runs once with the outcome, on the HTTP
+// loop's thread (or on this one, for an error found before any request). `out` must stay
+// valid and untouched until then.
+void HttpFetchAsync(const std::string& url, int64_t offset, int64_t length,
+                    const HttpOptions& options, std::vector<uint8_t>* out, HttpCounters* counters,
+                    std::function<void(absl::Status)> done);
+
 absl::StatusOr<S3Listing> S3List(const std::string& bucket, const std::string& prefix,
                                  bool delimiter, const HttpOptions& options);
 
@@ -106,6 +115,11 @@ class RemoteFileDataset final : public FileDataset {
   RemoteFileDataset(FileList files, HttpOptions options)
       : FileDataset(std::move(files)), options_(options), counters_(new HttpCounters) {}
   absl::Status Read(int64_t index, Record* record) const override;
+  // URLs are fetched without a thread waiting for each (HttpFetchAsync); local paths in the
+  // same list are read at once.
+  bool async_reads() const override { return true; }
+  void ReadAsync(int64_t index, Record* record,
+                 std::function<void(absl::Status)> done) const override;
   std::string Describe(int64_t index) const override;
   const HttpCounters& counters() const { return *counters_; }
   RemoteStats remote_stats() const override;

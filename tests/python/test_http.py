@@ -9,10 +9,10 @@ import http.client
 import http.server
 import os
 import random
-import shutil
 import socket
+import shutil
 import struct
-import subprocess
+import sys
 import threading
 import time
 
@@ -21,25 +21,15 @@ import torch
 
 import feedline
 
-NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
-pytestmark = pytest.mark.skipif(NGINX is None, reason="nginx missing (cmake/install-deps.sh)")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "servers"))
+import nginx  # noqa: E402  (tests/servers/nginx.py)
+
+pytestmark = pytest.mark.skipif(nginx.NGINX is None,
+                                reason="nginx missing (cmake/install-deps.sh)")
 
 
 def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for(port, timeout=10):
-    end = time.time() + timeout
-    while time.time() < end:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on port {port}")
+    return nginx.free_port()
 
 
 @pytest.fixture(scope="module")
@@ -71,37 +61,10 @@ def served(tmp_path_factory, small_folder):
                     tar.addfile(info, io.BytesIO(blob))
     local = d / "local.txt"
     local.write_text("".join(f"{root}/{p} {lab}\n" for p, lab in entries))
-    port = _free_port()
-    (d / "tmp").mkdir()
-    user = "user root;\n" if os.geteuid() == 0 else ""
-    conf = d / "nginx.conf"
-    conf.write_text(f"""{user}daemon off;
-worker_processes 1;
-pid {d}/nginx.pid;
-error_log {d}/error.log warn;
-events {{ worker_connections 256; }}
-http {{
-  access_log off;
-  client_body_temp_path {d}/tmp;
-  proxy_temp_path {d}/tmp;
-  fastcgi_temp_path {d}/tmp;
-  uwsgi_temp_path {d}/tmp;
-  scgi_temp_path {d}/tmp;
-  server {{
-    listen 127.0.0.1:{port};
-    root {root};
-    location /secret/ {{ return 403; }}
-  }}
-}}
-""")
-    proc = subprocess.Popen([NGINX, "-c", str(conf), "-p", str(d)], stderr=subprocess.PIPE)
-    try:
-        _wait_for(port)
-        yield dict(base=f"http://127.0.0.1:{port}", port=port, local=str(local), root=root,
+    with nginx.serve(root, d / "nginx", locations="location /secret/ { return 403; }") as (
+            base, _):
+        yield dict(base=base, port=int(base.rsplit(":", 1)[1]), local=str(local), root=root,
                    entries=entries, shards=str(root / "shards" / "train-{000..002}.tar"))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 class _FaultProxy(http.server.ThreadingHTTPServer):
@@ -217,6 +180,18 @@ def test_faults_and_latency_lose_nothing(served, proxy):
     assert remote["retries"] >= 1 and remote["failures"] == 0 and remote["in_flight"] == 0
     assert len(served["entries"]) <= remote["requests"] < p.requests
     assert remote["request_ms"] >= 20
+
+
+def test_bytes_cache_fetches_each_url_once(served):
+    """cache="bytes" over HTTP: later epochs are served from memory (no request), same pixels."""
+    loader = feedline.ImageLoader(served["base"] + "/list.txt", cache="bytes", **KW)
+    first = _epoch(loader)
+    requests = loader.stats()["remote"]["requests"]
+    assert requests == len(served["entries"])
+    again = _epoch(loader)
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+    assert loader.stats()["remote"]["requests"] == requests
 
 
 def test_missing_and_forbidden_urls_are_data_errors(served, tmp_path):

@@ -6,8 +6,13 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -677,4 +682,208 @@ TEST_CASE("token windows: every window once, labels shifted, bad files named", "
   absl::StatusOr<feedline::Batch> first = (*strict)->StartEpoch()->Next();
   REQUIRE(absl::IsDataLoss(first.status()));
   REQUIRE(std::string(first.status().message()).find("vocab_size 7") != std::string::npos);
+}
+
+namespace {
+
+// Documents read asynchronously (Dataset::async_reads): ReadAsync queues the read and returns;
+// a completion thread of the data set's own finishes queued reads in batches, newest first (out
+// of order), and can be held shut. Index `fail` fails. Counts reads in flight and the most at
+// once.
+class AsyncDocuments final : public feedline::Dataset {
+ public:
+  explicit AsyncDocuments(int64_t n, int64_t fail = -1) : docs_(n), fail_(fail) {
+    thread_ = std::thread([this] { Complete(); });
+  }
+  ~AsyncDocuments() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      open_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  int64_t size() const override { return docs_.size(); }
+  absl::Status Read(int64_t index, Record* record) const override {
+    sync_reads.fetch_add(1);
+    return docs_.Read(index, record);
+  }
+  bool async_reads() const override { return true; }
+  void ReadAsync(int64_t index, Record* record,
+                 std::function<void(absl::Status)> done) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(Pending{index, record, std::move(done)});
+    const int now = ++in_flight_;
+    max_in_flight = std::max(max_in_flight.load(), now);
+    async_reads_started.fetch_add(1);
+    cv_.notify_all();
+  }
+  uint64_t Fingerprint() const override { return docs_.Fingerprint(); }
+  // Holds completions back (reads stay in flight) until Open.
+  void Hold() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = false;
+  }
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  int in_flight() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return in_flight_;
+  }
+  mutable std::atomic<int> max_in_flight{0};
+  mutable std::atomic<int64_t> async_reads_started{0};
+  mutable std::atomic<int64_t> sync_reads{0};
+
+ private:
+  struct Pending {
+    int64_t index;
+    Record* record;
+    std::function<void(absl::Status)> done;
+  };
+  void Complete() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return stop_ || (open_ && !queue_.empty()); });
+      if (queue_.empty() && stop_) return;
+      // Let a few reads gather, then finish them newest first.
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(300));
+      lock.lock();
+      std::vector<Pending> batch(queue_.rbegin(), queue_.rend());
+      queue_.clear();
+      lock.unlock();
+      for (Pending& p : batch) {
+        absl::Status s =
+            p.index == fail_
+                ? absl::DataLossError(absl::StrCat("sample ", p.index, ": the store lost it"))
+                : docs_.Read(p.index, p.record);
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          --in_flight_;
+        }
+        p.done(std::move(s));  // outside the lock: the loader's callback takes its own
+      }
+      lock.lock();
+    }
+  }
+
+  Documents docs_;
+  const int64_t fail_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  mutable std::vector<Pending> queue_;
+  mutable int in_flight_ = 0;
+  bool open_ = true;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// The reader threads of this process (named feedline-read).
+int ReaderThreads() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(e.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    n += name == "feedline-read";
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("async data sets: one reader keeps io_depth reads in flight; same batches", "[engine]") {
+  auto transform = std::make_shared<DocTransform>();
+  auto sync = std::make_shared<Documents>(300);
+  auto reference = Make(sync, transform, LoaderOptions().batch_size(8).seed(2).workers(2));
+  std::vector<std::string> want;
+  for (auto& b : *reference) want.push_back(CheckBatch(*b));
+
+  auto docs = std::make_shared<AsyncDocuments>(300);
+  auto loader =
+      Make(docs, transform, LoaderOptions().batch_size(8).seed(2).workers(2).io_depth(24));
+  std::vector<std::string> got;
+  int readers = 0;
+  for (auto& b : *loader) {
+    REQUIRE(b.ok());
+    got.push_back(CheckBatch(*b));
+    readers = std::max(readers, ReaderThreads());
+  }
+  REQUIRE(got == want);
+  CHECK(docs->async_reads_started.load() == 300);
+  CHECK(docs->sync_reads.load() == 0);
+  CHECK(docs->max_in_flight.load() <= 24);
+  CHECK(docs->max_in_flight.load() >= 8);  // more than one read at a time, from one thread
+  CHECK(readers == 1);
+  CHECK(loader->stats().read_ms > 0);
+}
+
+TEST_CASE("async data sets: a failed read reaches its batch; skip replaces it; cache", "[engine]") {
+  auto transform = std::make_shared<DocTransform>();
+  SECTION("raise") {
+    auto docs = std::make_shared<AsyncDocuments>(40, /*fail=*/13);
+    auto loader = Make(docs, transform, LoaderOptions().batch_size(4).shuffle(false).io_depth(8));
+    int failed = 0;
+    for (auto& b : *loader) {
+      if (!b.ok()) {
+        ++failed;
+        CHECK(std::string(b.status().message()) == "sample 13: the store lost it");
+      }
+    }
+    CHECK(failed == 1);
+  }
+  SECTION("skip: replaced (a replacement is read by the retry reader, blocking)") {
+    auto docs = std::make_shared<AsyncDocuments>(40, /*fail=*/13);
+    auto loader =
+        Make(docs, transform,
+             LoaderOptions().batch_size(4).io_depth(8).on_error(feedline::OnError::kSkip));
+    int64_t n = 0;
+    for (auto& b : *loader) {
+      REQUIRE(b.ok());
+      for (int64_t i = 0; i < b->size(); ++i) REQUIRE(b->indices()[i] != 13);
+      n += b->size();
+    }
+    CHECK(n == 40);
+    CHECK(loader->stats().error_count == 1);
+  }
+  SECTION("cache = bytes: the second epoch starts no read") {
+    auto docs = std::make_shared<AsyncDocuments>(40);
+    auto loader = Make(docs, transform,
+                       LoaderOptions().batch_size(8).io_depth(8).cache(feedline::Cache::kBytes));
+    std::vector<std::string> first, again;
+    loader->set_epoch(0);
+    for (auto& b : *loader) first.push_back(CheckBatch(*b));
+    REQUIRE(docs->async_reads_started.load() == 40);
+    loader->set_epoch(0);
+    for (auto& b : *loader) again.push_back(CheckBatch(*b));
+    CHECK(docs->async_reads_started.load() == 40);
+    CHECK(again == first);
+  }
+}
+
+TEST_CASE("async data sets: reads that end after their loader is gone touch nothing", "[engine]") {
+  auto transform = std::make_shared<DocTransform>();
+  auto docs = std::make_shared<AsyncDocuments>(400);
+  {
+    auto loader = Make(docs, transform, LoaderOptions().batch_size(8).io_depth(16).workers(2));
+    auto epoch = loader->StartEpoch();
+    REQUIRE(epoch->Next().ok());
+    docs->Hold();
+    // Let the reader fill the window of reads in flight, then drop epoch and loader.
+    for (int i = 0; i < 200 && docs->in_flight() < 16; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    CHECK(docs->in_flight() > 0);
+  }
+  docs->Open();  // the late callbacks run now (ASan / TSan builds watch them)
+  for (int i = 0; i < 400 && docs->in_flight() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  CHECK(docs->in_flight() == 0);
 }

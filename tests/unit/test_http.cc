@@ -9,6 +9,9 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <string>
@@ -30,9 +33,9 @@ std::string Body(int n) {
   return b;
 }
 
-// Serves /ok/<n> (200), /flaky/<n> (503 the first time each, then 200), /reset/<n> (the
-// connection closed without an answer the first time, then 200), /forbidden (403), anything
-// else 404. Honours Range: bytes=a-b on /ok.
+// Serves /slow/<n> (200 after 20 ms), /ok/<n> (200), /flaky/<n> (503 the first time each, then
+// 200), /reset/<n> (the connection closed without an answer the first time, then 200), /forbidden
+// (403), anything else 404. Honours Range: bytes=a-b on /ok.
 class TestServer {
  public:
   TestServer() {
@@ -60,6 +63,8 @@ class TestServer {
     return absl::StrCat("http://127.0.0.1:", port_, path);
   }
   int requests() const { return requests_.load(); }
+  // The most /slow/ requests served at once.
+  int max_concurrent() const { return max_concurrent_.load(); }
 
  private:
   void AcceptLoop() {
@@ -105,6 +110,16 @@ class TestServer {
       };
       const auto slash = path.rfind('/');
       const int n = slash != std::string::npos ? std::atoi(path.c_str() + slash + 1) : 0;
+      if (path.rfind("/slow/", 0) == 0) {  // 20 ms per request, as a remote store
+        const int now = ++concurrent_;
+        for (int m = max_concurrent_.load();
+             now > m && !max_concurrent_.compare_exchange_weak(m, now);) {
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        --concurrent_;
+        reply(200, Body(n));
+        continue;
+      }
       if (path.rfind("/ok/", 0) == 0 ||
           (!first_time && (path.rfind("/flaky/", 0) == 0 || path.rfind("/reset/", 0) == 0))) {
         std::string body = Body(n);
@@ -134,6 +149,7 @@ class TestServer {
   int port_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<int> requests_{0};
+  std::atomic<int> concurrent_{0}, max_concurrent_{0};
   std::thread accept_;
   std::mutex mu_;
   std::vector<int> conns_;
@@ -225,6 +241,54 @@ TEST_CASE("http: a loader reads every URL once with many requests in flight", "[
   CHECK(r.failures == 0);
   CHECK(r.retries >= 1);
   CHECK(r.in_flight == 0);
+}
+
+// The reader threads of this process (named feedline-read).
+int ReaderThreads() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(e.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    n += name == "feedline-read";
+  }
+  return n;
+}
+
+TEST_CASE("http: requests in flight are the I/O depth, without a thread per request", "[io]") {
+  TestServer server;
+  testing::TempDir dir;
+  std::string list;
+  const int n = 160;
+  for (int i = 0; i < n; ++i) {
+    list += absl::StrCat(server.url(absl::StrCat("/slow/", i, "/", 50 + i)), " 0\n");
+  }
+  testing::WriteFile(dir.path() + "/urls.txt", list);
+  auto files = FileDataset::Open(dir.path() + "/urls.txt");
+  REQUIRE(files.ok());
+  REQUIRE((*files)->async_reads());
+  auto loader = Loader::Create(*files, std::make_shared<BytesTransform>(),
+                               LoaderOptions().batch_size(16).io_depth(16).workers(1));
+  REQUIRE(loader.ok());
+  int64_t seen = 0;
+  int readers = 0;
+  for (auto& b : **loader) {
+    REQUIRE(b.ok());
+    const TensorView v = b->field("bytes");
+    for (int64_t k = 0; k < b->size(); ++k) {
+      const int64_t i = b->indices()[k];
+      REQUIRE(std::string(static_cast<const char*>(v.data) + v.offsets[k],
+                          static_cast<const char*>(v.data) + v.offsets[k + 1]) ==
+              Body(50 + int(i)));
+    }
+    seen += b->size();
+    readers = std::max(readers, ReaderThreads());
+  }
+  CHECK(seen == n);
+  CHECK(server.max_concurrent() <= 16);
+  CHECK(server.max_concurrent() >= 8);  // many at once (the bound, less the ring's admission)
+  CHECK(readers == 1);
+  CHECK((*loader)->stats().remote.in_flight == 0);
 }
 
 }  // namespace
