@@ -7,6 +7,7 @@
 #include "core/file_io.h"
 #include "io/http.h"
 #include "io/list_file.h"
+#include "io/shard_cache.h"
 #include "io/tar_dataset.h"
 
 namespace feedline {
@@ -30,30 +31,46 @@ std::string FileDataset::Describe(int64_t index) const {
 
 namespace {
 
-// Shards by path or URL: remote ones are read from their copies in the shard cache (named by
-// their URLs in samples and messages).
+// Shards by path or URL: remote ones through the shard cache (io/shard_cache.h: a cached copy,
+// or range reads from the shard's catalog), named by their URLs in samples and messages.
 absl::StatusOr<std::shared_ptr<TarDataset>> OpenShards(const std::vector<std::string>& paths,
                                                        const std::string& source,
                                                        TarDataset::Mode mode,
                                                        double read_timeout_ms) {
   const bool remote = std::any_of(paths.begin(), paths.end(), IsHttpUrl);
   if (!remote) return TarDataset::Open(paths, source, mode);
-  HttpOptions http;
-  http.timeout_s = 3600;  // a whole shard; a stalled transfer fails after read_timeout
-  http.stall_s = read_timeout_ms > 0 ? read_timeout_ms / 1000 : 60;
-  http.max_bytes = int64_t{1} << 40;
+  HttpOptions download;
+  download.timeout_s = 3600;  // a whole shard; a stalled transfer fails after read_timeout
+  download.stall_s = read_timeout_ms > 0 ? read_timeout_ms / 1000 : 60;
+  download.max_bytes = int64_t{1} << 40;
   if (std::any_of(paths.begin(), paths.end(), IsS3Url)) {
-    http.s3 = std::make_shared<const S3Config>(LoadS3Config());
+    download.s3 = std::make_shared<const S3Config>(LoadS3Config());
   }
-  absl::StatusOr<std::vector<std::string>> local = CacheRemoteShards(paths, http);
-  if (!local.ok()) return local.status();
-  std::vector<std::string> shown;
-  for (const std::string& p : paths) shown.push_back(RedactUrl(p));
-  absl::StatusOr<std::shared_ptr<TarDataset>> tar = TarDataset::Open(*local, source, mode, &shown);
+  std::vector<std::string> urls;
+  for (const std::string& p : paths) {
+    if (IsHttpUrl(p)) urls.push_back(p);
+  }
+  absl::StatusOr<std::vector<ShardSource>> fetched = PrepareRemoteShards(urls, download);
+  if (!fetched.ok()) return fetched.status();
+  std::vector<ShardSource> sources;
+  for (size_t i = 0, u = 0; i < paths.size(); ++i) {
+    if (IsHttpUrl(paths[i])) {
+      sources.push_back((*fetched)[u++]);
+    } else {
+      sources.push_back(ShardSource{paths[i], "", "", paths[i]});
+    }
+  }
+  HttpOptions reads = download;  // members by range: each read within read_timeout
+  reads.timeout_s = read_timeout_ms > 0 ? read_timeout_ms / 1000 : 60;
+  reads.stall_s = 0;
+  reads.max_bytes = int64_t{1} << 32;
+  absl::StatusOr<std::shared_ptr<TarDataset>> tar = TarDataset::Open(sources, source, mode, reads);
   if (!tar.ok()) {  // name the URL, not the cache file
     std::string message(tar.status().message());
-    for (size_t i = 0; i < paths.size(); ++i) {
-      message = absl::StrReplaceAll(message, {{(*local)[i], shown[i]}});
+    for (const ShardSource& s : sources) {
+      if (!s.path.empty() && s.path != s.shown) {
+        message = absl::StrReplaceAll(message, {{s.path, s.shown}});
+      }
     }
     return absl::Status(tar.status().code(), message);
   }

@@ -238,6 +238,7 @@ struct FetchOp {
   std::vector<uint8_t>* out = nullptr;
   int fd = -1;
   HttpCounters* counters = nullptr;
+  std::shared_ptr<HttpCounters> counters_owner;  // async fetches keep their counters alive
   std::function<void(absl::Status)> done;
 
   CURL* curl = nullptr;
@@ -395,8 +396,10 @@ void OnDone(FetchOp* op, CURLcode rc) {
 // `done` runs once, on the loop's thread or (errors found before any request) this one.
 void StartFetch(const std::string& url, int64_t offset, int64_t length, const HttpOptions& o,
                 std::vector<uint8_t>* out, int fd, HttpCounters* counters,
-                std::function<void(absl::Status)> done) {
+                std::function<void(absl::Status)> done,
+                std::shared_ptr<HttpCounters> counters_owner = nullptr) {
   auto* op = new FetchOp;
+  op->counters_owner = std::move(counters_owner);
   op->url = url;
   op->shown = RedactUrl(url);
   op->target = url;
@@ -459,9 +462,10 @@ absl::Status HttpFetch(const std::string& url, int64_t offset, int64_t length, c
 }
 
 void HttpFetchAsync(const std::string& url, int64_t offset, int64_t length, const HttpOptions& o,
-                    std::vector<uint8_t>* out, HttpCounters* counters,
+                    std::vector<uint8_t>* out, std::shared_ptr<HttpCounters> counters,
                     std::function<void(absl::Status)> done) {
-  StartFetch(url, offset, length, o, out, -1, counters, std::move(done));
+  HttpCounters* raw = counters.get();
+  StartFetch(url, offset, length, o, out, -1, raw, std::move(done), std::move(counters));
 }
 
 absl::Status HttpDownload(const std::string& url, const std::string& path, const HttpOptions& o,
@@ -475,52 +479,6 @@ absl::Status HttpDownload(const std::string& url, const std::string& path, const
   if (s.ok() && ::rename(part.c_str(), path.c_str()) != 0) s = ErrnoStatus(errno, path, "rename");
   if (!s.ok()) ::unlink(part.c_str());
   return s;
-}
-
-std::string RemoteCacheDir() {
-  std::string dir = Env("FEEDLINE_CACHE_DIR");
-  if (dir.empty()) {
-    const std::string xdg = Env("XDG_CACHE_HOME"), home = Env("HOME");
-    dir = !xdg.empty()    ? xdg + "/feedline"
-          : !home.empty() ? home + "/.cache/feedline"
-                          : "/tmp/feedline-cache";
-  }
-  return dir + "/shards";
-}
-
-absl::StatusOr<std::vector<std::string>> CacheRemoteShards(const std::vector<std::string>& urls,
-                                                           const HttpOptions& o) {
-  const std::string dir = RemoteCacheDir();
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": ", ec.message()));
-  std::vector<std::string> local(urls.size());
-  std::vector<size_t> todo;
-  for (size_t i = 0; i < urls.size(); ++i) {
-    const std::string shown = RedactUrl(urls[i]);
-    Fnv1a h;
-    h.Mix(urls[i].data(), urls[i].size());
-    local[i] = absl::StrCat(dir, "/", absl::Hex(h.value, absl::kZeroPad16), "-",
-                            shown.substr(shown.rfind('/') + 1));
-    if (::access(local[i].c_str(), R_OK) != 0) todo.push_back(i);
-  }
-  // A few downloads at once: shards are large, the bandwidth is shared.
-  std::atomic<size_t> next{0};
-  std::mutex mu;
-  absl::Status first;
-  std::vector<std::thread> threads;
-  for (size_t t = 0; t < std::min<size_t>(4, todo.size()); ++t) {
-    threads.emplace_back([&] {
-      for (size_t k; (k = next.fetch_add(1)) < todo.size();) {
-        absl::Status s = HttpDownload(urls[todo[k]], local[todo[k]], o, nullptr);
-        std::lock_guard<std::mutex> lock(mu);
-        if (!s.ok() && first.ok()) first = s;
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  if (!first.ok()) return first;
-  return local;
 }
 
 absl::StatusOr<S3Listing> S3List(const std::string& bucket, const std::string& prefix,
@@ -612,11 +570,10 @@ void RemoteFileDataset::ReadAsync(int64_t index, Record* record,
   if (!IsHttpUrl(sample.path)) {
     return done(ReadWholeFile(sample.path, options_.max_bytes, &record->bytes));
   }
-  HttpFetchAsync(sample.path, 0, 0, options_, &record->bytes, counters_.get(), std::move(done));
+  HttpFetchAsync(sample.path, 0, 0, options_, &record->bytes, counters_, std::move(done));
 }
 
-RemoteStats RemoteFileDataset::remote_stats() const {
-  const HttpCounters& c = *counters_;
+RemoteStats ToRemoteStats(const HttpCounters& c) {
   RemoteStats s;
   s.remote = true;
   s.requests = c.requests.load(std::memory_order_relaxed);
@@ -629,6 +586,8 @@ RemoteStats RemoteFileDataset::remote_stats() const {
       ok > 0 ? double(c.latency_ns.load(std::memory_order_relaxed)) * 1e-6 / double(ok) : 0.0;
   return s;
 }
+
+RemoteStats RemoteFileDataset::remote_stats() const { return ToRemoteStats(*counters_); }
 
 std::string RemoteFileDataset::Describe(int64_t index) const {
   return RedactUrl(files_.samples[size_t(index)].path);

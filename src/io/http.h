@@ -81,12 +81,16 @@ absl::Status HttpFetch(const std::string& url, int64_t offset, int64_t length,
                        const HttpOptions& options, std::vector<uint8_t>* out,
                        HttpCounters* counters = nullptr);
 
+// The counters as stats.
+RemoteStats ToRemoteStats(const HttpCounters& counters);
+
 // HttpFetch without waiting: returns at once; `done` runs once with the outcome, on the HTTP
 // loop's thread (or on this one, for an error found before any request). `out` must stay
-// valid and untouched until then.
+// valid and untouched until then. The fetch keeps `counters` alive (it may end after the data
+// set that started it is gone).
 void HttpFetchAsync(const std::string& url, int64_t offset, int64_t length,
-                    const HttpOptions& options, std::vector<uint8_t>* out, HttpCounters* counters,
-                    std::function<void(absl::Status)> done);
+                    const HttpOptions& options, std::vector<uint8_t>* out,
+                    std::shared_ptr<HttpCounters> counters, std::function<void(absl::Status)> done);
 
 absl::StatusOr<S3Listing> S3List(const std::string& bucket, const std::string& prefix,
                                  bool delimiter, const HttpOptions& options);
@@ -101,19 +105,13 @@ absl::StatusOr<FileList> ScanS3ImageFolder(const std::string& url, const HttpOpt
 absl::Status HttpDownload(const std::string& url, const std::string& path,
                           const HttpOptions& options, HttpCounters* counters = nullptr);
 
-// Remote WebDataset shards as local files: each URL is downloaded once into the shard cache
-// ($FEEDLINE_CACHE_DIR, else $XDG_CACHE_HOME/feedline or ~/.cache/feedline; "shards/<hash of
-// the URL>-<name>"), up to 4 at a time; a shard already there is not fetched again (remove
-// the folder to refetch). Returns the local paths, in order.
-absl::StatusOr<std::vector<std::string>> CacheRemoteShards(const std::vector<std::string>& urls,
-                                                           const HttpOptions& options);
-std::string RemoteCacheDir();
-
 // Local files and URLs in one list: each sample's path is read from disk or fetched.
 class RemoteFileDataset final : public FileDataset {
  public:
   RemoteFileDataset(FileList files, HttpOptions options)
-      : FileDataset(std::move(files)), options_(options), counters_(new HttpCounters) {}
+      : FileDataset(std::move(files)),
+        options_(options),
+        counters_(std::make_shared<HttpCounters>()) {}
   absl::Status Read(int64_t index, Record* record) const override;
   // URLs are fetched without a thread waiting for each (HttpFetchAsync); local paths in the
   // same list are read at once.
@@ -126,7 +124,7 @@ class RemoteFileDataset final : public FileDataset {
 
  private:
   HttpOptions options_;
-  std::unique_ptr<HttpCounters> counters_;
+  std::shared_ptr<HttpCounters> counters_;
 };
 
 }  // namespace feedline

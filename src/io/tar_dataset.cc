@@ -4,7 +4,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <cstdio>
 #include <cstring>
 #include <unordered_map>
 
@@ -12,7 +15,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "core/file_io.h"
 
 namespace feedline {
 namespace {
@@ -249,81 +254,215 @@ bool IsImageExt(const std::string& ext) {
 
 }  // namespace
 
+namespace {
+
+// The .cls members' text (at most 64 bytes each: a label), by member index.
+using ClsText = std::unordered_map<size_t, std::string>;
+
+absl::Status ReadClsTexts(int fd, const std::vector<TarMember>& members, const std::string& name,
+                          ClsText* out) {
+  for (size_t i = 0; i < members.size(); ++i) {
+    const TarMember& m = members[i];
+    if (SplitKey(m.name).second != "cls") continue;
+    std::vector<uint8_t> text;
+    absl::Status st = PreadAll(fd, m.offset, std::min<int64_t>(m.size, 64), &text,
+                               absl::StrCat(name, ":", m.name));
+    if (!st.ok()) return st;
+    (*out)[i] = std::string(text.begin(), text.end());
+  }
+  return absl::OkStatus();
+}
+
+constexpr absl::string_view kCatalogMagic = "feedline-tar-catalog 1\n";
+
+}  // namespace
+
+absl::Status WriteTarCatalog(const std::string& shard, const std::string& shown,
+                             const std::string& catalog) {
+  absl::StatusOr<std::vector<TarMember>> members = IndexTar(shard);
+  if (!members.ok()) return members.status();
+  const int fd = ::open(shard.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat(shard, ": ", std::strerror(errno)));
+  ClsText cls;
+  absl::Status st = ReadClsTexts(fd, *members, shown, &cls);
+  ::close(fd);
+  if (!st.ok()) return st;
+  std::string out(kCatalogMagic);
+  absl::StrAppend(&out, members->size(), "\n");
+  for (size_t i = 0; i < members->size(); ++i) {
+    const TarMember& m = (*members)[i];
+    auto it = cls.find(i);
+    const std::string& text = it == cls.end() ? std::string() : it->second;
+    absl::StrAppend(&out, m.offset, " ", m.size, " ", m.name.size(), " ",
+                    it == cls.end() ? -1 : int64_t(text.size()), "\n", m.name, text, "\n");
+  }
+  // Written whole, then renamed: a reader never sees half a catalog.
+  const std::string part = catalog + ".part";
+  {
+    std::FILE* f = std::fopen(part.c_str(), "wb");
+    if (f == nullptr)
+      return absl::PermissionDeniedError(absl::StrCat(part, ": ", std::strerror(errno)));
+    const bool ok = std::fwrite(out.data(), 1, out.size(), f) == out.size();
+    if (std::fclose(f) != 0 || !ok) {
+      ::unlink(part.c_str());
+      return absl::DataLossError(absl::StrCat(part, ": cannot write"));
+    }
+  }
+  if (::rename(part.c_str(), catalog.c_str()) != 0) {
+    ::unlink(part.c_str());
+    return absl::DataLossError(absl::StrCat(catalog, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status ReadTarCatalog(const std::string& catalog, std::vector<TarMember>* members,
+                            ClsText* cls) {
+  std::vector<uint8_t> raw;
+  if (absl::Status s = ReadWholeFile(catalog, int64_t{1} << 32, &raw); !s.ok()) return s;
+  const absl::string_view all(reinterpret_cast<const char*>(raw.data()), raw.size());
+  auto bad = [&catalog](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat(catalog, ": damaged shard catalog (", why,
+                                            "); remove it to index the shard again"));
+  };
+  if (!absl::StartsWith(all, kCatalogMagic)) return bad("no header");
+  size_t pos = kCatalogMagic.size();
+  auto line = [&](absl::string_view* out) {
+    const size_t nl = all.find('\n', pos);
+    if (nl == absl::string_view::npos) return false;
+    *out = all.substr(pos, nl - pos);
+    pos = nl + 1;
+    return true;
+  };
+  absl::string_view l;
+  int64_t n = 0;
+  if (!line(&l) || !absl::SimpleAtoi(l, &n) || n < 0) return bad("no member count");
+  members->clear();
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t offset = 0, size = 0, name_len = 0, cls_len = 0;
+    std::vector<absl::string_view> f;
+    if (!line(&l)) return bad("truncated");
+    f = absl::StrSplit(l, ' ');
+    if (f.size() != 4 || !absl::SimpleAtoi(f[0], &offset) || !absl::SimpleAtoi(f[1], &size) ||
+        !absl::SimpleAtoi(f[2], &name_len) || !absl::SimpleAtoi(f[3], &cls_len) || offset < 0 ||
+        size < 0 || name_len < 0 || cls_len < -1 ||
+        pos + size_t(name_len) + size_t(std::max<int64_t>(cls_len, 0)) + 1 > all.size()) {
+      return bad(absl::StrCat("member ", i));
+    }
+    members->push_back(TarMember{std::string(all.substr(pos, size_t(name_len))), offset, size});
+    pos += size_t(name_len);
+    if (cls_len >= 0) {
+      (*cls)[size_t(i)] = std::string(all.substr(pos, size_t(cls_len)));
+      pos += size_t(cls_len);
+    }
+    if (all[pos] != '\n') return bad(absl::StrCat("member ", i));
+    ++pos;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<TarDataset>> TarDataset::Open(
     const std::vector<std::string>& shards, const std::string& source, Mode mode,
     const std::vector<std::string>* shown) {
-  const std::vector<std::string>& names = shown != nullptr ? *shown : shards;
+  std::vector<ShardSource> sources;
+  for (size_t s = 0; s < shards.size(); ++s) {
+    ShardSource src;
+    src.path = shards[s];
+    src.shown = shown != nullptr ? (*shown)[s] : shards[s];
+    sources.push_back(std::move(src));
+  }
+  return Open(sources, source, mode, HttpOptions());
+}
+
+absl::StatusOr<std::shared_ptr<TarDataset>> TarDataset::Open(const std::vector<ShardSource>& shards,
+                                                             const std::string& source, Mode mode,
+                                                             const HttpOptions& http) {
   FileList files;
   files.kind = FileList::Kind::kShards;
-  files.source = source.empty() && !shards.empty() ? shards.front() : source;
-  std::vector<std::string> paths;
+  files.source = source.empty() && !shards.empty() ? shards.front().shown : source;
   std::vector<int> fds;
   std::vector<Entry> entries;
   auto close_all = [&fds] {
-    for (int fd : fds) ::close(fd);
+    for (int fd : fds) {
+      if (fd >= 0) ::close(fd);
+    }
   };
   for (size_t s = 0; s < shards.size(); ++s) {
-    absl::StatusOr<std::vector<TarMember>> members = IndexTar(shards[s]);
-    if (!members.ok()) {
-      close_all();
-      return members.status();
+    const ShardSource& src = shards[s];
+    const std::string& name = src.shown;
+    std::vector<TarMember> members;
+    ClsText cls;
+    int fd = -1;
+    if (!src.path.empty()) {  // a file on disk: indexed here
+      absl::StatusOr<std::vector<TarMember>> m = IndexTar(src.path);
+      if (!m.ok()) {
+        close_all();
+        return m.status();
+      }
+      members = *std::move(m);
+      fd = ::open(src.path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) {
+        close_all();
+        return absl::NotFoundError(absl::StrCat(src.path, ": ", std::strerror(errno)));
+      }
+      if (absl::Status st = ReadClsTexts(fd, members, name, &cls); !st.ok()) {
+        ::close(fd);
+        close_all();
+        return st;
+      }
+    } else if (absl::Status st = ReadTarCatalog(src.catalog, &members, &cls); !st.ok()) {
+      close_all();  // a remote shard read by range: its catalog
+      return st;
     }
-    int fd = ::open(shards[s].c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      close_all();
-      return absl::NotFoundError(absl::StrCat(shards[s], ": ", std::strerror(errno)));
-    }
-    paths.push_back(shards[s]);
     fds.push_back(fd);
     // Group by key, in order of first appearance.
     struct Group {
-      std::vector<const TarMember*> members;
+      std::vector<size_t> members;
       std::vector<std::string> exts;
-      const TarMember* image = nullptr;
-      const TarMember* cls = nullptr;
+      int image = -1;  // in members
+      int cls = -1;    // member index in the shard
     };
     std::vector<std::string> order;
     std::unordered_map<std::string, Group> groups;
-    for (const TarMember& m : *members) {
-      auto [key, ext] = SplitKey(m.name);
+    for (size_t i = 0; i < members.size(); ++i) {
+      auto [key, ext] = SplitKey(members[i].name);
       auto [it, inserted] = groups.try_emplace(key);
       if (inserted) order.push_back(key);
-      it->second.members.push_back(&m);
-      it->second.exts.push_back(ext);
-      if (IsImageExt(ext)) it->second.image = &m;
-      if (ext == "cls") it->second.cls = &m;
+      Group& g = it->second;
+      if (IsImageExt(ext)) g.image = int(g.members.size());
+      if (ext == "cls") g.cls = int(i);
+      g.members.push_back(i);
+      g.exts.push_back(ext);
     }
     for (const std::string& key : order) {
       const Group& g = groups[key];
-      if (mode == Mode::kImages && g.image == nullptr) continue;  // metadata only: skipped
+      if (mode == Mode::kImages && g.image < 0) continue;  // metadata only: skipped
       int64_t label = -1;
-      if (g.cls != nullptr) {
-        std::vector<uint8_t> text;
-        absl::Status st = PreadAll(fd, g.cls->offset, std::min<int64_t>(g.cls->size, 64), &text,
-                                   absl::StrCat(names[s], ":", g.cls->name));
-        absl::string_view sv(reinterpret_cast<const char*>(text.data()), text.size());
-        if (st.ok() && (!absl::SimpleAtoi(absl::StripAsciiWhitespace(sv), &label) || label < 0)) {
-          st = absl::InvalidArgumentError(
-              absl::StrCat(names[s], ": ", g.cls->name, ": label is not a non-negative integer"));
-        }
-        if (!st.ok()) {
+      if (g.cls >= 0) {
+        const std::string& text = cls[size_t(g.cls)];
+        if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &label) || label < 0) {
           close_all();
-          return st;
+          return absl::InvalidArgumentError(absl::StrCat(name, ": ", members[size_t(g.cls)].name,
+                                                         ": label is not a non-negative integer"));
         }
       } else if (mode == Mode::kImages) {
         close_all();
         return absl::InvalidArgumentError(
-            absl::StrCat(names[s], ": sample \"", key, "\" has an image but no .cls label"));
+            absl::StrCat(name, ": sample \"", key, "\" has an image but no .cls label"));
       }
       Entry e;
       e.shard = int(s);
       e.key = key;
       for (size_t i = 0; i < g.members.size(); ++i) {
-        e.members.push_back(Span{g.exts[i], g.members[i]->offset, g.members[i]->size});
-        if (g.members[i] == g.image) e.image = int(i);
+        const TarMember& m = members[g.members[i]];
+        e.members.push_back(Span{g.exts[i], m.offset, m.size});
       }
-      const std::string name = g.image != nullptr ? g.image->name : key;
-      files.samples.push_back(Sample{absl::StrCat(names[s], ":", name), label});
+      e.image = g.image;
+      const std::string sample_name = g.image >= 0 ? members[g.members[size_t(g.image)]].name : key;
+      files.samples.push_back(Sample{absl::StrCat(name, ":", sample_name), label});
       entries.push_back(std::move(e));
     }
   }
@@ -335,20 +474,81 @@ absl::StatusOr<std::shared_ptr<TarDataset>> TarDataset::Open(
                                        : ": the shards hold no samples"));
   }
   std::shared_ptr<TarDataset> d(new TarDataset(std::move(files), mode));
-  d->shards_ = std::move(paths);
+  for (const ShardSource& src : shards) {
+    d->shards_.push_back(src.shown);
+    d->urls_.push_back(src.path.empty() ? src.url : std::string());
+    d->any_remote_ = d->any_remote_ || src.path.empty();
+  }
   d->fds_ = std::move(fds);
   d->entries_ = std::move(entries);
+  d->http_ = http;
   return d;
 }
 
 TarDataset::~TarDataset() {
-  for (int fd : fds_) ::close(fd);
+  for (int fd : fds_) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+namespace {
+
+// The byte range that holds every member of an entry (members of a key are adjacent in a
+// WebDataset shard; a range request for the span fetches them in one request).
+std::pair<int64_t, int64_t> SpanOf(const std::vector<int64_t>& offsets,
+                                   const std::vector<int64_t>& sizes) {
+  int64_t lo = INT64_MAX, hi = 0;
+  for (size_t i = 0; i < offsets.size(); ++i) {
+    lo = std::min(lo, offsets[i]);
+    hi = std::max(hi, offsets[i] + sizes[i]);
+  }
+  return {lo, hi};
+}
+
+}  // namespace
+
+void TarDataset::Slice(Mode mode, const Entry& e, int64_t base, const std::vector<uint8_t>& span,
+                       Record* record) {
+  if (mode == Mode::kImages) {
+    const Span& m = e.members[size_t(e.image)];
+    if (base == m.offset && int64_t(span.size()) == m.size) return;  // already the image
+    record->bytes.assign(span.begin() + (m.offset - base),
+                         span.begin() + (m.offset - base + m.size));
+    return;
+  }
+  record->bytes.clear();
+  record->members.resize(e.members.size());
+  for (size_t i = 0; i < e.members.size(); ++i) {
+    const Span& m = e.members[i];
+    record->members[i].name = m.ext;
+    record->members[i].bytes.assign(span.begin() + (m.offset - base),
+                                    span.begin() + (m.offset - base + m.size));
+    if (int(i) == e.image) record->bytes = record->members[i].bytes;
+  }
 }
 
 absl::Status TarDataset::Read(int64_t index, Record* record) const {
   const Entry& e = entries_[size_t(index)];
   const int fd = fds_[size_t(e.shard)];
   record->label = files_.samples[size_t(index)].label;
+  if (fd < 0) {  // a remote shard: one range request for the entry's members
+    std::vector<int64_t> offsets, sizes;
+    for (const Span& m : e.members) {
+      if (mode_ == Mode::kImages && &m != &e.members[size_t(e.image)]) continue;
+      offsets.push_back(m.offset);
+      sizes.push_back(m.size);
+    }
+    const auto [lo, hi] = SpanOf(offsets, sizes);
+    record->members.clear();
+    std::vector<uint8_t> members_span;
+    std::vector<uint8_t>& span = mode_ == Mode::kImages ? record->bytes : members_span;
+    absl::Status st = HttpFetch(urls_[size_t(e.shard)], lo, std::max<int64_t>(hi - lo, 1), http_,
+                                &span, counters_.get());
+    if (!st.ok()) return st;
+    if (hi == lo) span.clear();
+    Slice(mode_, e, lo, span, record);
+    return absl::OkStatus();
+  }
   if (mode_ == Mode::kImages) {
     // The image built-in needs the image only (the label was read once, at Open).
     record->members.clear();
@@ -366,6 +566,41 @@ absl::Status TarDataset::Read(int64_t index, Record* record) const {
     if (int(i) == e.image) record->bytes = record->members[i].bytes;
   }
   return absl::OkStatus();
+}
+
+void TarDataset::ReadAsync(int64_t index, Record* record,
+                           std::function<void(absl::Status)> done) const {
+  const Entry& e = entries_[size_t(index)];
+  if (fds_[size_t(e.shard)] >= 0) return done(Read(index, record));
+  record->label = files_.samples[size_t(index)].label;
+  record->members.clear();
+  std::vector<int64_t> offsets, sizes;
+  for (const Span& m : e.members) {
+    if (mode_ == Mode::kImages && &m != &e.members[size_t(e.image)]) continue;
+    offsets.push_back(m.offset);
+    sizes.push_back(m.size);
+  }
+  const auto [lo, hi] = SpanOf(offsets, sizes);
+  if (hi == lo) {  // nothing to fetch (empty members)
+    Slice(mode_, e, lo, {}, record);
+    return done(absl::OkStatus());
+  }
+  if (mode_ == Mode::kImages) {  // straight into the record
+    return HttpFetchAsync(urls_[size_t(e.shard)], lo, hi - lo, http_, &record->bytes, counters_,
+                          std::move(done));
+  }
+  // The callback may run after this data set is gone (a loader stopped mid-read): it keeps
+  // what it needs.
+  auto span = std::make_shared<std::vector<uint8_t>>();
+  HttpFetchAsync(urls_[size_t(e.shard)], lo, hi - lo, http_, span.get(), counters_,
+                 [mode = mode_, e, lo = lo, span, record, done = std::move(done)](absl::Status st) {
+                   if (st.ok()) Slice(mode, e, lo, *span, record);
+                   done(std::move(st));
+                 });
+}
+
+RemoteStats TarDataset::remote_stats() const {
+  return any_remote_ ? ToRemoteStats(*counters_) : RemoteStats{};
 }
 
 }  // namespace feedline

@@ -13,6 +13,7 @@
 #define FEEDLINE_SRC_IO_TAR_DATASET_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "feedline/dataset.h"
 #include "io/file_dataset.h"
+#include "io/http.h"
 
 namespace feedline {
 
@@ -43,6 +45,21 @@ absl::StatusOr<std::vector<TarMember>> IndexTar(const std::string& path);
 absl::StatusOr<std::vector<TarMember>> IndexTarBytes(const uint8_t* data, size_t size,
                                                      const std::string& name);
 
+// Where a shard's bytes are: a file on disk (`path`), or a URL read member by member with HTTP
+// range requests (`path` empty), whose members and labels come from its `catalog` (written by
+// WriteTarCatalog when the shard was downloaded once).
+struct ShardSource {
+  std::string path;     // a local tar file; empty: read by range from `url`
+  std::string url;      // for range reads
+  std::string catalog;  // for range reads
+  std::string shown;    // names the shard in samples and messages (the URL of a remote one)
+};
+
+// Indexes the tar file `shard` and writes its catalog (members and .cls labels) to `catalog`
+// (whole or not at all). `shown` names the shard in errors.
+absl::Status WriteTarCatalog(const std::string& shard, const std::string& shown,
+                             const std::string& catalog);
+
 class TarDataset final : public FileDataset {
  public:
   enum class Mode {
@@ -58,8 +75,17 @@ class TarDataset final : public FileDataset {
   static absl::StatusOr<std::shared_ptr<TarDataset>> Open(
       const std::vector<std::string>& shards, const std::string& source, Mode mode,
       const std::vector<std::string>* shown = nullptr);
+  // Shards from where they are (files, or URLs read by range); `http` for the URLs.
+  static absl::StatusOr<std::shared_ptr<TarDataset>> Open(const std::vector<ShardSource>& shards,
+                                                          const std::string& source, Mode mode,
+                                                          const HttpOptions& http);
   ~TarDataset() override;
   absl::Status Read(int64_t index, Record* record) const override;
+  // Shards read by range are fetched without a thread waiting for each read.
+  bool async_reads() const override { return any_remote_; }
+  void ReadAsync(int64_t index, Record* record,
+                 std::function<void(absl::Status)> done) const override;
+  RemoteStats remote_stats() const override;
 
  private:
   struct Span {
@@ -73,10 +99,17 @@ class TarDataset final : public FileDataset {
     int image = -1;  // index in members
   };
   TarDataset(FileList files, Mode mode) : FileDataset(std::move(files)), mode_(mode) {}
+  // The record of entry `e` from `span`, the bytes of the shard from offset `base` on.
+  static void Slice(Mode mode, const Entry& e, int64_t base, const std::vector<uint8_t>& span,
+                    Record* record);
   const Mode mode_;
-  std::vector<std::string> shards_;
-  std::vector<int> fds_;
+  std::vector<std::string> shards_;  // as shown
+  std::vector<std::string> urls_;    // per shard: the URL of one read by range, else empty
+  std::vector<int> fds_;             // per shard: -1 when read by range
   std::vector<Entry> entries_;
+  bool any_remote_ = false;
+  HttpOptions http_;
+  std::shared_ptr<HttpCounters> counters_ = std::make_shared<HttpCounters>();
 };
 
 }  // namespace feedline

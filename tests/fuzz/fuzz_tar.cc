@@ -1,7 +1,9 @@
 // libFuzzer target: the WebDataset tar indexer. IndexTarBytes on the input; when it succeeds,
 // every member must lie inside the input on a 512-byte block boundary. The same bytes as a file
 // must give the same index through IndexTar (its pread path), and TarDataset::Open on that file
-// must group them into samples whose reads return exactly the members' bytes.
+// must group them into samples whose reads return exactly the members' bytes. A catalog written
+// from the file (what a remote shard is read by range from) must give the same samples and
+// labels as the file itself.
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -75,6 +77,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       seen += record.members.size();
     }
     FUZZ_CHECK(seen == members->size(), "members lost or repeated");
+  }
+  const std::string catalog = path + ".idx";
+  if (feedline::WriteTarCatalog(path, path, catalog).ok()) {
+    feedline::ShardSource remote{"", "http://127.0.0.1:9/fuzz.tar", catalog, path};
+    for (auto mode : {feedline::TarDataset::Mode::kImages, feedline::TarDataset::Mode::kMembers}) {
+      auto local = feedline::TarDataset::Open({path}, path, mode);
+      auto by_catalog = feedline::TarDataset::Open({remote}, path, mode, feedline::HttpOptions());
+      FUZZ_CHECK(local.ok() == by_catalog.ok(), by_catalog.status().ToString());
+      if (!local.ok()) {
+        FUZZ_CHECK(local.status() == by_catalog.status(), by_catalog.status().ToString());
+        continue;
+      }
+      const auto& a = (*local)->files().samples;
+      const auto& b = (*by_catalog)->files().samples;
+      FUZZ_CHECK(a.size() == b.size(), "catalog sample count");
+      for (size_t i = 0; i < a.size(); ++i) {
+        FUZZ_CHECK(a[i].path == b[i].path && a[i].label == b[i].label, a[i].path);
+      }
+    }
   }
   return 0;
 }

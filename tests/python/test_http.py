@@ -250,21 +250,69 @@ def test_hung_server_times_out_within_read_timeout(tmp_path):
             c.close()
 
 
-def test_webdataset_shards_by_url_are_cached_locally(served, tmp_path, monkeypatch):
+def _cache_files(tmp_path):
+    d = tmp_path / "cache" / "shards"
+    names = sorted(os.listdir(d))
+    return ([n for n in names if n.endswith(".tar")], [n for n in names if n.endswith(".idx")],
+            [n for n in names if n.endswith(".part")])
+
+
+def test_webdataset_shards_by_url_are_cached_locally(served, proxy, tmp_path, monkeypatch):
     monkeypatch.setenv("FEEDLINE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("FEEDLINE_SHARD_CACHE_BYTES", raising=False)
     kw = dict(KW, shuffle=True, seed=3)
     local = _epoch(feedline.ImageLoader(served["shards"], **kw))
-    url = served["base"] + "/shards/train-{000..002}.tar"
+    p, base = proxy()  # counts the requests that reach the server
+    url = base + "/shards/train-{000..002}.tar"
     remote = feedline.ImageLoader(url, **kw)
-    assert remote.samples[0][0].startswith(served["base"] + "/shards/train-000.tar:")
+    assert p.requests == 3  # one download per shard
+    assert remote.samples[0][0].startswith(base + "/shards/train-000.tar:")
     for a, b in zip(local, _epoch(remote)):
         assert torch.equal(a, b)
-    cached = sorted(os.listdir(tmp_path / "cache" / "shards"))
-    assert len(cached) == 3 and all(c.endswith(".tar") for c in cached)
-    # Opened again: read from the cache, nothing fetched (the server is not asked).
-    stamp = [os.stat(tmp_path / "cache" / "shards" / c).st_mtime_ns for c in cached]
-    feedline.ImageLoader(url, **kw)
-    assert stamp == [os.stat(tmp_path / "cache" / "shards" / c).st_mtime_ns for c in cached]
+    tars, catalogs, parts = _cache_files(tmp_path)
+    assert len(tars) == 3 and len(catalogs) == 3 and not parts
+    assert p.requests == 3  # the epoch read the cached copies
+    # Opened again: read from the cache, the server is not asked.
+    again = feedline.ImageLoader(url, **kw)
+    for a, b in zip(local, _epoch(again)):
+        assert torch.equal(a, b)
+    assert p.requests == 3
     with pytest.raises(FileNotFoundError, match=r"train-00[89]\.tar: HTTP 404"):
         feedline.ImageLoader(served["base"] + "/shards/train-{008..009}.tar", **kw)
-    assert not any(c.endswith(".part") for c in os.listdir(tmp_path / "cache" / "shards"))
+    assert not _cache_files(tmp_path)[2]
+
+
+def test_shards_past_the_cache_budget_are_read_by_range(served, proxy, tmp_path, monkeypatch):
+    """A byte budget of 0: shards are downloaded once to be catalogued, then removed; samples
+    are fetched one range request each (through 503s and resets), with the local pixels."""
+    monkeypatch.setenv("FEEDLINE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FEEDLINE_SHARD_CACHE_BYTES", "0")
+    kw = dict(KW, shuffle=True, seed=3)
+    local = _epoch(feedline.ImageLoader(served["shards"], **kw))
+    p, base = proxy(fail=0.2, seed=7)
+    url = base + "/shards/train-{000..002}.tar"
+    remote = feedline.ImageLoader(url, **kw)
+    got = _epoch(remote)
+    for a, b in zip(local, got):
+        assert torch.equal(a, b)
+    tars, catalogs, _ = _cache_files(tmp_path)
+    assert not tars and len(catalogs) == 3
+    r = remote.stats()["remote"]
+    assert r["requests"] - r["retries"] == len(served["entries"]) and r["failures"] == 0
+    assert p.injected > 0
+    # Opened again with the catalogs there: nothing downloaded, only the samples' ranges.
+    p.fail = 0.0
+    before = p.requests
+    again = feedline.ImageLoader(url, **dict(kw, shuffle=False))
+    _epoch(again)
+    assert p.requests - before == again.stats()["remote"]["requests"] == len(served["entries"])
+    # A budget for one shard keeps one (the least recently used ones go).
+    one = os.path.getsize(served["root"] / "shards" / "train-000.tar")
+    monkeypatch.setenv("FEEDLINE_SHARD_CACHE_BYTES", str(int(one * 1.5)))
+    shutil.rmtree(tmp_path / "cache")
+    for a, b in zip(local, _epoch(feedline.ImageLoader(url, **kw))):
+        assert torch.equal(a, b)
+    assert len(_cache_files(tmp_path)[0]) == 1
+    monkeypatch.setenv("FEEDLINE_SHARD_CACHE_BYTES", "lots")
+    with pytest.raises(ValueError, match="FEEDLINE_SHARD_CACHE_BYTES"):
+        feedline.ImageLoader(url, **kw)

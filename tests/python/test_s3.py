@@ -159,3 +159,34 @@ def test_webdataset_shard_on_s3(aws_env, tmp_path, small_folder, s3):
     assert remote.samples[0][0] == "s3://bkt/shards/one.tar:k000.jpg"
     for a, b in zip(local, _epoch(remote)):
         assert torch.equal(a, b)
+
+
+def test_shards_by_range_over_s3(aws_env, s3, small_folder, tmp_path):
+    """WebDataset shards as S3 objects with a cache budget of 0: downloaded once (signed) to be
+    catalogued, then every sample is a signed range request; the local pixels."""
+    import io
+    import tarfile
+    entries = [(os.path.join(small_folder, cls, name), label)
+               for label, cls in enumerate(sorted(os.listdir(small_folder)))
+               for name in sorted(os.listdir(os.path.join(small_folder, cls)))]
+    for k in range(2):
+        shard = tmp_path / f"s-{k}.tar"
+        with tarfile.open(shard, "w") as tar:
+            for j, (path, label) in enumerate(entries):
+                if j % 2 != k:
+                    continue
+                for name, blob in ((f"{j:04d}.jpg", open(path, "rb").read()),
+                                   (f"{j:04d}.cls", str(label).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(blob)
+                    tar.addfile(info, io.BytesIO(blob))
+        _put(s3["endpoint"], "bkt", f"shards/s-{k}.tar", shard)
+    aws_env.setenv("FEEDLINE_CACHE_DIR", str(tmp_path / "cache"))
+    aws_env.setenv("FEEDLINE_SHARD_CACHE_BYTES", "0")
+    kw = dict(KW, transform="eval")
+    local = _epoch(feedline.ImageLoader(str(tmp_path / "s-{0..1}.tar"), **kw))
+    remote = feedline.ImageLoader("s3://bkt/shards/s-{0..1}.tar", **kw)
+    for a, b in zip(local, _epoch(remote)):
+        assert torch.equal(a, b)
+    assert remote.stats()["remote"]["requests"] == len(entries)
+    assert not [n for n in os.listdir(tmp_path / "cache" / "shards") if n.endswith(".tar")]

@@ -1,0 +1,157 @@
+#include "io/shard_cache.h"
+
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "core/fnv.h"
+
+namespace feedline {
+namespace {
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::string(v) : std::string();
+}
+
+bool Exists(const std::string& path) { return ::access(path.c_str(), R_OK) == 0; }
+
+// A cached shard file (not a catalog, not a download in progress).
+bool IsShardFile(const std::filesystem::path& p) {
+  const std::string name = p.filename().string();
+  return !absl::EndsWith(name, ".idx") && !absl::EndsWith(name, ".part");
+}
+
+}  // namespace
+
+std::string ShardCacheDir() {
+  std::string dir = Env("FEEDLINE_CACHE_DIR");
+  if (dir.empty()) {
+    const std::string xdg = Env("XDG_CACHE_HOME"), home = Env("HOME");
+    dir = !xdg.empty()    ? xdg + "/feedline"
+          : !home.empty() ? home + "/.cache/feedline"
+                          : "/tmp/feedline-cache";
+  }
+  return dir + "/shards";
+}
+
+int64_t ShardCacheBudget(const std::string& dir) {
+  const std::string v = std::string(absl::StripAsciiWhitespace(Env("FEEDLINE_SHARD_CACHE_BYTES")));
+  if (!v.empty()) {
+    int64_t scale = 1;
+    std::string digits = v;
+    const char last = char(std::toupper(static_cast<unsigned char>(v.back())));
+    const std::string units = "KMGT";
+    if (const size_t u = units.find(last); u != std::string::npos) {
+      scale = int64_t{1} << (10 * (u + 1));
+      digits.pop_back();
+    }
+    double n = 0;
+    if (!absl::SimpleAtod(digits, &n) || n < 0 || n * double(scale) > 9e18) return -1;
+    return int64_t(n * double(scale));
+  }
+  // Half the free space, plus what the cache holds already (it may be reused).
+  int64_t held = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (e.is_regular_file(ec) && IsShardFile(e.path())) held += int64_t(e.file_size(ec));
+  }
+  struct statvfs fs;
+  if (::statvfs(dir.c_str(), &fs) != 0) return held;
+  return held + int64_t(fs.f_bavail) * int64_t(fs.f_frsize) / 2;
+}
+
+absl::StatusOr<std::vector<ShardSource>> PrepareRemoteShards(const std::vector<std::string>& urls,
+                                                             const HttpOptions& o) {
+  const std::string dir = ShardCacheDir();
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": ", ec.message()));
+  const int64_t budget = ShardCacheBudget(dir);
+  if (budget < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("FEEDLINE_SHARD_CACHE_BYTES=\"", Env("FEEDLINE_SHARD_CACHE_BYTES"),
+                     "\": expected a byte count, optionally with a K, M, G or T suffix"));
+  }
+  std::vector<ShardSource> out(urls.size());
+  std::vector<size_t> fetch;  // shards seen for the first time (no catalog yet)
+  for (size_t i = 0; i < urls.size(); ++i) {
+    ShardSource& s = out[i];
+    s.url = urls[i];
+    s.shown = RedactUrl(urls[i]);
+    Fnv1a h;
+    h.Mix(urls[i].data(), urls[i].size());
+    s.path = absl::StrCat(dir, "/", absl::Hex(h.value, absl::kZeroPad16), "-",
+                          s.shown.substr(s.shown.rfind('/') + 1));
+    s.catalog = s.path + ".idx";
+    if (!Exists(s.catalog)) fetch.push_back(i);
+  }
+  // Downloads: a few at once (shards are large, the bandwidth is shared); each catalogued
+  // as soon as it is complete.
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  absl::Status first;
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < std::min<size_t>(4, fetch.size()); ++t) {
+    threads.emplace_back([&] {
+      for (size_t k; (k = next.fetch_add(1)) < fetch.size();) {
+        const ShardSource& s = out[fetch[k]];
+        absl::Status st = Exists(s.path) ? absl::OkStatus() : HttpDownload(s.url, s.path, o);
+        if (st.ok()) st = WriteTarCatalog(s.path, s.shown, s.catalog);
+        if (!st.ok()) {
+          // Name the URL, not the cache file.
+          std::string message(st.message());
+          for (size_t at; (at = message.find(s.path)) != std::string::npos;) {
+            message.replace(at, s.path.size(), s.shown);
+          }
+          st = absl::Status(st.code(), message);
+          std::lock_guard<std::mutex> lock(mu);
+          if (first.ok()) first = st;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  if (!first.ok()) return first;
+  // This data set's files are the most recently used; then the budget, oldest first.
+  for (const ShardSource& s : out) {
+    if (Exists(s.path)) {
+      std::error_code e;
+      std::filesystem::last_write_time(s.path, std::filesystem::file_time_type::clock::now(), e);
+    }
+  }
+  std::vector<std::pair<std::filesystem::file_time_type, std::filesystem::path>> files;
+  int64_t total = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    std::error_code e2;
+    if (!e.is_regular_file(e2) || !IsShardFile(e.path())) continue;
+    total += int64_t(e.file_size(e2));
+    files.emplace_back(e.last_write_time(e2), e.path());
+  }
+  std::sort(files.begin(), files.end());
+  for (size_t k = 0; k < files.size() && total > budget; ++k) {
+    std::error_code e;
+    const int64_t size = int64_t(std::filesystem::file_size(files[k].second, e));
+    if (std::filesystem::remove(files[k].second, e)) total -= size;
+  }
+  // Cached files are read from disk; the rest by range from their catalogs.
+  for (ShardSource& s : out) {
+    if (!Exists(s.path)) s.path.clear();
+  }
+  return out;
+}
+
+}  // namespace feedline

@@ -1,0 +1,44 @@
+// Remote WebDataset shards (http(s):// and s3:// URLs) through the on-disk shard cache.
+//
+// The first time a shard URL is opened it is downloaded whole (streamed to disk, up to 4 at a
+// time, a stalled transfer failing after the read timeout) into the cache folder
+// ($FEEDLINE_CACHE_DIR, else $XDG_CACHE_HOME/feedline or ~/.cache/feedline; "shards/<hash of
+// the URL>-<name>"), and its catalog — members, offsets and .cls labels — is written beside it
+// ("<file>.idx", a few bytes per member). The cache keeps at most a byte budget of shard files
+// ($FEEDLINE_SHARD_CACHE_BYTES: bytes, or with a K/M/G/T suffix; default half the free space of
+// its file system when the data set is opened, plus what the cache already holds): past it,
+// the least recently used shard files are removed (the ones of the data set being opened are
+// the most recent), their catalogs stay. A shard whose file is not in the cache is read member
+// by member with HTTP range requests, from its catalog: no second download, and with a budget
+// of 0 nothing but catalogs is kept. Whole local copies are read at local-disk speed; range
+// reads cost a request per sample (the loader keeps io_depth of them in flight).
+//
+// Not checked: whether a remote shard changed since it was cached (remove the folder to
+// refetch).
+#ifndef FEEDLINE_SRC_IO_SHARD_CACHE_H_
+#define FEEDLINE_SRC_IO_SHARD_CACHE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "io/http.h"
+#include "io/tar_dataset.h"
+
+namespace feedline {
+
+std::string ShardCacheDir();
+
+// The cache's byte budget ($FEEDLINE_SHARD_CACHE_BYTES, or the default above); -1 if the
+// variable is malformed (an error for the caller to report).
+int64_t ShardCacheBudget(const std::string& dir);
+
+// Where each shard of `urls` is read from (a cached file, or by range with its catalog),
+// downloading and cataloguing the shards seen for the first time, then holding the budget.
+absl::StatusOr<std::vector<ShardSource>> PrepareRemoteShards(const std::vector<std::string>& urls,
+                                                             const HttpOptions& options);
+
+}  // namespace feedline
+
+#endif  // FEEDLINE_SRC_IO_SHARD_CACHE_H_
