@@ -1,8 +1,11 @@
 """Remote storage against local files, in one run: the bundled ImageFolder read from disk, and
 the same files served by nginx on loopback (Debian's nginx-light) and read over HTTP, as they
 are and with 20 ms added to every request by the server (tests/servers/nginx.py: a delay before
-each answer, as a remote object store has it), all with automatic settings. Prints images/s of each, the ratio, and the remote run's
-request figures and settings (the autotuner raises the I/O depth to cover the latency).
+each answer, as a remote object store has it); then WebDataset shards of the same images, read
+locally, and over HTTP with the latency both ways the shard cache can read them (whole shards
+downloaded once into the cache, or a range request per sample from the shard's catalog: cache
+budget 0). All with automatic settings. Prints images/s of each, the ratios, and the remote
+run's request figures and settings (the autotuner raises the I/O depth to cover the latency).
 
     PYTHONPATH=build/python /usr/bin/python3 bench/remote_compare.py [DATA_DIR] [--latency-ms 20]
 
@@ -62,6 +65,25 @@ def _nginx_pids(master):
     return pids
 
 
+def make_shards(samples, root, out_dir, count):
+    """WebDataset shards (key.jpg + key.cls) of the samples, in their order, `count` shards."""
+    import io
+    import tarfile
+    os.makedirs(out_dir, exist_ok=True)
+    per = (len(samples) + count - 1) // count
+    for k in range(count):
+        with tarfile.open(os.path.join(out_dir, f"train-{k:03d}.tar"), "w") as tar:
+            for j in range(k * per, min(len(samples), (k + 1) * per)):
+                path, label = samples[j]
+                with open(path, "rb") as f:
+                    data = f.read()
+                for name, blob in ((f"{j:06d}.jpg", data), (f"{j:06d}.cls", str(label).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(blob)
+                    tar.addfile(info, io.BytesIO(blob))
+    return os.path.join(out_dir, "train-{000..%03d}.tar" % (count - 1))
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -71,43 +93,85 @@ def main():
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--shards", type=int, default=8, help="shards of the set (0: skip them)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="rounds over all contenders, in alternating order; means reported")
     args = parser.parse_args()
     root = os.path.abspath(args.data)
     work = tempfile.mkdtemp(prefix="feedline-remote-")
-    local = feedline.ImageLoader(root, batch_size=args.batch_size)
-    lst = os.path.join(work, "urls.txt")
-    slow_lst = os.path.join(work, "slow-urls.txt")
+    bs = args.batch_size
+    local = feedline.ImageLoader(root, batch_size=bs)
+    www = os.path.join(work, "www")  # data/ (the folder) and shards/ (tar shards of it)
+    os.makedirs(www)
+    os.symlink(root, os.path.join(www, "data"))
+    pattern = make_shards(local.samples, root, os.path.join(www, "shards"), args.shards) \
+        if args.shards > 0 else None
+    saved_env = {k: os.environ.get(k) for k in ("FEEDLINE_CACHE_DIR", "FEEDLINE_SHARD_CACHE_BYTES")}
     try:
-        with nginx.serve(root, os.path.join(work, "plain")) as (base, master), \
-                nginx.serve(root, os.path.join(work, "slow"), latency_ms=args.latency_ms) as (
+        with nginx.serve(www, os.path.join(work, "plain")) as (base, master), \
+                nginx.serve(www, os.path.join(work, "slow"), latency_ms=args.latency_ms) as (
                     slow_base, slow_master):
-            for name, url in ((lst, base), (slow_lst, slow_base)):
-                with open(name, "w") as f:
+            lists = {}
+            for name, url in (("plain", base), ("slow", slow_base)):
+                lists[name] = os.path.join(work, f"{name}-urls.txt")
+                with open(lists[name], "w") as f:
                     for path, label in local.samples:
-                        f.write(f"{url}/{os.path.relpath(path, root)} {label}\n")
+                        f.write(f"{url}/data/{os.path.relpath(path, root)} {label}\n")
             pids = _nginx_pids(master) + _nginx_pids(slow_master)
-            local_rate, local_cpu = rate(local, args.epochs)
-            plain = feedline.ImageLoader(lst, batch_size=args.batch_size)
-            plain_rate, plain_cpu = rate(plain, args.epochs, pids)
-            remote = feedline.ImageLoader(slow_lst, batch_size=args.batch_size)
-            remote_rate, remote_cpu = rate(remote, args.epochs, pids)
-            s = remote.stats()
+            # The contenders: (name, loader, server pids, cache folder, extra text).
+            contenders = [("local files", local, (), None, ""),
+                          ("HTTP (nginx on the same cores)",
+                           feedline.ImageLoader(lists["plain"], batch_size=bs), pids, None, ""),
+                          (f"HTTP + {args.latency_ms:g} ms per request",
+                           feedline.ImageLoader(lists["slow"], batch_size=bs), pids, None, "")]
+            if pattern is not None:
+                contenders.append(("local shards", feedline.ImageLoader(pattern, batch_size=bs),
+                                   (), None, ""))
+                url = slow_base + "/shards/" + os.path.basename(pattern)
+                for label, budget in (("whole shards cached", None), ("range reads", "0")):
+                    cache = os.path.join(work, f"cache-{budget}")
+                    os.environ["FEEDLINE_CACHE_DIR"] = cache
+                    if budget is None:
+                        os.environ.pop("FEEDLINE_SHARD_CACHE_BYTES", None)
+                    else:
+                        os.environ["FEEDLINE_SHARD_CACHE_BYTES"] = budget
+                    t0 = time.perf_counter()
+                    loader = feedline.ImageLoader(url, batch_size=bs)
+                    opened = time.perf_counter() - t0
+                    contenders.append((f"shards + {args.latency_ms:g} ms, {label}", loader, pids,
+                                       cache, f"; opened in {opened:.1f} s (download + catalog)"))
+            # Rounds in alternating order (forward, backward, ...): a machine that speeds up or
+            # slows down during the run weighs on every contender alike.
+            totals = {name: [0.0, 0.0] for name, *_ in contenders}
+            for k in range(args.rounds):
+                for name, loader, server, cache, _ in (contenders if k % 2 == 0
+                                                       else contenders[::-1]):
+                    if cache is not None:
+                        os.environ["FEEDLINE_CACHE_DIR"] = cache
+                    r, c = rate(loader, args.epochs, server)
+                    totals[name][0] += r / args.rounds
+                    totals[name][1] += c / args.rounds
+            rows = [(name, totals[name][0], totals[name][1], loader, extra)
+                    for name, loader, _, _, extra in contenders]
+            s = contenders[2][1].stats()
     finally:
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         shutil.rmtree(work, ignore_errors=True)
-    r = s["remote"]
-    print(f"{len(local.samples)} images, batch {args.batch_size}, {args.epochs} epochs each "
-          f"(figures over epochs 2..{args.epochs}), {os.cpu_count()} cores")
-    print(f"  local files                      {local_rate:8.1f} images/s, {local_cpu:.2f} ms CPU/image "
-          f"(workers {local.workers}, io_depth {local.io_depth})")
-    print(f"  HTTP (nginx on the same cores)   {plain_rate:8.1f} images/s, {plain_cpu:.2f} ms CPU/image "
-          f"with nginx's (workers {plain.workers}, io_depth {plain.io_depth})")
-    print(f"  HTTP + {args.latency_ms:g} ms per request        {remote_rate:8.1f} images/s, "
-          f"{remote_cpu:.2f} ms CPU/image with nginx's "
-          f"(workers {remote.workers}, io_depth {remote.io_depth})")
-    print(f"  HTTP + {args.latency_ms:g} ms / local: {remote_rate / local_rate:.2f}x; / HTTP alone: "
-          f"{remote_rate / plain_rate:.2f}x (the latency's own cost); {r['requests']} requests, "
-          f"{r['retries']} retried, {r['request_ms']:.1f} ms each, "
-          f"{r['bytes'] / 1e6:.0f} MB; verdict: {s['bottleneck']} ({s['bottleneck_reason']})")
+    rem = s["remote"]
+    print(f"{len(local.samples)} images, batch {bs}, {args.epochs} epochs per round (figures "
+          f"over epochs 2..{args.epochs}, mean of {args.rounds} rounds), {os.cpu_count()} cores, nginx on the same cores (CPU per "
+          f"image includes nginx's)")
+    for name, r, c, loader, extra in rows:
+        print(f"  {name:<42} {r:8.1f} images/s  {r / rows[0][1]:.2f}x local  {c:.2f} ms CPU/image"
+              f"  (workers {loader.workers}, io_depth {loader.io_depth}){extra}")
+    print(f"  HTTP + {args.latency_ms:g} ms / local: {rows[2][1] / rows[0][1]:.2f}x; / HTTP alone: "
+          f"{rows[2][1] / rows[1][1]:.2f}x (the latency's own cost); {rem['requests']} requests, "
+          f"{rem['retries']} retried, {rem['request_ms']:.1f} ms each, "
+          f"{rem['bytes'] / 1e6:.0f} MB; verdict: {s['bottleneck']} ({s['bottleneck_reason']})")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <queue>
 #include <thread>
@@ -175,27 +176,41 @@ HttpMulti::HttpMulti() : state_(new State) {
   std::thread([st] { st->Loop(); }).detach();
 }
 
+namespace {
+
+// The process's loop. A forked child has the parent's object but not its thread: the fork
+// handler forgets it there, and the child's first use makes its own (the parent's copy is
+// left alone: never freed, see the header).
+std::atomic<HttpMulti*> g_loop{nullptr};
+std::mutex g_loop_mu;
+
+}  // namespace
+
 HttpMulti& HttpMulti::Get() {
-  // Per process: a forked child has the parent's object but not its thread.
-  static std::mutex mu;
-  static HttpMulti* loop = nullptr;
-  static pid_t owner = 0;
-  std::lock_guard<std::mutex> lock(mu);
-  const pid_t pid = ::getpid();
-  if (loop == nullptr || owner != pid) {
-    loop = new HttpMulti();  // never freed (see the header); the parent's copy is left alone
-    owner = pid;
+  if (HttpMulti* loop = g_loop.load(std::memory_order_acquire)) return *loop;
+  std::lock_guard<std::mutex> lock(g_loop_mu);
+  if (g_loop.load(std::memory_order_relaxed) == nullptr) {
+    static const int registered = pthread_atfork(nullptr, nullptr, [] {
+      g_loop.store(nullptr, std::memory_order_relaxed);
+      new (&g_loop_mu) std::mutex();  // another thread may have held it at the fork
+    });
+    (void)registered;
+    g_loop.store(new HttpMulti(), std::memory_order_release);
   }
-  return *loop;
+  return *g_loop.load(std::memory_order_relaxed);
 }
 
 void HttpMulti::Start(CURL* easy, std::function<void(CURLcode)> done) {
   state_->active.fetch_add(1, std::memory_order_relaxed);
+  bool wake;
   {
     std::lock_guard<std::mutex> lock(state_->mu);
+    // The loop takes the whole list at once: only the first addition since it last did needs
+    // to wake it (a write and a read of the eventfd saved per request in a burst).
+    wake = state_->pending.empty();
     state_->pending.emplace_back(easy, std::move(done));
   }
-  state_->Wake();
+  if (wake) state_->Wake();
 }
 
 void HttpMulti::After(double seconds, std::function<void()> fn) {
