@@ -18,7 +18,9 @@
 // naming the sample and the cause (kNotFound, kDataLoss, ...); an exception thrown from it is
 // caught by the loader and becomes that sample's error too, never a crash. It may block (slow
 // storage); the loader runs as many reads at once as the autotuner's I/O depth says, and fails a
-// read that exceeds `read_timeout_ms`.
+// read that exceeds `read_timeout_ms`. A data set whose reads wait on a network can instead
+// start them without blocking (`async_reads` / `ReadAsync`, below): then one reader thread
+// keeps the I/O depth of reads in flight.
 //
 // The built-ins: `FileDataset::Open` (an ImageFolder directory, a list file of "path label"
 // lines, or WebDataset tar shards). `DatasetWrapper` forwards every call to another data set:
