@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "feedline/feedline.h"
 #include "feedline/text.h"
 #include "py_dataset.h"
@@ -461,8 +462,21 @@ feedline::Loader::State DictToState(const py::dict& d) {
   return s;
 }
 
-// Documents of a text / JSON Lines file or WebDataset shards, tokenized by a SentencePiece
-// model in the workers: padded int64 ids, or ragged int32 ones for the packer.
+// A SentencePiece model by path or URL (a URL's local copy is loaded; errors name the URL).
+absl::StatusOr<std::shared_ptr<const feedline::text::Tokenizer>> LoadTokenizer(
+    const std::string& model) {
+  absl::StatusOr<std::string> local = feedline::LocalCopy(model);
+  if (!local.ok()) return local.status();
+  auto tokenizer = feedline::text::LoadSentencePiece(*local);
+  if (!tokenizer.ok() && *local != model) {
+    return absl::Status(tokenizer.status().code(),
+                        absl::StrReplaceAll(tokenizer.status().message(), {{*local, model}}));
+  }
+  return tokenizer;
+}
+
+// Documents of a text / JSON Lines file (a path or URL) or WebDataset shards, tokenized by a
+// SentencePiece model in the workers: padded int64 ids, or ragged int32 ones for the packer.
 absl::StatusOr<std::unique_ptr<feedline::Loader>> DocumentLoader(
     const std::string& path, const std::string& field,
     std::shared_ptr<const feedline::text::Tokenizer> tokenizer, int64_t max_length, bool add_bos,
@@ -475,7 +489,9 @@ absl::StatusOr<std::unique_ptr<feedline::Loader>> DocumentLoader(
     if (!w.ok()) return w.status();
     docs = std::shared_ptr<const feedline::Dataset>(*std::move(w));
   } else {
-    docs = feedline::text::OpenTextLines({path, field});
+    absl::StatusOr<std::string> local = feedline::LocalCopy(path);
+    if (!local.ok()) return local.status();
+    docs = feedline::text::OpenTextLines({*local, field, path});
   }
   if (!docs.ok()) return docs.status();
   feedline::text::TokenizeOptions t;
@@ -526,7 +542,14 @@ PYBIND11_MODULE(_feedline, m) {
         absl::StatusOr<std::unique_ptr<feedline::Loader>> loader;
         {
           py::gil_scoped_release release;
-          absl::StatusOr<feedline::text::TokenWindows> w = feedline::text::OpenTokenWindows(t);
+          absl::StatusOr<feedline::text::TokenWindows> w =
+              [&]() -> absl::StatusOr<feedline::text::TokenWindows> {
+            absl::StatusOr<std::string> local = feedline::LocalCopy(path);
+            if (!local.ok()) return local.status();
+            t.path = *local;
+            t.name = path;
+            return feedline::text::OpenTokenWindows(t);
+          }();
           if (!w.ok()) {
             loader = w.status();
           } else {
@@ -554,7 +577,7 @@ PYBIND11_MODULE(_feedline, m) {
         absl::StatusOr<std::unique_ptr<feedline::Loader>> loader;
         {
           py::gil_scoped_release release;
-          auto tokenizer = feedline::text::LoadSentencePiece(model);
+          auto tokenizer = LoadTokenizer(model);
           if (tokenizer.ok()) {
             loader = DocumentLoader(path, field, *std::move(tokenizer), max_length, add_bos,
                                     add_eos, /*ragged=*/false, std::move(o));
@@ -590,7 +613,7 @@ PYBIND11_MODULE(_feedline, m) {
         {
           py::gil_scoped_release release;
           packed = [&]() -> absl::StatusOr<std::unique_ptr<feedline::text::PackedLoader>> {
-            auto tokenizer = feedline::text::LoadSentencePiece(model);  // loaded once
+            auto tokenizer = LoadTokenizer(model);  // loaded once
             if (!tokenizer.ok()) return tokenizer.status();
             p.pad_id = std::max((*tokenizer)->pad_id(), 0);
             auto docs = DocumentLoader(path, field, *std::move(tokenizer), max_length, add_bos,
@@ -638,6 +661,14 @@ PYBIND11_MODULE(_feedline, m) {
         {
           py::gil_scoped_release release;
           packed = [&]() -> absl::StatusOr<std::unique_ptr<feedline::text::PackedLoader>> {
+            absl::StatusOr<std::string> local = feedline::LocalCopy(t.path);
+            if (!local.ok()) return local.status();
+            absl::StatusOr<std::string> local_index = feedline::LocalCopy(t.index_path);
+            if (!local_index.ok()) return local_index.status();
+            t.name = t.path;
+            t.index_name = t.index_path;
+            t.path = *local;
+            t.index_path = *local_index;
             auto docs = feedline::text::OpenTokenDocuments(t);
             if (!docs.ok()) return docs.status();
             auto loader = feedline::Loader::Create(docs->dataset, docs->transform, std::move(o));

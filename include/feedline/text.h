@@ -46,6 +46,7 @@ struct TokenFileOptions {
   TokenDType dtype = TokenDType::kUint16;
   int64_t seq_len = 1024;  // tokens per input row; a window holds seq_len + 1
   int64_t vocab_size = 0;  // > 0: token ids must be below it
+  std::string name = "";   // names the file in messages (default: path; a LocalCopy's URL)
 };
 
 struct TokenWindows {
@@ -69,6 +70,8 @@ struct TokenDocumentOptions {
   int64_t vocab_size = 0;
   int64_t max_length = 65536;
   int64_t eos_id = -1;
+  std::string name = "";        // names the file in messages (default: path)
+  std::string index_name = "";  // names the index in messages (default: index_path)
 };
 struct TokenDocuments {
   std::shared_ptr<const Dataset> dataset;
@@ -83,7 +86,8 @@ absl::StatusOr<TokenDocuments> OpenTokenDocuments(const TokenDocumentOptions& op
 // the document's text in `field`. Sample i is the i-th document; records hold its line.
 struct TextFileOptions {
   std::string path;
-  std::string field;  // empty: plain text lines; else JSON Lines, the text in this string field
+  std::string field;      // empty: plain text lines; else JSON Lines, the text in this string field
+  std::string name = "";  // names the file in samples and messages (default: path)
 };
 // kNotFound for a missing file; kDataLoss for a file without any document.
 absl::StatusOr<std::shared_ptr<const Dataset>> OpenTextLines(const TextFileOptions& options);

@@ -516,6 +516,10 @@ class TokenLoader:
     documents are packed into rows as TextLoader packs them (same fields, window_rows,
     split_long, mask_boundaries, stats()["packing"], exact resume; eos_id appended to each
     document when given; len() raises TypeError); batch_size is then rows per batch.
+
+    path and index may be http(s):// or s3:// URLs: downloaded once into feedline's cache
+    (FEEDLINE_CACHE_DIR, within FEEDLINE_SHARD_CACHE_BYTES) and memory-mapped from there;
+    errors name the URL.
     """
 
     def __init__(self, path, seq_len, batch_size=32, dtype="uint16", shuffle=True, seed=0,
@@ -525,7 +529,7 @@ class TokenLoader:
                  mask_boundaries=True, eos_id=None, pad_id=0, max_length=65536):
         path = os.fsdecode(os.fspath(_check_type("path", path, (str, bytes, os.PathLike),
                                                  "a path")))
-        if not os.path.exists(path):
+        if not _is_url(path) and not os.path.exists(path):
             raise FileNotFoundError(f"path: {path}: no such file")
         _check_type("seq_len", seq_len, int, "an int")
         if seq_len < 1:
@@ -552,7 +556,7 @@ class TokenLoader:
                 raise ValueError(f"pack: expected 'concat' or 'bestfit', got {pack!r}")
             index = os.fsdecode(os.fspath(_check_type("index", index, (str, bytes, os.PathLike),
                                                       "a path")))
-            if not os.path.exists(index):
+            if not _is_url(index) and not os.path.exists(index):
                 raise FileNotFoundError(f"index: {index}: no such file")
             for name, v in (("window_rows", window_rows), ("max_length", max_length),
                             ("pad_id", pad_id)):
@@ -622,7 +626,8 @@ class TextLoader:
     [B]; "index" [B] (the documents' line order) with return_index=True. An invalid UTF-8
     line, a JSON line without the field and an empty document are DataErrors naming file:line
     (on_error="skip" replaces them). shuffle/seed/rank/world_size/state_dict/stats as for
-    ImageLoader.
+    ImageLoader. source and tokenizer may be http(s):// or s3:// URLs (a file is downloaded
+    once into feedline's cache, shards as for ImageLoader); errors name the URL.
 
     pack="concat" or "bestfit" gives packed rows of exactly seq_len tokens instead (batch_size
     rows per batch; the documents are tokenized in the workers, the rows made as batches are
@@ -656,7 +661,7 @@ class TextLoader:
             raise FileNotFoundError(f"source: {source}: no such file")
         tokenizer = os.fsdecode(os.fspath(_check_type(
             "tokenizer", tokenizer, (str, bytes, os.PathLike), "a SentencePiece model path")))
-        if not os.path.exists(tokenizer):
+        if not _is_url(tokenizer) and not os.path.exists(tokenizer):
             raise FileNotFoundError(f"tokenizer: {tokenizer}: no such file")
         if pack not in (None, "concat", "bestfit"):
             raise ValueError(f"pack: expected None, 'concat' or 'bestfit', got {pack!r}")

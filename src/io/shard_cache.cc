@@ -74,28 +74,71 @@ int64_t ShardCacheBudget(const std::string& dir) {
   return held + int64_t(fs.f_bavail) * int64_t(fs.f_frsize) / 2;
 }
 
-absl::StatusOr<std::vector<ShardSource>> PrepareRemoteShards(const std::vector<std::string>& urls,
-                                                             const HttpOptions& o) {
-  const std::string dir = ShardCacheDir();
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": ", ec.message()));
+namespace {
+
+// The cache file for `url`: "<dir>/<hash of the URL>-<last path component>".
+std::string CachePathFor(const std::string& dir, const std::string& url) {
+  const std::string shown = RedactUrl(url);
+  Fnv1a h;
+  h.Mix(url.data(), url.size());
+  return absl::StrCat(dir, "/", absl::Hex(h.value, absl::kZeroPad16), "-",
+                      shown.substr(shown.rfind('/') + 1));
+}
+
+absl::StatusOr<int64_t> Budget(const std::string& dir) {
   const int64_t budget = ShardCacheBudget(dir);
   if (budget < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("FEEDLINE_SHARD_CACHE_BYTES=\"", Env("FEEDLINE_SHARD_CACHE_BYTES"),
                      "\": expected a byte count, optionally with a K, M, G or T suffix"));
   }
+  return budget;
+}
+
+// Marks `in_use` as the most recently used files, then removes the least recently used cached
+// files until the cache holds at most `budget` bytes (catalogs and downloads in progress are
+// not counted and stay).
+void HoldBudget(const std::string& dir, const std::vector<std::string>& in_use, int64_t budget) {
+  for (const std::string& path : in_use) {
+    std::error_code e;
+    if (Exists(path)) {
+      std::filesystem::last_write_time(path, std::filesystem::file_time_type::clock::now(), e);
+    }
+  }
+  std::error_code ec;
+  std::vector<std::pair<std::filesystem::file_time_type, std::filesystem::path>> files;
+  int64_t total = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    std::error_code e2;
+    if (!e.is_regular_file(e2) || !IsShardFile(e.path())) continue;
+    total += int64_t(e.file_size(e2));
+    files.emplace_back(e.last_write_time(e2), e.path());
+  }
+  std::sort(files.begin(), files.end());
+  for (size_t k = 0; k < files.size() && total > budget; ++k) {
+    std::error_code e;
+    const int64_t size = int64_t(std::filesystem::file_size(files[k].second, e));
+    if (std::filesystem::remove(files[k].second, e)) total -= size;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<ShardSource>> PrepareRemoteShards(const std::vector<std::string>& urls,
+                                                             const HttpOptions& o) {
+  const std::string dir = ShardCacheDir();
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": ", ec.message()));
+  const absl::StatusOr<int64_t> budget = Budget(dir);
+  if (!budget.ok()) return budget.status();
   std::vector<ShardSource> out(urls.size());
   std::vector<size_t> fetch;  // shards seen for the first time (no catalog yet)
   for (size_t i = 0; i < urls.size(); ++i) {
     ShardSource& s = out[i];
     s.url = urls[i];
     s.shown = RedactUrl(urls[i]);
-    Fnv1a h;
-    h.Mix(urls[i].data(), urls[i].size());
-    s.path = absl::StrCat(dir, "/", absl::Hex(h.value, absl::kZeroPad16), "-",
-                          s.shown.substr(s.shown.rfind('/') + 1));
+    s.path = CachePathFor(dir, urls[i]);
     s.catalog = s.path + ".idx";
     if (!Exists(s.catalog)) fetch.push_back(i);
   }
@@ -127,31 +170,38 @@ absl::StatusOr<std::vector<ShardSource>> PrepareRemoteShards(const std::vector<s
   for (std::thread& t : threads) t.join();
   if (!first.ok()) return first;
   // This data set's files are the most recently used; then the budget, oldest first.
-  for (const ShardSource& s : out) {
-    if (Exists(s.path)) {
-      std::error_code e;
-      std::filesystem::last_write_time(s.path, std::filesystem::file_time_type::clock::now(), e);
-    }
-  }
-  std::vector<std::pair<std::filesystem::file_time_type, std::filesystem::path>> files;
-  int64_t total = 0;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    std::error_code e2;
-    if (!e.is_regular_file(e2) || !IsShardFile(e.path())) continue;
-    total += int64_t(e.file_size(e2));
-    files.emplace_back(e.last_write_time(e2), e.path());
-  }
-  std::sort(files.begin(), files.end());
-  for (size_t k = 0; k < files.size() && total > budget; ++k) {
-    std::error_code e;
-    const int64_t size = int64_t(std::filesystem::file_size(files[k].second, e));
-    if (std::filesystem::remove(files[k].second, e)) total -= size;
-  }
+  std::vector<std::string> in_use;
+  for (const ShardSource& s : out) in_use.push_back(s.path);
+  HoldBudget(dir, in_use, *budget);
   // Cached files are read from disk; the rest by range from their catalogs.
   for (ShardSource& s : out) {
     if (!Exists(s.path)) s.path.clear();
   }
   return out;
+}
+
+absl::StatusOr<std::string> LocalCopy(const std::string& path_or_url, double read_timeout_ms) {
+  if (!IsHttpUrl(path_or_url)) return path_or_url;
+  const std::string dir = ShardCacheDir();
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": ", ec.message()));
+  const absl::StatusOr<int64_t> budget = Budget(dir);
+  if (!budget.ok()) return budget.status();
+  const std::string local = CachePathFor(dir, path_or_url);
+  if (!Exists(local)) {
+    HttpOptions o;
+    o.timeout_s = 24 * 3600;  // a whole file; a stalled transfer fails after read_timeout
+    o.stall_s = read_timeout_ms > 0 ? read_timeout_ms / 1000 : 60;
+    o.max_bytes = int64_t{1} << 42;
+    if (IsS3Url(path_or_url)) o.s3 = std::make_shared<const S3Config>(LoadS3Config());
+    if (absl::Status s = HttpDownload(path_or_url, local, o); !s.ok()) return s;
+  }
+  // The copy in use is the most recent; if it alone is over the budget it still stays until
+  // the next data set is opened (an open or mapped file outlives its removal anyway).
+  HoldBudget(dir, {local},
+             std::max<int64_t>(*budget, int64_t(std::filesystem::file_size(local, ec))));
+  return local;
 }
 
 }  // namespace feedline

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "core/file_io.h"
 #include "core/fnv.h"
 #include "feedline/schema.h"
@@ -173,12 +174,13 @@ class TokenizeTransform final : public SampleTransform {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const Dataset>> OpenTextLines(const TextFileOptions& o) {
+  const std::string& name = o.name.empty() ? o.path : o.name;
   std::vector<uint8_t> data;
   if (absl::Status s = ReadWholeFile(o.path, std::numeric_limits<int64_t>::max(), &data); !s.ok()) {
-    return s;
+    return absl::Status(s.code(), absl::StrReplaceAll(s.message(), {{o.path, name}}));
   }
   struct stat st {};
-  if (::stat(o.path.c_str(), &st) != 0) return ErrnoStatus(errno, o.path, "stat");
+  if (::stat(o.path.c_str(), &st) != 0) return ErrnoStatus(errno, name, "stat");
   std::vector<int64_t> starts, ends, lines;
   int64_t line = 0;
   for (size_t a = 0; a < data.size();) {
@@ -198,14 +200,14 @@ absl::StatusOr<std::shared_ptr<const Dataset>> OpenTextLines(const TextFileOptio
     }
     a = b + 1;
   }
-  if (starts.empty()) return absl::DataLossError(absl::StrCat(o.path, ": no documents"));
+  if (starts.empty()) return absl::DataLossError(absl::StrCat(name, ": no documents"));
   Fnv1a h;
-  h.Mix(o.path.data(), o.path.size());
+  h.Mix(name.data(), name.size());
   const uint64_t size = data.size();
   h.Mix(&size, sizeof(size));
   h.Mix(&st.st_mtim, sizeof(st.st_mtim));
   return std::shared_ptr<const Dataset>(std::make_shared<TextLinesDataset>(
-      o.path, std::move(data), std::move(starts), std::move(ends), std::move(lines), h.value));
+      name, std::move(data), std::move(starts), std::move(ends), std::move(lines), h.value));
 }
 
 absl::StatusOr<std::shared_ptr<const Tokenizer>> LoadSentencePiece(const std::string& path) {

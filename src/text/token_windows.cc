@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "core/file_io.h"
 #include "core/fnv.h"
 #include "feedline/schema.h"
@@ -104,23 +105,25 @@ class TokenWindowTransform final : public SampleTransform {
 };
 
 // Maps a token file read-only; its size and modification time in *st.
+// `name` names it in messages.
 absl::StatusOr<std::shared_ptr<const Mapping>> MapTokenFile(const std::string& path,
+                                                            const std::string& name,
                                                             int64_t token_bytes, struct stat* st) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, path, "open");
+  if (fd < 0) return ErrnoStatus(errno, name, "open");
   if (::fstat(fd, st) != 0) {
     const int err = errno;
     ::close(fd);
-    return ErrnoStatus(err, path, "stat");
+    return ErrnoStatus(err, name, "stat");
   }
   const int64_t bytes = st->st_size;
   if (bytes % token_bytes != 0) {
     ::close(fd);
-    return absl::DataLossError(absl::StrCat(path, ": ", bytes, " bytes is not a whole number of ",
+    return absl::DataLossError(absl::StrCat(name, ": ", bytes, " bytes is not a whole number of ",
                                             token_bytes, "-byte tokens (wrong dtype?)"));
   }
   auto map = std::make_shared<Mapping>();
-  map->path = path;
+  map->path = name;
   if (bytes == 0) {
     ::close(fd);
     return std::shared_ptr<const Mapping>(std::move(map));
@@ -128,7 +131,7 @@ absl::StatusOr<std::shared_ptr<const Mapping>> MapTokenFile(const std::string& p
   void* p = mmap(nullptr, size_t(bytes), PROT_READ, MAP_SHARED, fd, 0);
   const int err = errno;
   ::close(fd);
-  if (p == MAP_FAILED) return ErrnoStatus(err, path, "mmap");
+  if (p == MAP_FAILED) return ErrnoStatus(err, name, "mmap");
   map->data = static_cast<const uint8_t*>(p);
   map->bytes = size_t(bytes);
   // Samples are read in a shuffled order: tell the kernel not to read ahead sequentially.
@@ -216,18 +219,19 @@ absl::StatusOr<TokenWindows> OpenTokenWindows(const TokenFileOptions& o) {
   if (o.vocab_size < 0) return absl::InvalidArgumentError("vocab_size: must be >= 0");
   const int64_t token_bytes = o.dtype == TokenDType::kUint16 ? 2 : 4;
   struct stat st {};
-  absl::StatusOr<std::shared_ptr<const Mapping>> map = MapTokenFile(o.path, token_bytes, &st);
+  const std::string& name = o.name.empty() ? o.path : o.name;
+  absl::StatusOr<std::shared_ptr<const Mapping>> map = MapTokenFile(o.path, name, token_bytes, &st);
   if (!map.ok()) return map.status();
   const int64_t bytes = st.st_size;
   const int64_t tokens = bytes / token_bytes;
   const int64_t window = o.seq_len + 1;
   if (tokens < window) {
-    return absl::DataLossError(absl::StrCat(o.path, ": ", tokens, " tokens, fewer than one window",
+    return absl::DataLossError(absl::StrCat(name, ": ", tokens, " tokens, fewer than one window",
                                             " of seq_len + 1 = ", window));
   }
-  // Identity: the path, size and modification time (a rewritten file is another data set).
+  // Identity: the name, size and modification time (a rewritten file is another data set).
   Fnv1a h;
-  h.Mix(o.path.data(), o.path.size());
+  h.Mix(name.data(), name.size());
   h.Mix(&bytes, sizeof(bytes));
   h.Mix(&st.st_mtim, sizeof(st.st_mtim));
   h.Mix(&o.seq_len, sizeof(o.seq_len));
@@ -244,15 +248,19 @@ absl::StatusOr<TokenDocuments> OpenTokenDocuments(const TokenDocumentOptions& o)
   if (o.index_path.empty()) return absl::InvalidArgumentError("index: a document index is needed");
   const int64_t token_bytes = o.dtype == TokenDType::kUint16 ? 2 : 4;
   struct stat st {};
-  absl::StatusOr<std::shared_ptr<const Mapping>> map = MapTokenFile(o.path, token_bytes, &st);
+  const std::string& name = o.name.empty() ? o.path : o.name;
+  const std::string& index_name = o.index_name.empty() ? o.index_path : o.index_name;
+  absl::StatusOr<std::shared_ptr<const Mapping>> map = MapTokenFile(o.path, name, token_bytes, &st);
   if (!map.ok()) return map.status();
   const uint64_t tokens = uint64_t(st.st_size / token_bytes);
   std::vector<uint8_t> raw;
-  if (absl::Status s = ReadWholeFile(o.index_path, int64_t{1} << 40, &raw); !s.ok()) return s;
+  if (absl::Status s = ReadWholeFile(o.index_path, int64_t{1} << 40, &raw); !s.ok()) {
+    return absl::Status(s.code(), absl::StrReplaceAll(s.message(), {{o.index_path, index_name}}));
+  }
   struct stat ist {};
-  if (::stat(o.index_path.c_str(), &ist) != 0) return ErrnoStatus(errno, o.index_path, "stat");
+  if (::stat(o.index_path.c_str(), &ist) != 0) return ErrnoStatus(errno, index_name, "stat");
   auto bad = [&](const std::string& why) {
-    return absl::DataLossError(absl::StrCat(o.index_path, ": not a document index of ", o.path,
+    return absl::DataLossError(absl::StrCat(index_name, ": not a document index of ", name,
                                             " (n + 1 uint64 token offsets): ", why));
   };
   if (raw.size() % 8 != 0) return bad(absl::StrCat(raw.size(), " bytes, not a multiple of 8"));
@@ -270,7 +278,7 @@ absl::StatusOr<TokenDocuments> OpenTokenDocuments(const TokenDocumentOptions& o)
     }
   }
   Fnv1a h;
-  h.Mix(o.path.data(), o.path.size());
+  h.Mix(name.data(), name.size());
   const int64_t bytes = st.st_size, index_bytes = ist.st_size;
   h.Mix(&bytes, sizeof(bytes));
   h.Mix(&st.st_mtim, sizeof(st.st_mtim));

@@ -305,3 +305,45 @@ def test_webdataset_shards_txt_and_json_members(corpus, tmp_path):
                                      batch_size=4, shuffle=False, return_index=True)
         got = _collect(loader)
         assert [got[i] for i in range(30)] == want
+
+
+def test_text_tokenizer_and_token_files_by_url(corpus, tmp_path, monkeypatch):
+    """The text file, the SentencePiece model and token files (+ document index) served by
+    nginx on loopback: downloaded once into the cache, the same ids as the local files; errors
+    name the URL."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "servers"))
+    import nginx
+    if nginx.NGINX is None:
+        pytest.skip("nginx missing (cmake/install-deps.sh)")
+    monkeypatch.setenv("FEEDLINE_CACHE_DIR", str(tmp_path / "cache"))
+    www = tmp_path / "www"
+    www.mkdir()
+    shutil.copy(corpus["txt"], www / "corpus.txt")
+    shutil.copy(corpus["model"], www / "m.model")
+    (www / "bad.txt").write_bytes(b"fine words\n\xff\xfe not utf-8\n")
+    ids = np.arange(5000, dtype=np.uint16) % 400
+    ids.tofile(www / "train.bin")
+    np.array([0, 1000, 2500, 5000], np.uint64).tofile(www / "train.idx")
+    kw = dict(batch_size=16, shuffle=False, return_index=True)
+    with nginx.serve(www, tmp_path / "nginx") as (base, _):
+        local = _collect(feedline.TextLoader(corpus["txt"], tokenizer=corpus["model"], **kw))
+        remote = _collect(feedline.TextLoader(base + "/corpus.txt", tokenizer=base + "/m.model",
+                                              **kw))
+        assert remote == local
+        with pytest.raises(feedline.DataError, match=rf"{base}/bad\.txt:2"):
+            list(feedline.TextLoader(base + "/bad.txt", tokenizer=corpus["model"], **kw))
+        with pytest.raises(FileNotFoundError, match=rf"{base}/nope\.txt: HTTP 404"):
+            feedline.TextLoader(base + "/nope.txt", tokenizer=corpus["model"], **kw)
+        windows = feedline.TokenLoader(base + "/train.bin", seq_len=99, batch_size=10,
+                                       shuffle=False)
+        got = torch.cat([b["input_ids"] for b in windows])
+        assert torch.equal(got, torch.from_numpy(ids[:5000].astype(np.int64)).view(50, 100)[:, :99])
+        with pytest.raises(feedline.DataError, match=rf"{base}/train\.bin: token"):
+            list(feedline.TokenLoader(base + "/train.bin", seq_len=99, batch_size=10,
+                                      vocab_size=100, shuffle=False))
+        packed = feedline.TokenLoader(base + "/train.bin", seq_len=128, batch_size=4,
+                                      index=base + "/train.idx", pack="concat", shuffle=False)
+        rows = torch.cat([b["input_ids"] for b in packed])
+        assert rows.flatten()[:5000].tolist() == ids.astype(np.int64).tolist()
