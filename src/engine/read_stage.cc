@@ -6,6 +6,7 @@
 #include <exception>
 #include <limits>
 #include <new>
+#include <unordered_set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -32,8 +33,9 @@ struct ReadStage::AsyncState {
   std::mutex mu;
   bool stopped = false;        // under mu; after it is set, callbacks touch nothing of the run
   ReadStage* stage = nullptr;  // valid while !stopped
-  std::atomic<int> in_flight{0};
-  WakeWord wake;  // a read ended, or the stage stopped
+  std::unordered_set<AsyncRead*> live;  // under mu: started, neither ended nor abandoned
+  std::atomic<int> in_flight{0};        // live reads
+  WakeWord wake;                        // a read ended or was abandoned, or the stage stopped
 };
 
 // One read in flight: the record it fills (the entry's buffers, swapped in) and where it goes.
@@ -42,7 +44,9 @@ struct ReadStage::AsyncRead {
   ReadItem* item = nullptr;
   int entry = 0;
   int64_t start_ns = 0;
-  int64_t before = 0;  // the entry's buffer capacity when the read started
+  int64_t before = 0;      // the entry's buffer capacity when the read started
+  bool abandoned = false;  // under state->mu: failed by the watchdog; the data set still owns
+                           // `record` until its callback runs
   Record record;
 };
 
@@ -118,6 +122,7 @@ void ReadStage::Resubmit(ReadItem* item) {
 }
 
 void ReadStage::AbandonStuckReads(int64_t older_than_ns, const char* why) {
+  if (async_state_ != nullptr) AbandonAsyncReads(older_than_ns, why);
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t id = 0; id <= readers_.size(); ++id) {
     const bool retry = id == readers_.size();  // the last one checked is the retry reader
@@ -296,6 +301,38 @@ bool ReadStage::ReadInto(ReadItem* item, ReaderState* state, TraceTrack* track) 
   return true;
 }
 
+void ReadStage::AbandonAsyncReads(int64_t older_than_ns, const char* why) {
+  AsyncState& st = *async_state_;
+  int abandoned = 0;
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    if (st.stopped) return;
+    for (auto it = st.live.begin(); it != st.live.end();) {
+      AsyncRead* read = *it;
+      if (read->start_ns > older_than_ns) {
+        ++it;
+        continue;
+      }
+      // The entry fails now; the record stays with the read (the data set may still write
+      // into it) and a fresh one takes its place.
+      read->abandoned = true;
+      it = st.live.erase(it);
+      ++abandoned;
+      ReadEntry& e = read->item->entries[size_t(read->entry)];
+      const double waited_ms = double(NowNs() - read->start_ns) * 1e-6;
+      e.record = Record();
+      e.status = absl::DeadlineExceededError(
+          absl::StrCat(core_->shared->dataset->Describe(e.sample), ": read did not complete in ",
+                       absl::StrFormat("%.0f", waited_ms), " ms (", why, ")"));
+      if (--read->item->pending == 0) queues_->ready.push(read->item);
+    }
+  }
+  if (abandoned > 0) {
+    st.in_flight.fetch_sub(abandoned, std::memory_order_acq_rel);
+    st.wake.WakeAll();
+  }
+}
+
 bool ReadStage::StartReads(ReadItem* item, TraceTrack* track) {
   LoaderShared& sh = *core_->shared;
   AsyncState& st = *async_state_;
@@ -333,6 +370,10 @@ bool ReadStage::StartReads(ReadItem* item, TraceTrack* track) {
       st.wake.Wait(gen);
     }
     if (core_->is_cancelled()) {
+      // The entries not started hold stale records: they fail, should anyone look.
+      for (int j = k; j < item->count; ++j) {
+        item->entries[size_t(j)].status = absl::CancelledError("the epoch was stopped");
+      }
       cancelled = true;
       break;
     }
@@ -342,12 +383,13 @@ bool ReadStage::StartReads(ReadItem* item, TraceTrack* track) {
     read->entry = k;
     read->before = Capacity(e.record);
     std::swap(read->record, e.record);
+    read->start_ns = NowNs();
     {
       std::lock_guard<std::mutex> lock(st.mu);
       ++item->pending;
+      st.live.insert(read);
     }
     st.in_flight.fetch_add(1, std::memory_order_acq_rel);
-    read->start_ns = NowNs();
     const int64_t sample = e.sample;  // the entry may be handed on before ReadAsync returns
     try {
       sh.dataset->ReadAsync(sample, &read->record,
@@ -368,6 +410,11 @@ void ReadStage::Complete(AsyncRead* read, absl::Status status) {
   std::shared_ptr<AsyncState> st = read->state;
   {
     std::lock_guard<std::mutex> lock(st->mu);
+    if (read->abandoned) {  // failed by the watchdog already (and no longer counted)
+      delete read;
+      return;
+    }
+    st->live.erase(read);
     if (!st->stopped) {
       ReadStage& stage = *st->stage;
       LoaderShared& sh = *stage.core_->shared;

@@ -8,8 +8,9 @@
 // Asynchronous data sets (Dataset::async_reads, e.g. HTTP/S3): one reader thread starts reads
 // with ReadAsync and goes on, keeping up to io_depth of them in flight; each read's callback
 // (on the data set's thread: the HTTP loop) puts the record in its entry and hands the chunk to
-// the map stage when its last read ends. Those reads end by their own deadlines; after Stop,
-// late callbacks touch nothing of the run (AsyncState::stopped).
+// the map stage when its last read ends. The watchdog fails such reads that outlive
+// `read_timeout_ms` too (their late callbacks are then ignored); after Stop, late callbacks
+// touch nothing of the run (AsyncState::stopped).
 //
 // Hung storage: each reader publishes what it is reading; the watchdog (the tuning loop's
 // thread) fails reads older than `read_timeout_ms` with kDeadlineExceeded, detaches the stuck
@@ -76,6 +77,8 @@ class ReadStage {
   // when cancelled meanwhile.
   bool StartReads(ReadItem* item, TraceTrack* track);
   static void Complete(AsyncRead* read, absl::Status status);
+  // The watchdog's part for asynchronous reads: fails those started before `older_than_ns`.
+  void AbandonAsyncReads(int64_t older_than_ns, const char* why);
 
   EpochCore* const core_;
   BatchRing* const ring_;
