@@ -661,14 +661,13 @@ PYBIND11_MODULE(_feedline, m) {
         {
           py::gil_scoped_release release;
           packed = [&]() -> absl::StatusOr<std::unique_ptr<feedline::text::PackedLoader>> {
-            absl::StatusOr<std::string> local = feedline::LocalCopy(t.path);
+            absl::StatusOr<std::vector<std::string>> local =
+                feedline::LocalCopies({t.path, t.index_path});
             if (!local.ok()) return local.status();
-            absl::StatusOr<std::string> local_index = feedline::LocalCopy(t.index_path);
-            if (!local_index.ok()) return local_index.status();
             t.name = t.path;
             t.index_name = t.index_path;
-            t.path = *local;
-            t.index_path = *local_index;
+            t.path = (*local)[0];
+            t.index_path = (*local)[1];
             auto docs = feedline::text::OpenTokenDocuments(t);
             if (!docs.ok()) return docs.status();
             auto loader = feedline::Loader::Create(docs->dataset, docs->transform, std::move(o));

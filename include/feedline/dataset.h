@@ -126,6 +126,10 @@ class DatasetWrapper : public Dataset {
 // tokenizer models. Errors name the URL (kNotFound for a 404, ...).
 absl::StatusOr<std::string> LocalCopy(const std::string& path_or_url,
                                       double read_timeout_ms = 60000);
+// The same for files opened together (a token file and its index): none of them is removed to
+// make room for another.
+absl::StatusOr<std::vector<std::string>> LocalCopies(const std::vector<std::string>& paths,
+                                                     double read_timeout_ms = 60000);
 
 // ---------------------------------------------------------------------------------------------
 // Files with labels: ImageFolder, list files, WebDataset shards.

@@ -180,28 +180,43 @@ absl::StatusOr<std::vector<ShardSource>> PrepareRemoteShards(const std::vector<s
   return out;
 }
 
-absl::StatusOr<std::string> LocalCopy(const std::string& path_or_url, double read_timeout_ms) {
-  if (!IsHttpUrl(path_or_url)) return path_or_url;
+absl::StatusOr<std::vector<std::string>> LocalCopies(const std::vector<std::string>& paths,
+                                                     double read_timeout_ms) {
+  std::vector<std::string> out = paths;
+  std::vector<std::string> in_use;
+  if (std::none_of(paths.begin(), paths.end(), IsHttpUrl)) return out;
   const std::string dir = ShardCacheDir();
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": ", ec.message()));
   const absl::StatusOr<int64_t> budget = Budget(dir);
   if (!budget.ok()) return budget.status();
-  const std::string local = CachePathFor(dir, path_or_url);
-  if (!Exists(local)) {
-    HttpOptions o;
-    o.timeout_s = 24 * 3600;  // a whole file; a stalled transfer fails after read_timeout
-    o.stall_s = read_timeout_ms > 0 ? read_timeout_ms / 1000 : 60;
-    o.max_bytes = int64_t{1} << 42;
-    if (IsS3Url(path_or_url)) o.s3 = std::make_shared<const S3Config>(LoadS3Config());
-    if (absl::Status s = HttpDownload(path_or_url, local, o); !s.ok()) return s;
+  int64_t needed = 0;
+  for (std::string& path : out) {
+    if (!IsHttpUrl(path)) continue;
+    const std::string url = path;
+    path = CachePathFor(dir, url);
+    if (!Exists(path)) {
+      HttpOptions o;
+      o.timeout_s = 24 * 3600;  // a whole file; a stalled transfer fails after read_timeout
+      o.stall_s = read_timeout_ms > 0 ? read_timeout_ms / 1000 : 60;
+      o.max_bytes = int64_t{1} << 42;
+      if (IsS3Url(url)) o.s3 = std::make_shared<const S3Config>(LoadS3Config());
+      if (absl::Status s = HttpDownload(url, path, o); !s.ok()) return s;
+    }
+    in_use.push_back(path);
+    needed += int64_t(std::filesystem::file_size(path, ec));
   }
-  // The copy in use is the most recent; if it alone is over the budget it still stays until
-  // the next data set is opened (an open or mapped file outlives its removal anyway).
-  HoldBudget(dir, {local},
-             std::max<int64_t>(*budget, int64_t(std::filesystem::file_size(local, ec))));
-  return local;
+  // The copies asked for are the most recent and stay, even past the budget (the caller is
+  // about to open them; an open or mapped file outlives a later removal anyway).
+  HoldBudget(dir, in_use, std::max(*budget, needed));
+  return out;
+}
+
+absl::StatusOr<std::string> LocalCopy(const std::string& path_or_url, double read_timeout_ms) {
+  absl::StatusOr<std::vector<std::string>> local = LocalCopies({path_or_url}, read_timeout_ms);
+  if (!local.ok()) return local.status();
+  return (*local)[0];
 }
 
 }  // namespace feedline

@@ -343,6 +343,9 @@ def test_text_tokenizer_and_token_files_by_url(corpus, tmp_path, monkeypatch):
         with pytest.raises(feedline.DataError, match=rf"{base}/train\.bin: token"):
             list(feedline.TokenLoader(base + "/train.bin", seq_len=99, batch_size=10,
                                       vocab_size=100, shuffle=False))
+        # A cache budget of 0 still keeps the two files opened together (token file + index).
+        monkeypatch.setenv("FEEDLINE_CACHE_DIR", str(tmp_path / "cache0"))
+        monkeypatch.setenv("FEEDLINE_SHARD_CACHE_BYTES", "0")
         packed = feedline.TokenLoader(base + "/train.bin", seq_len=128, batch_size=4,
                                       index=base + "/train.idx", pack="concat", shuffle=False)
         rows = torch.cat([b["input_ids"] for b in packed])

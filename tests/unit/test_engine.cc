@@ -699,7 +699,7 @@ class AsyncDocuments final : public feedline::Dataset {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
-      open_ = true;
+      limit_ = INT64_MAX;  // every read ends (the loader's callbacks run or are ignored)
     }
     cv_.notify_all();
     thread_.join();
@@ -720,15 +720,20 @@ class AsyncDocuments final : public feedline::Dataset {
     cv_.notify_all();
   }
   uint64_t Fingerprint() const override { return docs_.Fingerprint(); }
-  // Holds completions back (reads stay in flight) until Open.
+  // Completes at most `n` reads in all, then holds the rest back (they stay in flight) until
+  // Open.
+  void HoldAfter(int64_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    limit_ = n;
+  }
   void Hold() {
     std::lock_guard<std::mutex> lock(mu_);
-    open_ = false;
+    limit_ = completed_;
   }
   void Open() {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      open_ = true;
+      limit_ = INT64_MAX;
     }
     cv_.notify_all();
   }
@@ -749,14 +754,18 @@ class AsyncDocuments final : public feedline::Dataset {
   void Complete() {
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
-      cv_.wait(lock, [&] { return stop_ || (open_ && !queue_.empty()); });
-      if (queue_.empty() && stop_) return;
-      // Let a few reads gather, then finish them newest first.
+      cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && completed_ < limit_); });
+      if (stop_ && (queue_.empty() || completed_ >= limit_)) return;
+      // Let a few reads gather, then finish them out of order.
       lock.unlock();
       std::this_thread::sleep_for(std::chrono::microseconds(300));
       lock.lock();
-      std::vector<Pending> batch(queue_.rbegin(), queue_.rend());
-      queue_.clear();
+      // The oldest reads within the limit, finished in reverse order.
+      const size_t n = size_t(std::min<int64_t>(int64_t(queue_.size()), limit_ - completed_));
+      std::vector<Pending> batch(std::make_reverse_iterator(queue_.begin() + long(n)),
+                                 std::make_reverse_iterator(queue_.begin()));
+      queue_.erase(queue_.begin(), queue_.begin() + long(n));
+      completed_ += int64_t(n);
       lock.unlock();
       for (Pending& p : batch) {
         absl::Status s =
@@ -779,7 +788,8 @@ class AsyncDocuments final : public feedline::Dataset {
   mutable std::condition_variable cv_;
   mutable std::vector<Pending> queue_;
   mutable int in_flight_ = 0;
-  bool open_ = true;
+  int64_t completed_ = 0;
+  int64_t limit_ = INT64_MAX;
   bool stop_ = false;
   std::thread thread_;
 };
@@ -870,17 +880,17 @@ TEST_CASE("async data sets: a failed read reaches its batch; skip replaces it; c
 TEST_CASE("async data sets: reads that end after their loader is gone touch nothing", "[engine]") {
   auto transform = std::make_shared<DocTransform>();
   auto docs = std::make_shared<AsyncDocuments>(400);
+  docs->HoldAfter(8);  // the first batch's reads end; the ones after it stay in flight
   {
-    auto loader = Make(docs, transform, LoaderOptions().batch_size(8).io_depth(16).workers(2));
+    auto loader =
+        Make(docs, transform, LoaderOptions().batch_size(8).shuffle(false).io_depth(16).workers(2));
     auto epoch = loader->StartEpoch();
     REQUIRE(epoch->Next().ok());
-    docs->Hold();
-    // Let the reader fill the window of reads in flight, then drop epoch and loader.
-    for (int i = 0; i < 200 && docs->in_flight() < 16; ++i) {
+    for (int i = 0; i < 400 && docs->in_flight() == 0; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    CHECK(docs->in_flight() > 0);
-  }
+    REQUIRE(docs->in_flight() > 0);
+  }              // epoch and loader gone with reads in flight
   docs->Open();  // the late callbacks run now (ASan / TSan builds watch them)
   for (int i = 0; i < 400 && docs->in_flight() > 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
