@@ -219,6 +219,9 @@ using LoaderHolder = std::unique_ptr<feedline::Loader, ReleaseGilDeleter>;
     case absl::StatusCode::kPermissionDenied:
       PyErr_SetString(PyExc_PermissionError, msg.c_str());
       throw py::error_already_set();
+    case absl::StatusCode::kUnavailable:  // storage unreachable: refused, reset, TLS, 5xx
+      PyErr_SetString(PyExc_ConnectionError, msg.c_str());
+      throw py::error_already_set();
     default:
       throw std::runtime_error(msg);
   }

@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <string_view>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -231,7 +232,7 @@ namespace {
 // One fetch in progress: its request, its attempts, and what to call when it ends. Created by
 // StartFetch, driven by the loop's callbacks (OnDone, the retry timer), freed by Finish.
 struct FetchOp {
-  std::string url, shown, target, range, sigv4;
+  std::string url, shown, target, range, sigv4, ca_bundle;
   int64_t offset = 0, length = 0;
   HttpOptions o;
   std::shared_ptr<const S3Config> s3;
@@ -294,6 +295,7 @@ void Attempt(FetchOp* op) {
       curl_easy_setopt(curl, CURLOPT_PASSWORD, op->s3->secret_key.c_str());
     }
   }
+  if (!op->ca_bundle.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, op->ca_bundle.c_str());
   curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 1L);
   curl_easy_setopt(curl, CURLOPT_MAXREDIRS, 5L);
@@ -427,6 +429,16 @@ void StartFetch(const std::string& url, int64_t offset, int64_t length, const Ht
   op->curl = HttpMulti::Get().TakeEasy();
   if (op->curl == nullptr) {
     return Finish(op, absl::InternalError(absl::StrCat(op->shown, ": curl_easy_init failed")));
+  }
+  // A private CA (an in-house object store): the bundle named by the conventions of curl's
+  // tool and Python's requests (CURL_CA_BUNDLE), OpenSSL (SSL_CERT_FILE) or, for S3, the AWS
+  // SDKs (AWS_CA_BUNDLE); else the system's.
+  for (const char* var : {"AWS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE"}) {
+    if (op->s3 == nullptr && std::string_view(var) == "AWS_CA_BUNDLE") continue;
+    if (const char* v = std::getenv(var); v != nullptr && *v != '\0') {
+      op->ca_bundle = v;
+      break;
+    }
   }
   op->timeout_s = o.timeout_s > 0 ? o.timeout_s : 60.0;
   op->deadline = Clock::now() + std::chrono::microseconds(int64_t(op->timeout_s * 1e6));

@@ -12,6 +12,10 @@
 // The error of the last attempt is reported, with the attempt count. URLs in messages have
 // their user information and query string removed (credentials and signatures never appear).
 //
+// HTTPS: certificates are verified against the system's CA bundle, or the one named by
+// CURL_CA_BUNDLE or SSL_CERT_FILE (AWS_CA_BUNDLE first for s3://): a failed verification is a
+// DataError naming the URL, never retried.
+//
 // Thread safety: Fetch may be called from any number of threads at once.
 #ifndef FEEDLINE_SRC_IO_HTTP_H_
 #define FEEDLINE_SRC_IO_HTTP_H_

@@ -194,6 +194,24 @@ def test_bytes_cache_fetches_each_url_once(served):
     assert loader.stats()["remote"]["requests"] == requests
 
 
+def test_https_with_a_private_ca(served, tmp_path, monkeypatch):
+    """HTTPS from nginx with a self-signed certificate: refused (clearly, at once) until its CA
+    is named by CURL_CA_BUNDLE, then the local pixels."""
+    cert, key = nginx.self_signed_cert(tmp_path / "tls")
+    for var in ("CURL_CA_BUNDLE", "SSL_CERT_FILE", "AWS_CA_BUNDLE"):
+        monkeypatch.delenv(var, raising=False)
+    with nginx.serve(served["root"], tmp_path / "nginx", tls=(cert, key)) as (base, _):
+        assert base.startswith("https://")
+        t0 = time.time()
+        with pytest.raises(ConnectionError, match=rf"{base}/list.txt: .*certificate"):
+            feedline.ImageLoader(base + "/list.txt", **KW)
+        assert time.time() - t0 < 5  # not retried
+        monkeypatch.setenv("CURL_CA_BUNDLE", cert)
+        local = _epoch(feedline.ImageLoader(served["local"], **KW))
+        for a, b in zip(local, _epoch(feedline.ImageLoader(base + "/list.txt", **KW))):
+            assert torch.equal(a, b)
+
+
 def test_missing_and_forbidden_urls_are_data_errors(served, tmp_path):
     lst = tmp_path / "l.txt"
     good = f"{served['base']}/{served['entries'][0][0]}"

@@ -37,10 +37,23 @@ def wait_for(port, timeout=10.0):
             time.sleep(0.05)
 
 
+def self_signed_cert(work):
+    """A certificate for 127.0.0.1 and its key (openssl, made in `work`): (cert, key) paths. The
+    certificate is its own CA: trust it with CURL_CA_BUNDLE / SSL_CERT_FILE."""
+    work = str(work)
+    os.makedirs(work, exist_ok=True)
+    cert, key = os.path.join(work, "cert.pem"), os.path.join(work, "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+                    "-out", cert, "-days", "2", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    return cert, key
+
+
 @contextlib.contextmanager
-def serve(root, work, latency_ms=0.0, locations="", worker_processes=1):
+def serve(root, work, latency_ms=0.0, locations="", worker_processes=1, tls=None):
     """Starts nginx serving `root`; yields (base URL, master pid); stops it on exit. `work` is a
-    folder for its configuration, pid file, log and temporary files."""
+    folder for its configuration, pid file, log and temporary files. `tls`: (cert, key) paths
+    to serve HTTPS instead."""
     if NGINX is None:
         raise RuntimeError("nginx missing (cmake/install-deps.sh installs nginx-light)")
     work = str(work)
@@ -55,6 +68,8 @@ def serve(root, work, latency_ms=0.0, locations="", worker_processes=1):
         root_location = (f"location / {{ echo_sleep {latency_ms / 1000:.3f}; echo_exec @file; }}\n"
                          "    location @file { }\n")
     user = "user root;\n" if os.geteuid() == 0 else ""
+    listen_tls = f" ssl;\n    ssl_certificate {tls[0]};\n    ssl_certificate_key {tls[1]}" \
+        if tls else ""
     conf = os.path.join(work, "nginx.conf")
     with open(conf, "w") as f:
         f.write(f"""{module}{user}daemon off;
@@ -72,7 +87,7 @@ http {{
   uwsgi_temp_path {work}/tmp;
   scgi_temp_path {work}/tmp;
   server {{
-    listen 127.0.0.1:{port};
+    listen 127.0.0.1:{port}{listen_tls};
     root {root};
     {locations}
     {root_location}
@@ -82,7 +97,7 @@ http {{
     proc = subprocess.Popen([NGINX, "-c", conf, "-p", work], stderr=subprocess.PIPE)
     try:
         wait_for(port)
-        yield f"http://127.0.0.1:{port}", proc.pid
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{port}", proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=10)
