@@ -5,12 +5,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -25,7 +25,6 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "core/file_io.h"
-#include "core/fnv.h"
 #include "io/http_multi.h"
 #include "io/list_file.h"
 
@@ -482,7 +481,10 @@ void HttpFetchAsync(const std::string& url, int64_t offset, int64_t length, cons
 
 absl::Status HttpDownload(const std::string& url, const std::string& path, const HttpOptions& o,
                           HttpCounters* counters) {
-  const std::string part = path + ".part";
+  // A name of its own (processes of other ranks, or other loaders, may fetch the same file at
+  // once); the complete file is renamed into place.
+  static std::atomic<uint64_t> serial{0};
+  const std::string part = absl::StrCat(path, ".", ::getpid(), "-", serial++, ".part");
   const int fd = ::open(part.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoStatus(errno, part, "create");
   std::vector<uint8_t> unused;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -296,8 +297,9 @@ absl::Status WriteTarCatalog(const std::string& shard, const std::string& shown,
     absl::StrAppend(&out, m.offset, " ", m.size, " ", m.name.size(), " ",
                     it == cls.end() ? -1 : int64_t(text.size()), "\n", m.name, text, "\n");
   }
-  // Written whole, then renamed: a reader never sees half a catalog.
-  const std::string part = catalog + ".part";
+  // Written whole under a name of its own, then renamed: a reader never sees half a catalog.
+  static std::atomic<uint64_t> serial{0};
+  const std::string part = absl::StrCat(catalog, ".", ::getpid(), "-", serial++, ".part");
   {
     std::FILE* f = std::fopen(part.c_str(), "wb");
     if (f == nullptr)
