@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
@@ -108,9 +109,18 @@ void HoldBudget(const std::string& dir, const std::vector<std::string>& in_use, 
   std::error_code ec;
   std::vector<std::pair<std::filesystem::file_time_type, std::filesystem::path>> files;
   int64_t total = 0;
+  const auto stale = std::filesystem::file_time_type::clock::now() - std::chrono::hours(24);
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     std::error_code e2;
-    if (!e.is_regular_file(e2) || !IsShardFile(e.path())) continue;
+    if (!e.is_regular_file(e2)) continue;
+    if (!IsShardFile(e.path())) {
+      // A download left by a process that died a day ago: nobody finishes it.
+      if (absl::EndsWith(e.path().filename().string(), ".part") &&
+          e.last_write_time(e2) < stale) {
+        std::filesystem::remove(e.path(), e2);
+      }
+      continue;
+    }
     total += int64_t(e.file_size(e2));
     files.emplace_back(e.last_write_time(e2), e.path());
   }

@@ -13,8 +13,9 @@
 // of 0 nothing but catalogs is kept. Whole local copies are read at local-disk speed; range
 // reads cost a request per sample (the loader keeps io_depth of them in flight).
 //
-// Not checked: whether a remote shard changed since it was cached (remove the folder to
-// refetch).
+// Downloads are written under names of their own ("<file>.<pid>-<n>.part") and renamed when
+// complete; ones left by a process that died are removed after a day. Not checked: whether a
+// remote shard changed since it was cached (remove the folder to refetch).
 #ifndef FEEDLINE_SRC_IO_SHARD_CACHE_H_
 #define FEEDLINE_SRC_IO_SHARD_CACHE_H_
 
