@@ -81,6 +81,7 @@ http {{
   access_log off;
   sendfile on;
   keepalive_requests 100000;
+  open_file_cache max=10000 inactive=60s;
   client_body_temp_path {work}/tmp;
   proxy_temp_path {work}/tmp;
   fastcgi_temp_path {work}/tmp;
