@@ -212,6 +212,31 @@ def test_https_with_a_private_ca(served, tmp_path, monkeypatch):
             assert torch.equal(a, b)
 
 
+def test_a_forked_child_reads_urls_with_its_own_http_loop(served):
+    """The HTTP event loop is per process: a child forked after the parent read URLs (its loop
+    thread running) makes its own, and reads every sample."""
+    n = len(_epoch(feedline.ImageLoader(served["base"] + "/list.txt", **KW))[2])
+    pid = os.fork()
+    if pid == 0:  # the child: exit code 0 when it read every sample
+        code = 1
+        try:
+            got = _epoch(feedline.ImageLoader(served["base"] + "/list.txt", **KW))
+            code = 0 if len(got[2]) == n else 2
+        finally:
+            os._exit(code)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung reading URLs")
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
 def test_missing_and_forbidden_urls_are_data_errors(served, tmp_path):
     lst = tmp_path / "l.txt"
     good = f"{served['base']}/{served['entries'][0][0]}"
