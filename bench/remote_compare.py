@@ -108,9 +108,9 @@ def main():
         if args.shards > 0 else None
     saved_env = {k: os.environ.get(k) for k in ("FEEDLINE_CACHE_DIR", "FEEDLINE_SHARD_CACHE_BYTES")}
     try:
-        with nginx.serve(www, os.path.join(work, "plain")) as (base, master), \
-                nginx.serve(www, os.path.join(work, "slow"), latency_ms=args.latency_ms) as (
-                    slow_base, slow_master):
+        with nginx.serve(www, os.path.join(work, "plain"), file_cache=True) as (base, master), \
+                nginx.serve(www, os.path.join(work, "slow"), latency_ms=args.latency_ms,
+                            file_cache=True) as (slow_base, slow_master):
             lists = {}
             for name, url in (("plain", base), ("slow", slow_base)):
                 lists[name] = os.path.join(work, f"{name}-urls.txt")

@@ -239,6 +239,7 @@ struct FetchOp {
   int fd = -1;
   HttpCounters* counters = nullptr;
   std::shared_ptr<HttpCounters> counters_owner;  // async fetches keep their counters alive
+  std::string* etag = nullptr;                   // receives the response's ETag when given
   std::function<void(absl::Status)> done;
 
   CURL* curl = nullptr;
@@ -256,6 +257,16 @@ struct FetchOp {
     if (curl != nullptr) HttpMulti::Get().GiveEasy(curl);
   }
 };
+
+// Response headers: keeps the ETag (of the last response: redirects and retries overwrite it).
+size_t Header(char* data, size_t size, size_t n, void* user) {
+  auto* etag = static_cast<std::string*>(user);
+  const absl::string_view line(data, size * n);
+  if (line.size() > 5 && absl::EqualsIgnoreCase(line.substr(0, 5), "etag:")) {
+    *etag = std::string(absl::StripAsciiWhitespace(line.substr(5)));
+  }
+  return size * n;
+}
 
 void Finish(FetchOp* op, absl::Status status) {
   std::function<void(absl::Status)> done = std::move(op->done);
@@ -285,8 +296,13 @@ void Attempt(FetchOp* op) {
   CURL* curl = op->curl;
   curl_easy_reset(curl);
   curl_easy_setopt(curl, CURLOPT_URL, op->target.c_str());
+  if (op->headers != nullptr) curl_easy_setopt(curl, CURLOPT_HTTPHEADER, op->headers);
+  if (op->etag != nullptr) {
+    op->etag->clear();
+    curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, &Header);
+    curl_easy_setopt(curl, CURLOPT_HEADERDATA, op->etag);
+  }
   if (op->s3 != nullptr) {
-    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, op->headers);
     if (!op->s3->access_key.empty()) {
       op->sigv4 = absl::StrCat("aws:amz:", op->s3->region, ":s3");
       curl_easy_setopt(curl, CURLOPT_AWS_SIGV4, op->sigv4.c_str());
@@ -367,6 +383,10 @@ void OnDone(FetchOp* op, CURLcode rc) {
     return Finish(op, absl::OkStatus());
   } else if (status == 404 || status == 410) {
     return Finish(op, absl::NotFoundError(absl::StrCat(shown, ": HTTP ", status, " (not found)")));
+  } else if (status == 412 && !op->o.if_match.empty()) {
+    return Finish(op, absl::DataLossError(absl::StrCat(
+                          shown, ": HTTP 412: the object changed since it was catalogued (ETag ",
+                          op->o.if_match, ")")));
   } else if (status == 401 || status == 403) {
     // S3 says why in its error document (InvalidAccessKeyId, SignatureDoesNotMatch, ...).
     const std::vector<std::string> code =
@@ -398,9 +418,11 @@ void OnDone(FetchOp* op, CURLcode rc) {
 void StartFetch(const std::string& url, int64_t offset, int64_t length, const HttpOptions& o,
                 std::vector<uint8_t>* out, int fd, HttpCounters* counters,
                 std::function<void(absl::Status)> done,
-                std::shared_ptr<HttpCounters> counters_owner = nullptr) {
+                std::shared_ptr<HttpCounters> counters_owner = nullptr,
+                std::string* etag = nullptr) {
   auto* op = new FetchOp;
   op->counters_owner = std::move(counters_owner);
+  op->etag = etag;
   op->url = url;
   op->shown = RedactUrl(url);
   op->target = url;
@@ -424,6 +446,9 @@ void StartFetch(const std::string& url, int64_t offset, int64_t length, const Ht
           op->headers, absl::StrCat("x-amz-security-token: ", op->s3->session_token).c_str());
     }
   }
+  if (!o.if_match.empty()) {
+    op->headers = curl_slist_append(op->headers, absl::StrCat("If-Match: ", o.if_match).c_str());
+  }
   GlobalInit();
   op->curl = HttpMulti::Get().TakeEasy();
   if (op->curl == nullptr) {
@@ -446,7 +471,8 @@ void StartFetch(const std::string& url, int64_t offset, int64_t length, const Ht
 
 // StartFetch, waited for.
 absl::Status Fetch(const std::string& url, int64_t offset, int64_t length, const HttpOptions& o,
-                   std::vector<uint8_t>* out, int fd, HttpCounters* counters) {
+                   std::vector<uint8_t>* out, int fd, HttpCounters* counters,
+                   std::string* etag = nullptr) {
   struct Wait {
     std::mutex mu;
     std::condition_variable cv;
@@ -454,12 +480,15 @@ absl::Status Fetch(const std::string& url, int64_t offset, int64_t length, const
     absl::Status status;
   };
   auto wait = std::make_shared<Wait>();
-  StartFetch(url, offset, length, o, out, fd, counters, [wait](absl::Status s) {
-    std::lock_guard<std::mutex> lock(wait->mu);
-    wait->status = std::move(s);
-    wait->done = true;
-    wait->cv.notify_one();
-  });
+  StartFetch(
+      url, offset, length, o, out, fd, counters,
+      [wait](absl::Status s) {
+        std::lock_guard<std::mutex> lock(wait->mu);
+        wait->status = std::move(s);
+        wait->done = true;
+        wait->cv.notify_one();
+      },
+      nullptr, etag);
   std::unique_lock<std::mutex> lock(wait->mu);
   wait->cv.wait(lock, [&] { return wait->done; });
   return wait->status;
@@ -480,7 +509,7 @@ void HttpFetchAsync(const std::string& url, int64_t offset, int64_t length, cons
 }
 
 absl::Status HttpDownload(const std::string& url, const std::string& path, const HttpOptions& o,
-                          HttpCounters* counters) {
+                          HttpCounters* counters, std::string* etag) {
   // A name of its own (processes of other ranks, or other loaders, may fetch the same file at
   // once); the complete file is renamed into place.
   static std::atomic<uint64_t> serial{0};
@@ -488,7 +517,7 @@ absl::Status HttpDownload(const std::string& url, const std::string& path, const
   const int fd = ::open(part.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoStatus(errno, part, "create");
   std::vector<uint8_t> unused;
-  absl::Status s = Fetch(url, 0, 0, o, &unused, fd, counters);
+  absl::Status s = Fetch(url, 0, 0, o, &unused, fd, counters, etag);
   if (::close(fd) != 0 && s.ok()) s = ErrnoStatus(errno, part, "close");
   if (s.ok() && ::rename(part.c_str(), path.c_str()) != 0) s = ErrnoStatus(errno, path, "rename");
   if (!s.ok()) ::unlink(part.c_str());

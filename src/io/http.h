@@ -68,6 +68,9 @@ struct HttpOptions {
   int max_attempts = 6;
   double stall_s = 0;  // > 0: a transfer without a byte for this long fails
   int64_t max_bytes = int64_t{1} << 30;
+  // Non-empty: the object must still have this ETag (an If-Match request); if it changed, the
+  // read is kDataLoss (HTTP 412), never retried.
+  std::string if_match;
 };
 
 // What the client did, for stats (the data set's counters).
@@ -104,10 +107,12 @@ absl::StatusOr<S3Listing> S3List(const std::string& bucket, const std::string& p
 // folder, then by name). Errors: kNotFound (no class prefix, or a class without images).
 absl::StatusOr<FileList> ScanS3ImageFolder(const std::string& url, const HttpOptions& options);
 
-// Downloads `url` into the file `path` (written as path + ".part", renamed when complete), with
-// HttpFetch's retries.
+// Downloads `url` into the file `path` (written under a name of its own, renamed when
+// complete), with HttpFetch's retries; `etag`, when given, receives the object's ETag (empty if
+// the server sent none).
 absl::Status HttpDownload(const std::string& url, const std::string& path,
-                          const HttpOptions& options, HttpCounters* counters = nullptr);
+                          const HttpOptions& options, HttpCounters* counters = nullptr,
+                          std::string* etag = nullptr);
 
 // Local files and URLs in one list: each sample's path is read from disk or fetched.
 class RemoteFileDataset final : public FileDataset {

@@ -115,8 +115,7 @@ void HoldBudget(const std::string& dir, const std::vector<std::string>& in_use, 
     if (!e.is_regular_file(e2)) continue;
     if (!IsShardFile(e.path())) {
       // A download left by a process that died a day ago: nobody finishes it.
-      if (absl::EndsWith(e.path().filename().string(), ".part") &&
-          e.last_write_time(e2) < stale) {
+      if (absl::EndsWith(e.path().filename().string(), ".part") && e.last_write_time(e2) < stale) {
         std::filesystem::remove(e.path(), e2);
       }
       continue;
@@ -162,8 +161,10 @@ absl::StatusOr<std::vector<ShardSource>> PrepareRemoteShards(const std::vector<s
     threads.emplace_back([&] {
       for (size_t k; (k = next.fetch_add(1)) < fetch.size();) {
         const ShardSource& s = out[fetch[k]];
-        absl::Status st = Exists(s.path) ? absl::OkStatus() : HttpDownload(s.url, s.path, o);
-        if (st.ok()) st = WriteTarCatalog(s.path, s.shown, s.catalog);
+        std::string etag;  // unknown for a file already there (downloaded before catalogs)
+        absl::Status st =
+            Exists(s.path) ? absl::OkStatus() : HttpDownload(s.url, s.path, o, nullptr, &etag);
+        if (st.ok()) st = WriteTarCatalog(s.path, s.shown, s.catalog, etag);
         if (!st.ok()) {
           // Name the URL, not the cache file.
           std::string message(st.message());

@@ -14,8 +14,10 @@
 // reads cost a request per sample (the loader keeps io_depth of them in flight).
 //
 // Downloads are written under names of their own ("<file>.<pid>-<n>.part") and renamed when
-// complete; ones left by a process that died are removed after a day. Not checked: whether a
-// remote shard changed since it was cached (remove the folder to refetch).
+// complete; ones left by a process that died are removed after a day. A catalog keeps the
+// object's ETag: range reads ask for that version (If-Match), so a shard rewritten on the server
+// since is a DataError naming it (HTTP 412), never bytes read at stale offsets. A whole cached
+// copy is a snapshot: not compared with the server again (remove the folder to refetch).
 #ifndef FEEDLINE_SRC_IO_SHARD_CACHE_H_
 #define FEEDLINE_SRC_IO_SHARD_CACHE_H_
 

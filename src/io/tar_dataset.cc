@@ -274,12 +274,15 @@ absl::Status ReadClsTexts(int fd, const std::vector<TarMember>& members, const s
   return absl::OkStatus();
 }
 
-constexpr absl::string_view kCatalogMagic = "feedline-tar-catalog 1\n";
+// Version 2 adds the object's ETag (line 2: "etag <value>", empty when unknown); version 1
+// catalogs (no ETag) are still read.
+constexpr absl::string_view kCatalogMagic = "feedline-tar-catalog 2\n";
+constexpr absl::string_view kCatalogMagicV1 = "feedline-tar-catalog 1\n";
 
 }  // namespace
 
 absl::Status WriteTarCatalog(const std::string& shard, const std::string& shown,
-                             const std::string& catalog) {
+                             const std::string& catalog, const std::string& etag) {
   absl::StatusOr<std::vector<TarMember>> members = IndexTar(shard);
   if (!members.ok()) return members.status();
   const int fd = ::open(shard.c_str(), O_RDONLY | O_CLOEXEC);
@@ -289,7 +292,7 @@ absl::Status WriteTarCatalog(const std::string& shard, const std::string& shown,
   ::close(fd);
   if (!st.ok()) return st;
   std::string out(kCatalogMagic);
-  absl::StrAppend(&out, members->size(), "\n");
+  absl::StrAppend(&out, "etag ", etag, "\n", members->size(), "\n");
   for (size_t i = 0; i < members->size(); ++i) {
     const TarMember& m = (*members)[i];
     auto it = cls.find(i);
@@ -320,7 +323,7 @@ absl::Status WriteTarCatalog(const std::string& shard, const std::string& shown,
 namespace {
 
 absl::Status ReadTarCatalog(const std::string& catalog, std::vector<TarMember>* members,
-                            ClsText* cls) {
+                            ClsText* cls, std::string* etag) {
   std::vector<uint8_t> raw;
   if (absl::Status s = ReadWholeFile(catalog, int64_t{1} << 32, &raw); !s.ok()) return s;
   const absl::string_view all(reinterpret_cast<const char*>(raw.data()), raw.size());
@@ -328,7 +331,8 @@ absl::Status ReadTarCatalog(const std::string& catalog, std::vector<TarMember>* 
     return absl::DataLossError(absl::StrCat(catalog, ": damaged shard catalog (", why,
                                             "); remove it to index the shard again"));
   };
-  if (!absl::StartsWith(all, kCatalogMagic)) return bad("no header");
+  const bool v1 = absl::StartsWith(all, kCatalogMagicV1);
+  if (!v1 && !absl::StartsWith(all, kCatalogMagic)) return bad("no header");
   size_t pos = kCatalogMagic.size();
   auto line = [&](absl::string_view* out) {
     const size_t nl = all.find('\n', pos);
@@ -338,6 +342,11 @@ absl::Status ReadTarCatalog(const std::string& catalog, std::vector<TarMember>* 
     return true;
   };
   absl::string_view l;
+  etag->clear();
+  if (!v1) {
+    if (!line(&l) || !absl::StartsWith(l, "etag ")) return bad("no etag line");
+    *etag = std::string(l.substr(5));
+  }
   int64_t n = 0;
   if (!line(&l) || !absl::SimpleAtoi(l, &n) || n < 0) return bad("no member count");
   members->clear();
@@ -386,6 +395,7 @@ absl::StatusOr<std::shared_ptr<TarDataset>> TarDataset::Open(const std::vector<S
   files.kind = FileList::Kind::kShards;
   files.source = source.empty() && !shards.empty() ? shards.front().shown : source;
   std::vector<int> fds;
+  std::vector<HttpOptions> shard_http;
   std::vector<Entry> entries;
   auto close_all = [&fds] {
     for (int fd : fds) {
@@ -397,6 +407,7 @@ absl::StatusOr<std::shared_ptr<TarDataset>> TarDataset::Open(const std::vector<S
     const std::string& name = src.shown;
     std::vector<TarMember> members;
     ClsText cls;
+    std::string etag;
     int fd = -1;
     if (!src.path.empty()) {  // a file on disk: indexed here
       absl::StatusOr<std::vector<TarMember>> m = IndexTar(src.path);
@@ -415,11 +426,13 @@ absl::StatusOr<std::shared_ptr<TarDataset>> TarDataset::Open(const std::vector<S
         close_all();
         return st;
       }
-    } else if (absl::Status st = ReadTarCatalog(src.catalog, &members, &cls); !st.ok()) {
+    } else if (absl::Status st = ReadTarCatalog(src.catalog, &members, &cls, &etag); !st.ok()) {
       close_all();  // a remote shard read by range: its catalog
       return st;
     }
     fds.push_back(fd);
+    shard_http.push_back(http);
+    shard_http.back().if_match = etag;  // range reads fail clearly if the object changed
     // Group by key, in order of first appearance.
     struct Group {
       std::vector<size_t> members;
@@ -483,7 +496,7 @@ absl::StatusOr<std::shared_ptr<TarDataset>> TarDataset::Open(const std::vector<S
   }
   d->fds_ = std::move(fds);
   d->entries_ = std::move(entries);
-  d->http_ = http;
+  d->http_ = std::move(shard_http);
   return d;
 }
 
@@ -544,8 +557,8 @@ absl::Status TarDataset::Read(int64_t index, Record* record) const {
     record->members.clear();
     std::vector<uint8_t> members_span;
     std::vector<uint8_t>& span = mode_ == Mode::kImages ? record->bytes : members_span;
-    absl::Status st = HttpFetch(urls_[size_t(e.shard)], lo, std::max<int64_t>(hi - lo, 1), http_,
-                                &span, counters_.get());
+    absl::Status st = HttpFetch(urls_[size_t(e.shard)], lo, std::max<int64_t>(hi - lo, 1),
+                                http_[size_t(e.shard)], &span, counters_.get());
     if (!st.ok()) return st;
     if (hi == lo) span.clear();
     Slice(mode_, e, lo, span, record);
@@ -588,13 +601,13 @@ void TarDataset::ReadAsync(int64_t index, Record* record,
     return done(absl::OkStatus());
   }
   if (mode_ == Mode::kImages) {  // straight into the record
-    return HttpFetchAsync(urls_[size_t(e.shard)], lo, hi - lo, http_, &record->bytes, counters_,
-                          std::move(done));
+    return HttpFetchAsync(urls_[size_t(e.shard)], lo, hi - lo, http_[size_t(e.shard)],
+                          &record->bytes, counters_, std::move(done));
   }
   // The callback may run after this data set is gone (a loader stopped mid-read): it keeps
   // what it needs.
   auto span = std::make_shared<std::vector<uint8_t>>();
-  HttpFetchAsync(urls_[size_t(e.shard)], lo, hi - lo, http_, span.get(), counters_,
+  HttpFetchAsync(urls_[size_t(e.shard)], lo, hi - lo, http_[size_t(e.shard)], span.get(), counters_,
                  [mode = mode_, e, lo = lo, span, record, done = std::move(done)](absl::Status st) {
                    if (st.ok()) Slice(mode, e, lo, *span, record);
                    done(std::move(st));

@@ -55,10 +55,12 @@ struct ShardSource {
   std::string shown;    // names the shard in samples and messages (the URL of a remote one)
 };
 
-// Indexes the tar file `shard` and writes its catalog (members and .cls labels) to `catalog`
-// (whole or not at all). `shown` names the shard in errors.
+// Indexes the tar file `shard` and writes its catalog (members, .cls labels and the object's
+// `etag`, when known) to `catalog` (whole or not at all). `shown` names the shard in errors.
+// Range reads from a catalog with an ETag ask for that version of the object (If-Match): a
+// shard changed on the server since is a DataError naming it, not garbage samples.
 absl::Status WriteTarCatalog(const std::string& shard, const std::string& shown,
-                             const std::string& catalog);
+                             const std::string& catalog, const std::string& etag = "");
 
 class TarDataset final : public FileDataset {
  public:
@@ -108,7 +110,7 @@ class TarDataset final : public FileDataset {
   std::vector<int> fds_;             // per shard: -1 when read by range
   std::vector<Entry> entries_;
   bool any_remote_ = false;
-  HttpOptions http_;
+  std::vector<HttpOptions> http_;  // per shard (the If-Match ETag of one read by range)
   std::shared_ptr<HttpCounters> counters_ = std::make_shared<HttpCounters>();
 };
 

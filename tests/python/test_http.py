@@ -106,14 +106,14 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             return
         up = http.client.HTTPConnection("127.0.0.1", srv.upstream_port, timeout=10)
-        headers = {k: v for k, v in self.headers.items() if k.lower() in ("range",)}
+        headers = {k: v for k, v in self.headers.items() if k.lower() in ("range", "if-match")}
         up.request("GET", self.path, headers=headers)
         r = up.getresponse()
         body = r.read()
         up.close()
         self.send_response(r.status)
         for k, v in r.getheaders():
-            if k.lower() in ("content-type", "content-range", "accept-ranges"):
+            if k.lower() in ("content-type", "content-range", "accept-ranges", "etag"):
                 self.send_header(k, v)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -349,6 +349,18 @@ def test_shards_past_the_cache_budget_are_read_by_range(served, proxy, tmp_path,
     again = feedline.ImageLoader(url, **dict(kw, shuffle=False))
     _epoch(again)
     assert p.requests - before == again.stats()["remote"]["requests"] == len(served["entries"])
+    # A shard rewritten on the server since it was catalogued: its range reads ask for the
+    # catalogued version (If-Match) and fail clearly, never return bytes at stale offsets.
+    shard = served["root"] / "shards" / "train-001.tar"
+    original = shard.read_bytes()
+    try:
+        shard.write_bytes(original[512:] + original[:512])  # same size, other bytes
+        os.utime(shard, (time.time() + 5, time.time() + 5))  # another ETag for nginx
+        with pytest.raises(feedline.DataError, match=r"train-001\.tar: HTTP 412: the object "
+                                                     r"changed since it was catalogued"):
+            _epoch(feedline.ImageLoader(url, **dict(kw, shuffle=False)))
+    finally:
+        shard.write_bytes(original)
     # A budget for one shard keeps one (the least recently used ones go).
     one = os.path.getsize(served["root"] / "shards" / "train-000.tar")
     monkeypatch.setenv("FEEDLINE_SHARD_CACHE_BYTES", str(int(one * 1.5)))

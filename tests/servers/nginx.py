@@ -50,10 +50,13 @@ def self_signed_cert(work):
 
 
 @contextlib.contextmanager
-def serve(root, work, latency_ms=0.0, locations="", worker_processes=1, tls=None):
+def serve(root, work, latency_ms=0.0, locations="", worker_processes=1, tls=None,
+          file_cache=False):
     """Starts nginx serving `root`; yields (base URL, master pid); stops it on exit. `work` is a
     folder for its configuration, pid file, log and temporary files. `tls`: (cert, key) paths
-    to serve HTTPS instead."""
+    to serve HTTPS instead. `file_cache`: nginx keeps files open and their metadata for a
+    minute (open_file_cache, as a static server is configured for speed; tests that change
+    files under it leave it off)."""
     if NGINX is None:
         raise RuntimeError("nginx missing (cmake/install-deps.sh installs nginx-light)")
     work = str(work)
@@ -81,7 +84,7 @@ http {{
   access_log off;
   sendfile on;
   keepalive_requests 100000;
-  open_file_cache max=10000 inactive=60s;
+  {"open_file_cache max=10000 inactive=60s;" if file_cache else ""}
   client_body_temp_path {work}/tmp;
   proxy_temp_path {work}/tmp;
   fastcgi_temp_path {work}/tmp;
