@@ -240,6 +240,7 @@ struct FetchOp {
   HttpCounters* counters = nullptr;
   std::shared_ptr<HttpCounters> counters_owner;  // async fetches keep their counters alive
   std::string* etag = nullptr;                   // receives the response's ETag when given
+  bool head = false;                             // a HEAD request (headers only)
   std::function<void(absl::Status)> done;
 
   CURL* curl = nullptr;
@@ -297,6 +298,7 @@ void Attempt(FetchOp* op) {
   curl_easy_reset(curl);
   curl_easy_setopt(curl, CURLOPT_URL, op->target.c_str());
   if (op->headers != nullptr) curl_easy_setopt(curl, CURLOPT_HTTPHEADER, op->headers);
+  if (op->head) curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
   if (op->etag != nullptr) {
     op->etag->clear();
     curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, &Header);
@@ -418,11 +420,12 @@ void OnDone(FetchOp* op, CURLcode rc) {
 void StartFetch(const std::string& url, int64_t offset, int64_t length, const HttpOptions& o,
                 std::vector<uint8_t>* out, int fd, HttpCounters* counters,
                 std::function<void(absl::Status)> done,
-                std::shared_ptr<HttpCounters> counters_owner = nullptr,
-                std::string* etag = nullptr) {
+                std::shared_ptr<HttpCounters> counters_owner = nullptr, std::string* etag = nullptr,
+                bool head = false) {
   auto* op = new FetchOp;
   op->counters_owner = std::move(counters_owner);
   op->etag = etag;
+  op->head = head;
   op->url = url;
   op->shown = RedactUrl(url);
   op->target = url;
@@ -472,7 +475,7 @@ void StartFetch(const std::string& url, int64_t offset, int64_t length, const Ht
 // StartFetch, waited for.
 absl::Status Fetch(const std::string& url, int64_t offset, int64_t length, const HttpOptions& o,
                    std::vector<uint8_t>* out, int fd, HttpCounters* counters,
-                   std::string* etag = nullptr) {
+                   std::string* etag = nullptr, bool head = false) {
   struct Wait {
     std::mutex mu;
     std::condition_variable cv;
@@ -488,13 +491,21 @@ absl::Status Fetch(const std::string& url, int64_t offset, int64_t length, const
         wait->done = true;
         wait->cv.notify_one();
       },
-      nullptr, etag);
+      nullptr, etag, head);
   std::unique_lock<std::mutex> lock(wait->mu);
   wait->cv.wait(lock, [&] { return wait->done; });
   return wait->status;
 }
 
 }  // namespace
+
+absl::StatusOr<std::string> HttpEtag(const std::string& url, const HttpOptions& o) {
+  std::vector<uint8_t> none;
+  std::string etag;
+  absl::Status s = Fetch(url, 0, 0, o, &none, -1, nullptr, &etag, /*head=*/true);
+  if (!s.ok()) return s;
+  return etag;
+}
 
 absl::Status HttpFetch(const std::string& url, int64_t offset, int64_t length, const HttpOptions& o,
                        std::vector<uint8_t>* out, HttpCounters* counters) {

@@ -107,6 +107,10 @@ absl::StatusOr<S3Listing> S3List(const std::string& bucket, const std::string& p
 // folder, then by name). Errors: kNotFound (no class prefix, or a class without images).
 absl::StatusOr<FileList> ScanS3ImageFolder(const std::string& url, const HttpOptions& options);
 
+// The object's current ETag (a HEAD request, with HttpFetch's retries); empty if the server
+// sends none.
+absl::StatusOr<std::string> HttpEtag(const std::string& url, const HttpOptions& options);
+
 // Downloads `url` into the file `path` (written under a name of its own, renamed when
 // complete), with HttpFetch's retries; `etag`, when given, receives the object's ETag (empty if
 // the server sent none).

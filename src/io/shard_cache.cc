@@ -151,6 +151,37 @@ absl::StatusOr<std::vector<ShardSource>> PrepareRemoteShards(const std::vector<s
     s.catalog = s.path + ".idx";
     if (!Exists(s.catalog)) fetch.push_back(i);
   }
+  // Shards seen before: still the version catalogued? One HEAD each (a few at once); a changed
+  // ETag drops the copy and its catalog, and the shard is fetched again. A server that does not
+  // answer leaves the cache as it is (a cached data set opens offline).
+  {
+    std::vector<size_t> known;
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (Exists(out[i].catalog)) known.push_back(i);
+    }
+    HttpOptions head = o;
+    head.timeout_s = std::min(o.stall_s > 0 ? o.stall_s : 60.0, 60.0);
+    std::atomic<size_t> next{0};
+    std::mutex mu;
+    std::vector<std::thread> threads;
+    for (size_t t = 0; t < std::min<size_t>(8, known.size()); ++t) {
+      threads.emplace_back([&] {
+        for (size_t k; (k = next.fetch_add(1)) < known.size();) {
+          const ShardSource& s = out[known[k]];
+          const std::string cached = TarCatalogEtag(s.catalog);
+          if (cached.empty()) continue;  // unknown version: nothing to compare
+          absl::StatusOr<std::string> now = HttpEtag(s.url, head);
+          if (!now.ok() || now->empty() || *now == cached) continue;
+          std::error_code e;
+          std::filesystem::remove(s.path, e);
+          std::filesystem::remove(s.catalog, e);
+          std::lock_guard<std::mutex> lock(mu);
+          fetch.push_back(known[k]);
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
   // Downloads: a few at once (shards are large, the bandwidth is shared); each catalogued
   // as soon as it is complete.
   std::atomic<size_t> next{0};
@@ -164,7 +195,13 @@ absl::StatusOr<std::vector<ShardSource>> PrepareRemoteShards(const std::vector<s
         std::string etag;  // unknown for a file already there (downloaded before catalogs)
         absl::Status st =
             Exists(s.path) ? absl::OkStatus() : HttpDownload(s.url, s.path, o, nullptr, &etag);
-        if (st.ok()) st = WriteTarCatalog(s.path, s.shown, s.catalog, etag);
+        if (st.ok()) {
+          st = WriteTarCatalog(s.path, s.shown, s.catalog, etag);
+          // A copy that cannot be catalogued (not a tar) is not kept: the next open fetches
+          // the shard again (it may have been fixed on the server).
+          std::error_code gone;
+          if (!st.ok()) std::filesystem::remove(s.path, gone);
+        }
         if (!st.ok()) {
           // Name the URL, not the cache file.
           std::string message(st.message());

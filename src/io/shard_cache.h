@@ -14,10 +14,12 @@
 // reads cost a request per sample (the loader keeps io_depth of them in flight).
 //
 // Downloads are written under names of their own ("<file>.<pid>-<n>.part") and renamed when
-// complete; ones left by a process that died are removed after a day. A catalog keeps the
-// object's ETag: range reads ask for that version (If-Match), so a shard rewritten on the server
-// since is a DataError naming it (HTTP 412), never bytes read at stale offsets. A whole cached
-// copy is a snapshot: not compared with the server again (remove the folder to refetch).
+// complete; ones left by a process that died are removed after a day, and a copy that is not a
+// tar is not kept. A catalog keeps the object's ETag. At open, each catalogued shard's ETag is
+// asked for (HEAD): a shard changed on the server is fetched again (a server that does not
+// answer leaves the cache as it is: a cached data set opens offline). While reading, range
+// reads ask for the catalogued version (If-Match), so a shard rewritten meanwhile is a DataError
+// naming it (HTTP 412), never bytes read at stale offsets.
 #ifndef FEEDLINE_SRC_IO_SHARD_CACHE_H_
 #define FEEDLINE_SRC_IO_SHARD_CACHE_H_
 

@@ -375,6 +375,14 @@ absl::Status ReadTarCatalog(const std::string& catalog, std::vector<TarMember>* 
 
 }  // namespace
 
+std::string TarCatalogEtag(const std::string& catalog) {
+  std::vector<TarMember> members;
+  ClsText cls;
+  std::string etag;
+  if (!ReadTarCatalog(catalog, &members, &cls, &etag).ok()) return "";
+  return etag;
+}
+
 absl::StatusOr<std::shared_ptr<TarDataset>> TarDataset::Open(
     const std::vector<std::string>& shards, const std::string& source, Mode mode,
     const std::vector<std::string>* shown) {

@@ -62,6 +62,9 @@ struct ShardSource {
 absl::Status WriteTarCatalog(const std::string& shard, const std::string& shown,
                              const std::string& catalog, const std::string& etag = "");
 
+// The ETag a catalog was written with (empty: unknown, or not a readable catalog).
+std::string TarCatalogEtag(const std::string& catalog);
+
 class TarDataset final : public FileDataset {
  public:
   enum class Mode {

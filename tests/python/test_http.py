@@ -75,7 +75,7 @@ class _FaultProxy(http.server.ThreadingHTTPServer):
     def __init__(self, upstream_port, latency=0.0, fail=0.0, seed=0):
         self.upstream_port, self.latency, self.fail = upstream_port, latency, fail
         self.rng, self.lock = random.Random(seed), threading.Lock()
-        self.requests, self.injected = 0, 0
+        self.requests, self.injected, self.heads = 0, 0, 0
         super().__init__(("127.0.0.1", 0), _ProxyHandler)
 
 
@@ -118,6 +118,22 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def do_HEAD(self):  # forwarded as it is (the shard cache's version check), counted
+        srv = self.server
+        with srv.lock:
+            srv.requests += 1
+            srv.heads += 1
+        up = http.client.HTTPConnection("127.0.0.1", srv.upstream_port, timeout=10)
+        up.request("HEAD", self.path)
+        r = up.getresponse()
+        r.read()
+        up.close()
+        self.send_response(r.status)
+        for k, v in r.getheaders():
+            if k.lower() in ("etag", "content-length", "content-type"):
+                self.send_header(k, v)
+        self.end_headers()
 
 
 @pytest.fixture
@@ -315,11 +331,33 @@ def test_webdataset_shards_by_url_are_cached_locally(served, proxy, tmp_path, mo
     tars, catalogs, parts = _cache_files(tmp_path)
     assert len(tars) == 3 and len(catalogs) == 3 and not parts
     assert p.requests == 3  # the epoch read the cached copies
-    # Opened again: read from the cache, the server is not asked.
+    # Opened again: read from the cache; the server is only asked whether each shard is
+    # still the version cached (a HEAD each).
     again = feedline.ImageLoader(url, **kw)
     for a, b in zip(local, _epoch(again)):
         assert torch.equal(a, b)
-    assert p.requests == 3
+    assert p.requests == 6 and p.heads == 3
+    # A shard rewritten on the server (here: with its first sample only) is fetched again.
+    shard = served["root"] / "shards" / "train-001.tar"
+    original = shard.read_bytes()
+    try:
+        import io
+        import tarfile
+        with tarfile.open(fileobj=io.BytesIO(original)) as tar:
+            first = [m for m in tar.getmembers()][:2]  # key.jpg + key.cls
+            blobs = [tar.extractfile(m).read() for m in first]
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for m, blob in zip(first, blobs):
+                tar.addfile(m, io.BytesIO(blob))
+        shard.write_bytes(buf.getvalue())
+        os.utime(shard, (time.time() + 5, time.time() + 5))
+        changed = feedline.ImageLoader(url, **kw)
+        assert p.requests == 6 + 3 + 1  # three HEADs, one download again
+        in_shard_1 = sum(1 for j in range(len(served["entries"])) if j % 3 == 1)
+        assert len(changed.samples) == len(served["entries"]) - in_shard_1 + 1
+    finally:
+        shard.write_bytes(original)
     with pytest.raises(FileNotFoundError, match=r"train-00[89]\.tar: HTTP 404"):
         feedline.ImageLoader(served["base"] + "/shards/train-{008..009}.tar", **kw)
     assert not _cache_files(tmp_path)[2]
@@ -345,22 +383,30 @@ def test_shards_past_the_cache_budget_are_read_by_range(served, proxy, tmp_path,
     assert p.injected > 0
     # Opened again with the catalogs there: nothing downloaded, only the samples' ranges.
     p.fail = 0.0
-    before = p.requests
+    before, heads = p.requests, p.heads
     again = feedline.ImageLoader(url, **dict(kw, shuffle=False))
     _epoch(again)
-    assert p.requests - before == again.stats()["remote"]["requests"] == len(served["entries"])
-    # A shard rewritten on the server since it was catalogued: its range reads ask for the
-    # catalogued version (If-Match) and fail clearly, never return bytes at stale offsets.
+    assert p.heads - heads == 3  # the version check of each catalogued shard
+    assert p.requests - before - 3 == again.stats()["remote"]["requests"] == len(served["entries"])
+    # A shard rewritten on the server while a loader reads it by range: the reads ask for the
+    # catalogued version (If-Match) and fail clearly, never return bytes at stale offsets. (At
+    # open, a changed shard is noticed by its HEAD and fetched again.)
     shard = served["root"] / "shards" / "train-001.tar"
     original = shard.read_bytes()
     try:
+        reading = feedline.ImageLoader(url, **dict(kw, shuffle=False))
         shard.write_bytes(original[512:] + original[:512])  # same size, other bytes
         os.utime(shard, (time.time() + 5, time.time() + 5))  # another ETag for nginx
         with pytest.raises(feedline.DataError, match=r"train-001\.tar: HTTP 412: the object "
                                                      r"changed since it was catalogued"):
-            _epoch(feedline.ImageLoader(url, **dict(kw, shuffle=False)))
+            _epoch(reading)
+        with pytest.raises(feedline.DataError, match=r"train-001\.tar: malformed tar"):
+            feedline.ImageLoader(url, **kw)  # opened now: fetched again (and it is no tar)
     finally:
         shard.write_bytes(original)
+    # Fixed on the server: the bad copy was not kept, the next open fetches and reads it.
+    for a, b in zip(local, _epoch(feedline.ImageLoader(url, **kw))):
+        assert torch.equal(a, b)
     # A budget for one shard keeps one (the least recently used ones go).
     one = os.path.getsize(served["root"] / "shards" / "train-000.tar")
     monkeypatch.setenv("FEEDLINE_SHARD_CACHE_BYTES", str(int(one * 1.5)))
