@@ -605,6 +605,7 @@ void TarDataset::ReadAsync(int64_t index, Record* record,
   }
   const auto [lo, hi] = SpanOf(offsets, sizes);
   if (hi == lo) {  // nothing to fetch (empty members)
+    record->bytes.clear();  // Slice leaves an image's bytes that are already in place
     Slice(mode_, e, lo, {}, record);
     return done(absl::OkStatus());
   }

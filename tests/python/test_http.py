@@ -253,6 +253,35 @@ def test_a_forked_child_reads_urls_with_its_own_http_loop(served):
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
+def test_an_empty_member_read_by_range_is_empty(served, tmp_path, monkeypatch):
+    """A key whose image member has no bytes, in a shard read by range: its sample fails as
+    from the local shard (no image), never with the bytes of the record read before it."""
+    import io
+    import tarfile
+    monkeypatch.setenv("FEEDLINE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FEEDLINE_SHARD_CACHE_BYTES", "0")
+    data = (served["root"] / served["entries"][0][0]).read_bytes()
+    shard = served["root"] / "shards" / "empty-member.tar"
+    members = [(f"a{k:02d}.{ext}", blob) for k in range(12)
+               for ext, blob in (("jpg", data), ("cls", b"0"))]  # read buffers get reused
+    with tarfile.open(shard, "w") as tar:
+        for name, blob in members + [("b.jpg", b""), ("b.cls", b"0")]:
+            info = tarfile.TarInfo(name)
+            info.size = len(blob)
+            tar.addfile(info, io.BytesIO(blob))
+    kw = dict(batch_size=1, shuffle=False, workers=1, io_depth=2, transform="eval", size=64,
+              resize_size=72)
+    try:
+        for source in (str(shard), served["base"] + "/shards/empty-member.tar"):
+            batches = iter(feedline.ImageLoader(source, **kw))
+            for _ in range(12):
+                next(batches)
+            with pytest.raises(feedline.DataError, match=r"b\.jpg"):
+                next(batches)
+    finally:
+        shard.unlink()
+
+
 def test_missing_and_forbidden_urls_are_data_errors(served, tmp_path):
     lst = tmp_path / "l.txt"
     good = f"{served['base']}/{served['entries'][0][0]}"
