@@ -514,21 +514,18 @@ TarDataset::~TarDataset() {
   }
 }
 
-namespace {
-
-// The byte range that holds every member of an entry (members of a key are adjacent in a
-// WebDataset shard; a range request for the span fetches them in one request).
-std::pair<int64_t, int64_t> SpanOf(const std::vector<int64_t>& offsets,
-                                   const std::vector<int64_t>& sizes) {
+std::pair<int64_t, int64_t> TarDataset::RangeOf(const Entry& e) const {
+  if (mode_ == Mode::kImages) {
+    const Span& m = e.members[size_t(e.image)];
+    return {m.offset, m.offset + m.size};
+  }
   int64_t lo = INT64_MAX, hi = 0;
-  for (size_t i = 0; i < offsets.size(); ++i) {
-    lo = std::min(lo, offsets[i]);
-    hi = std::max(hi, offsets[i] + sizes[i]);
+  for (const Span& m : e.members) {
+    lo = std::min(lo, m.offset);
+    hi = std::max(hi, m.offset + m.size);
   }
   return {lo, hi};
 }
-
-}  // namespace
 
 void TarDataset::Slice(Mode mode, const Entry& e, int64_t base, const std::vector<uint8_t>& span,
                        Record* record) {
@@ -555,20 +552,16 @@ absl::Status TarDataset::Read(int64_t index, Record* record) const {
   const int fd = fds_[size_t(e.shard)];
   record->label = files_.samples[size_t(index)].label;
   if (fd < 0) {  // a remote shard: one range request for the entry's members
-    std::vector<int64_t> offsets, sizes;
-    for (const Span& m : e.members) {
-      if (mode_ == Mode::kImages && &m != &e.members[size_t(e.image)]) continue;
-      offsets.push_back(m.offset);
-      sizes.push_back(m.size);
-    }
-    const auto [lo, hi] = SpanOf(offsets, sizes);
+    const auto [lo, hi] = RangeOf(e);
     record->members.clear();
     std::vector<uint8_t> members_span;
     std::vector<uint8_t>& span = mode_ == Mode::kImages ? record->bytes : members_span;
-    absl::Status st = HttpFetch(urls_[size_t(e.shard)], lo, std::max<int64_t>(hi - lo, 1),
-                                http_[size_t(e.shard)], &span, counters_.get());
-    if (!st.ok()) return st;
-    if (hi == lo) span.clear();
+    span.clear();
+    if (hi > lo) {  // else nothing to fetch (empty members)
+      absl::Status st = HttpFetch(urls_[size_t(e.shard)], lo, hi - lo, http_[size_t(e.shard)],
+                                  &span, counters_.get());
+      if (!st.ok()) return st;
+    }
     Slice(mode_, e, lo, span, record);
     return absl::OkStatus();
   }
@@ -597,14 +590,8 @@ void TarDataset::ReadAsync(int64_t index, Record* record,
   if (fds_[size_t(e.shard)] >= 0) return done(Read(index, record));
   record->label = files_.samples[size_t(index)].label;
   record->members.clear();
-  std::vector<int64_t> offsets, sizes;
-  for (const Span& m : e.members) {
-    if (mode_ == Mode::kImages && &m != &e.members[size_t(e.image)]) continue;
-    offsets.push_back(m.offset);
-    sizes.push_back(m.size);
-  }
-  const auto [lo, hi] = SpanOf(offsets, sizes);
-  if (hi == lo) {  // nothing to fetch (empty members)
+  const auto [lo, hi] = RangeOf(e);
+  if (hi == lo) {           // nothing to fetch (empty members)
     record->bytes.clear();  // Slice leaves an image's bytes that are already in place
     Slice(mode_, e, lo, {}, record);
     return done(absl::OkStatus());

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -104,6 +105,10 @@ class TarDataset final : public FileDataset {
     int image = -1;  // index in members
   };
   TarDataset(FileList files, Mode mode) : FileDataset(std::move(files)), mode_(mode) {}
+  // The byte range [first, second) that holds what a read of entry `e` needs: the image
+  // (kImages), or every member (members of a key are adjacent in a WebDataset shard: one range
+  // request fetches them).
+  std::pair<int64_t, int64_t> RangeOf(const Entry& e) const;
   // The record of entry `e` from `span`, the bytes of the shard from offset `base` on.
   static void Slice(Mode mode, const Entry& e, int64_t base, const std::vector<uint8_t>& span,
                     Record* record);
