@@ -33,8 +33,8 @@ struct ReadStage::AsyncState {
   std::mutex mu;
   bool stopped = false;        // under mu; after it is set, callbacks touch nothing of the run
   ReadStage* stage = nullptr;  // valid while !stopped
-  std::unordered_set<AsyncRead*> live;  // under mu: started, neither ended nor abandoned
-  std::atomic<int> in_flight{0};        // live reads
+  std::unordered_set<AsyncRead*> live;  // under mu: the reads in flight (neither ended nor
+                                        // abandoned)
   WakeWord wake;                        // a read ended or was abandoned, or the stage stopped
 };
 
@@ -69,6 +69,38 @@ absl::Status SafeRead(const Dataset& d, int64_t index, Record* record) {
   } catch (...) {
     return absl::InternalError("the data set's Read threw a non-standard exception");
   }
+}
+
+// Entries that need no read: the transform has what it needs, or the bytes cache has the
+// record. True when `e` was served so (its status set).
+bool ServedWithoutRead(const LoaderShared& sh, SampleCache* cache, ReadEntry* e) {
+  if (sh.transform->SkipsRead(e->sample)) {
+    e->record.Clear();
+    e->status = absl::OkStatus();
+    return true;
+  }
+  if (cache == nullptr) return false;
+  std::shared_ptr<const SampleCache::Entry> hit = cache->Get(e->sample);
+  if (hit == nullptr) {
+    cache->CountMiss();
+    return false;
+  }
+  cache->CountHit();
+  e->record.bytes.assign(hit->data.begin(), hit->data.end());
+  e->record.label = hit->label;
+  e->record.members = hit->members;
+  e->status = absl::OkStatus();
+  return true;
+}
+
+// A record read well goes into the bytes cache while it has room.
+void KeepInCache(SampleCache* cache, const ReadEntry& e) {
+  if (!e.status.ok() || cache == nullptr || cache->full()) return;
+  auto entry = std::make_shared<SampleCache::Entry>();
+  entry->data = e.record.bytes;
+  entry->label = e.record.label;
+  entry->members = e.record.members;
+  cache->Put(e.sample, std::move(entry));
 }
 
 }  // namespace
@@ -245,23 +277,7 @@ bool ReadStage::ReadInto(ReadItem* item, ReaderState* state, TraceTrack* track) 
   int64_t read = 0;  // entries read from the data set (not from a cache)
   for (int k = 0; k < item->count; ++k) {
     ReadEntry& e = item->entries[size_t(k)];
-    if (sh.transform->SkipsRead(e.sample)) {  // the transform has what it needs
-      e.record.Clear();
-      e.status = absl::OkStatus();
-      continue;
-    }
-    if (cache != nullptr) {
-      std::shared_ptr<const SampleCache::Entry> hit = cache->Get(e.sample);
-      if (hit != nullptr) {
-        cache->CountHit();
-        e.record.bytes.assign(hit->data.begin(), hit->data.end());
-        e.record.label = hit->label;
-        e.record.members = hit->members;
-        e.status = absl::OkStatus();
-        continue;
-      }
-      cache->CountMiss();
-    }
+    if (ServedWithoutRead(sh, cache, &e)) continue;
     // Buffers move between the entry and the reader's state; their total capacity is what the
     // run holds in reads, so the change is (entry's new capacity) - (state's old capacity).
     const int64_t before = Capacity(state->record);
@@ -279,13 +295,7 @@ bool ReadStage::ReadInto(ReadItem* item, ReaderState* state, TraceTrack* track) 
     }
     std::swap(e.record, state->record);
     e.status = std::move(status);
-    if (e.status.ok() && cache != nullptr && !cache->full()) {
-      auto entry = std::make_shared<SampleCache::Entry>();
-      entry->data = e.record.bytes;
-      entry->label = e.record.label;
-      entry->members = e.record.members;
-      cache->Put(e.sample, std::move(entry));
-    }
+    KeepInCache(cache, e);
     const int64_t delta = Capacity(e.record) - before;
     sh.read_buffer_bytes.fetch_add(delta, std::memory_order_relaxed);
     buffer_bytes_.fetch_add(delta, std::memory_order_relaxed);
@@ -327,10 +337,7 @@ void ReadStage::AbandonAsyncReads(int64_t older_than_ns, const char* why) {
       if (--read->item->pending == 0) queues_->ready.push(read->item);
     }
   }
-  if (abandoned > 0) {
-    st.in_flight.fetch_sub(abandoned, std::memory_order_acq_rel);
-    st.wake.WakeAll();
-  }
+  if (abandoned > 0) st.wake.WakeAll();
 }
 
 bool ReadStage::StartReads(ReadItem* item, TraceTrack* track) {
@@ -345,28 +352,15 @@ bool ReadStage::StartReads(ReadItem* item, TraceTrack* track) {
   bool cancelled = false;
   for (int k = 0; k < item->count; ++k) {
     ReadEntry& e = item->entries[size_t(k)];
-    if (sh.transform->SkipsRead(e.sample)) {  // the transform has what it needs
-      e.record.Clear();
-      e.status = absl::OkStatus();
-      continue;
-    }
-    if (cache != nullptr) {
-      std::shared_ptr<const SampleCache::Entry> hit = cache->Get(e.sample);
-      if (hit != nullptr) {
-        cache->CountHit();
-        e.record.bytes.assign(hit->data.begin(), hit->data.end());
-        e.record.label = hit->label;
-        e.record.members = hit->members;
-        e.status = absl::OkStatus();
-        continue;
-      }
-      cache->CountMiss();
-    }
+    if (ServedWithoutRead(sh, cache, &e)) continue;
     // Room in flight: at most io_depth reads at once.
     while (true) {
       const uint32_t gen = st.wake.Load();
       if (core_->is_cancelled()) break;
-      if (st.in_flight.load(std::memory_order_acquire) < std::max(1, sh.io_depth.load())) break;
+      {
+        std::lock_guard<std::mutex> lock(st.mu);
+        if (int(st.live.size()) < std::max(1, sh.io_depth.load())) break;
+      }
       st.wake.Wait(gen);
     }
     if (core_->is_cancelled()) {
@@ -389,7 +383,6 @@ bool ReadStage::StartReads(ReadItem* item, TraceTrack* track) {
       ++item->pending;
       st.live.insert(read);
     }
-    st.in_flight.fetch_add(1, std::memory_order_acq_rel);
     const int64_t sample = e.sample;  // the entry may be handed on before ReadAsync returns
     try {
       sh.dataset->ReadAsync(sample, &read->record,
@@ -410,7 +403,7 @@ void ReadStage::Complete(AsyncRead* read, absl::Status status) {
   std::shared_ptr<AsyncState> st = read->state;
   {
     std::lock_guard<std::mutex> lock(st->mu);
-    if (read->abandoned) {  // failed by the watchdog already (and no longer counted)
+    if (read->abandoned) {  // failed by the watchdog already (and no longer in flight)
       delete read;
       return;
     }
@@ -422,14 +415,7 @@ void ReadStage::Complete(AsyncRead* read, absl::Status status) {
       ReadEntry& e = item->entries[size_t(read->entry)];
       std::swap(e.record, read->record);
       e.status = std::move(status);
-      SampleCache* cache = sh.cache_holds_bytes ? sh.cache.get() : nullptr;
-      if (e.status.ok() && cache != nullptr && !cache->full()) {
-        auto entry = std::make_shared<SampleCache::Entry>();
-        entry->data = e.record.bytes;
-        entry->label = e.record.label;
-        entry->members = e.record.members;
-        cache->Put(e.sample, std::move(entry));
-      }
+      KeepInCache(sh.cache_holds_bytes ? sh.cache.get() : nullptr, e);
       const int64_t delta = Capacity(e.record) - read->before;
       sh.read_buffer_bytes.fetch_add(delta, std::memory_order_relaxed);
       stage.buffer_bytes_.fetch_add(delta, std::memory_order_relaxed);
@@ -438,7 +424,6 @@ void ReadStage::Complete(AsyncRead* read, absl::Status status) {
       sh.read.items.fetch_add(1, std::memory_order_relaxed);
       if (--item->pending == 0) stage.queues_->ready.push(item);
     }
-    st->in_flight.fetch_sub(1, std::memory_order_acq_rel);
   }
   st->wake.WakeAll();
   delete read;
