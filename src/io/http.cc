@@ -33,11 +33,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-void GlobalInit() {
-  static std::once_flag once;
-  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
-}
-
 // Where a body goes: a buffer, or a file (downloads).
 struct Sink {
   std::vector<uint8_t>* out;
@@ -452,8 +447,7 @@ void StartFetch(const std::string& url, int64_t offset, int64_t length, const Ht
   if (!o.if_match.empty()) {
     op->headers = curl_slist_append(op->headers, absl::StrCat("If-Match: ", o.if_match).c_str());
   }
-  GlobalInit();
-  op->curl = HttpMulti::Get().TakeEasy();
+  op->curl = HttpMulti::Get().TakeEasy();  // the loop initialised libcurl
   if (op->curl == nullptr) {
     return Finish(op, absl::InternalError(absl::StrCat(op->shown, ": curl_easy_init failed")));
   }

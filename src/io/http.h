@@ -2,9 +2,8 @@
 //
 // Every transfer runs on the process's libcurl multi loop (io/http_multi.h): one thread polls
 // all sockets on a shared connection cache (keep-alive, TLS sessions, HTTP/2 multiplexing).
-// Each calling thread keeps its own easy handle and waits for its transfer, so the read
-// stage's io_depth reader threads are io_depth requests in flight, and the autotuner's I/O
-// depth is the request concurrency.
+// HttpFetchAsync returns at once (the read stage keeps io_depth of them in flight from one
+// reader thread: the autotuner's I/O depth is the request concurrency); HttpFetch waits.
 //
 // Retries: connection failures (refused, reset, DNS), timeouts, 5xx and 429 are retried with
 // exponential backoff and full jitter (100 ms doubling, at most 5 s per wait) while the
@@ -13,8 +12,8 @@
 // their user information and query string removed (credentials and signatures never appear).
 //
 // HTTPS: certificates are verified against the system's CA bundle, or the one named by
-// CURL_CA_BUNDLE or SSL_CERT_FILE (AWS_CA_BUNDLE first for s3://): a failed verification is a
-// DataError naming the URL, never retried.
+// CURL_CA_BUNDLE or SSL_CERT_FILE (AWS_CA_BUNDLE first for s3://): a failed verification is
+// kUnavailable naming the URL, never retried.
 //
 // Thread safety: Fetch may be called from any number of threads at once.
 #ifndef FEEDLINE_SRC_IO_HTTP_H_

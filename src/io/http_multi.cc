@@ -38,8 +38,7 @@ struct HttpMulti::State {
 
   CURLM* multi = nullptr;
   int epfd = -1;
-  int wakefd = -1;  // an eventfd: Start and After wake the loop with it
-  std::atomic<int> active{0};
+  int wakefd = -1;                            // an eventfd: Start and After wake the loop with it
   std::optional<Clock::time_point> curl_due;  // libcurl's own timer (loop thread only)
 
   std::mutex mu;
@@ -149,7 +148,6 @@ struct HttpMulti::State {
   void Finish(CURL* easy, Transfer* t, CURLcode result, bool added) {
     if (added) curl_multi_remove_handle(multi, easy);
     curl_easy_setopt(easy, CURLOPT_PRIVATE, nullptr);
-    active.fetch_sub(1, std::memory_order_relaxed);
     std::function<void(CURLcode)> done = std::move(t->done);
     delete t;
     done(result);  // the caller may reuse or free `easy` from here on
@@ -201,7 +199,6 @@ HttpMulti& HttpMulti::Get() {
 }
 
 void HttpMulti::Start(CURL* easy, std::function<void(CURLcode)> done) {
-  state_->active.fetch_add(1, std::memory_order_relaxed);
   bool wake;
   {
     std::lock_guard<std::mutex> lock(state_->mu);
@@ -244,7 +241,5 @@ void HttpMulti::GiveEasy(CURL* easy) {
     curl_easy_cleanup(easy);
   }
 }
-
-int HttpMulti::active() const { return state_->active.load(std::memory_order_relaxed); }
 
 }  // namespace feedline

@@ -41,9 +41,6 @@ class HttpMulti {
   CURL* TakeEasy();
   void GiveEasy(CURL* easy);
 
-  // Transfers added and not yet finished (for stats and tests).
-  int active() const;
-
   HttpMulti(const HttpMulti&) = delete;
   HttpMulti& operator=(const HttpMulti&) = delete;
 

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -18,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "core/fnv.h"
 
 namespace feedline {
@@ -34,6 +36,19 @@ bool Exists(const std::string& path) { return ::access(path.c_str(), R_OK) == 0;
 bool IsShardFile(const std::filesystem::path& p) {
   const std::string name = p.filename().string();
   return !absl::EndsWith(name, ".idx") && !absl::EndsWith(name, ".part");
+}
+
+// Runs fn(k) for every k in [0, n) on up to `threads` threads of its own (blocking transfers,
+// a few at once), and returns when all are done.
+void OnThreads(size_t n, size_t threads, const std::function<void(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> pool;
+  for (size_t t = 0; t < std::min(threads, n); ++t) {
+    pool.emplace_back([&] {
+      for (size_t k; (k = next.fetch_add(1)) < n;) fn(k);
+    });
+  }
+  for (std::thread& t : pool) t.join();
 }
 
 }  // namespace
@@ -161,61 +176,43 @@ absl::StatusOr<std::vector<ShardSource>> PrepareRemoteShards(const std::vector<s
     }
     HttpOptions head = o;
     head.timeout_s = std::min(o.stall_s > 0 ? o.stall_s : 60.0, 60.0);
-    std::atomic<size_t> next{0};
     std::mutex mu;
-    std::vector<std::thread> threads;
-    for (size_t t = 0; t < std::min<size_t>(8, known.size()); ++t) {
-      threads.emplace_back([&] {
-        for (size_t k; (k = next.fetch_add(1)) < known.size();) {
-          const ShardSource& s = out[known[k]];
-          const std::string cached = TarCatalogEtag(s.catalog);
-          if (cached.empty()) continue;  // unknown version: nothing to compare
-          absl::StatusOr<std::string> now = HttpEtag(s.url, head);
-          if (!now.ok() || now->empty() || *now == cached) continue;
-          std::error_code e;
-          std::filesystem::remove(s.path, e);
-          std::filesystem::remove(s.catalog, e);
-          std::lock_guard<std::mutex> lock(mu);
-          fetch.push_back(known[k]);
-        }
-      });
-    }
-    for (std::thread& t : threads) t.join();
+    OnThreads(known.size(), 8, [&](size_t k) {
+      const ShardSource& s = out[known[k]];
+      const std::string cached = TarCatalogEtag(s.catalog);
+      if (cached.empty()) return;  // unknown version: nothing to compare
+      absl::StatusOr<std::string> now = HttpEtag(s.url, head);
+      if (!now.ok() || now->empty() || *now == cached) return;
+      std::error_code e;
+      std::filesystem::remove(s.path, e);
+      std::filesystem::remove(s.catalog, e);
+      std::lock_guard<std::mutex> lock(mu);
+      fetch.push_back(known[k]);
+    });
   }
   // Downloads: a few at once (shards are large, the bandwidth is shared); each catalogued
   // as soon as it is complete.
-  std::atomic<size_t> next{0};
   std::mutex mu;
   absl::Status first;
-  std::vector<std::thread> threads;
-  for (size_t t = 0; t < std::min<size_t>(4, fetch.size()); ++t) {
-    threads.emplace_back([&] {
-      for (size_t k; (k = next.fetch_add(1)) < fetch.size();) {
-        const ShardSource& s = out[fetch[k]];
-        std::string etag;  // unknown for a file already there (downloaded before catalogs)
-        absl::Status st =
-            Exists(s.path) ? absl::OkStatus() : HttpDownload(s.url, s.path, o, nullptr, &etag);
-        if (st.ok()) {
-          st = WriteTarCatalog(s.path, s.shown, s.catalog, etag);
-          // A copy that cannot be catalogued (not a tar) is not kept: the next open fetches
-          // the shard again (it may have been fixed on the server).
-          std::error_code gone;
-          if (!st.ok()) std::filesystem::remove(s.path, gone);
-        }
-        if (!st.ok()) {
-          // Name the URL, not the cache file.
-          std::string message(st.message());
-          for (size_t at; (at = message.find(s.path)) != std::string::npos;) {
-            message.replace(at, s.path.size(), s.shown);
-          }
-          st = absl::Status(st.code(), message);
-          std::lock_guard<std::mutex> lock(mu);
-          if (first.ok()) first = st;
-        }
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  OnThreads(fetch.size(), 4, [&](size_t k) {
+    const ShardSource& s = out[fetch[k]];
+    std::string etag;  // unknown for a file already there (downloaded before catalogs)
+    absl::Status st =
+        Exists(s.path) ? absl::OkStatus() : HttpDownload(s.url, s.path, o, nullptr, &etag);
+    if (st.ok()) {
+      st = WriteTarCatalog(s.path, s.shown, s.catalog, etag);
+      // A copy that cannot be catalogued (not a tar) is not kept: the next open fetches the
+      // shard again (it may have been fixed on the server).
+      std::error_code gone;
+      if (!st.ok()) std::filesystem::remove(s.path, gone);
+    }
+    if (!st.ok()) {
+      // Name the URL, not the cache file.
+      st = absl::Status(st.code(), absl::StrReplaceAll(st.message(), {{s.path, s.shown}}));
+      std::lock_guard<std::mutex> lock(mu);
+      if (first.ok()) first = st;
+    }
+  });
   if (!first.ok()) return first;
   // This data set's files are the most recently used; then the budget, oldest first.
   std::vector<std::string> in_use;
