@@ -65,7 +65,7 @@ def _nginx_pids(master):
     return pids
 
 
-def make_shards(samples, root, out_dir, count):
+def make_shards(samples, out_dir, count):
     """WebDataset shards (key.jpg + key.cls) of the samples, in their order, `count` shards."""
     import io
     import tarfile
@@ -104,7 +104,7 @@ def main():
     www = os.path.join(work, "www")  # data/ (the folder) and shards/ (tar shards of it)
     os.makedirs(www)
     os.symlink(root, os.path.join(www, "data"))
-    pattern = make_shards(local.samples, root, os.path.join(www, "shards"), args.shards) \
+    pattern = make_shards(local.samples, os.path.join(www, "shards"), args.shards) \
         if args.shards > 0 else None
     saved_env = {k: os.environ.get(k) for k in ("FEEDLINE_CACHE_DIR", "FEEDLINE_SHARD_CACHE_BYTES")}
     try:

@@ -12,6 +12,8 @@ import pytest
 from PIL import Image
 
 sys.path.insert(0, os.path.dirname(__file__))
+# tests/servers: nginx on loopback (nginx.py), shared with bench/remote_compare.py
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "servers"))
 
 import util  # noqa: E402
 

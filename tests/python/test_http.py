@@ -12,7 +12,6 @@ import random
 import socket
 import shutil
 import struct
-import sys
 import threading
 import time
 
@@ -21,8 +20,8 @@ import torch
 
 import feedline
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "servers"))
-import nginx  # noqa: E402  (tests/servers/nginx.py)
+import nginx  # tests/servers/nginx.py (on the path by conftest.py)
+from util import write_tar
 
 pytestmark = pytest.mark.skipif(nginx.NGINX is None,
                                 reason="nginx missing (cmake/install-deps.sh)")
@@ -46,19 +45,11 @@ def served(tmp_path_factory, small_folder):
             entries.append((f"data/{cls}/{name}", label))
     (root / "list.txt").write_text("".join(f"{p} {lab}\n" for p, lab in entries))
     # WebDataset shards of the same images (key.jpg + key.cls), 3 shards.
-    import io
-    import tarfile
     (root / "shards").mkdir()
     for k in range(3):
-        with tarfile.open(root / "shards" / f"train-{k:03d}.tar", "w") as tar:
-            for j, (p, lab) in enumerate(entries):
-                if j % 3 != k:
-                    continue
-                data = (root / p).read_bytes()
-                for name, blob in ((f"s{j:04d}.jpg", data), (f"s{j:04d}.cls", str(lab).encode())):
-                    info = tarfile.TarInfo(name)
-                    info.size = len(blob)
-                    tar.addfile(info, io.BytesIO(blob))
+        write_tar(root / "shards" / f"train-{k:03d}.tar",
+                  [(f"s{j:04d}.{ext}", blob) for j, (p, lab) in enumerate(entries) if j % 3 == k
+                   for ext, blob in (("jpg", (root / p).read_bytes()), ("cls", str(lab).encode()))])
     local = d / "local.txt"
     local.write_text("".join(f"{root}/{p} {lab}\n" for p, lab in entries))
     with nginx.serve(root, d / "nginx", locations="location /secret/ { return 403; }") as (
@@ -256,19 +247,13 @@ def test_a_forked_child_reads_urls_with_its_own_http_loop(served):
 def test_an_empty_member_read_by_range_is_empty(served, tmp_path, monkeypatch):
     """A key whose image member has no bytes, in a shard read by range: its sample fails as
     from the local shard (no image), never with the bytes of the record read before it."""
-    import io
-    import tarfile
     monkeypatch.setenv("FEEDLINE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("FEEDLINE_SHARD_CACHE_BYTES", "0")
     data = (served["root"] / served["entries"][0][0]).read_bytes()
     shard = served["root"] / "shards" / "empty-member.tar"
     members = [(f"a{k:02d}.{ext}", blob) for k in range(12)
                for ext, blob in (("jpg", data), ("cls", b"0"))]  # read buffers get reused
-    with tarfile.open(shard, "w") as tar:
-        for name, blob in members + [("b.jpg", b""), ("b.cls", b"0")]:
-            info = tarfile.TarInfo(name)
-            info.size = len(blob)
-            tar.addfile(info, io.BytesIO(blob))
+    write_tar(shard, members + [("b.jpg", b""), ("b.cls", b"0")])
     kw = dict(batch_size=1, shuffle=False, workers=1, io_depth=2, transform="eval", size=64,
               resize_size=72)
     try:

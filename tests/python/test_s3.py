@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import feedline
+from util import write_tar
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 S3RVER = os.path.join(HERE, "..", "s3", "node_modules", ".bin", "s3rver")
@@ -141,17 +142,17 @@ def test_missing_key_and_bad_credentials_are_clear(aws_env, tmp_path):
     assert "s3cr3t-value" not in str(e.value)
 
 
+def _shard_members(folder, entries, key):
+    """(name, bytes) of key.jpg + key.cls for each (relative path, label) of `entries`; `key`
+    formats the sample's number."""
+    return [(f"{key.format(j)}.{ext}", blob) for j, (p, lab) in enumerate(entries)
+            for ext, blob in (("jpg", open(os.path.join(folder, p), "rb").read()),
+                              ("cls", str(lab).encode()))]
+
+
 def test_webdataset_shard_on_s3(aws_env, tmp_path, small_folder, s3):
-    import io
-    import tarfile
     shard = tmp_path / "one.tar"
-    with tarfile.open(shard, "w") as tar:
-        for j, (p, lab) in enumerate(s3["entries"]):
-            for name, blob in ((f"k{j:03d}.jpg", open(os.path.join(small_folder, p), "rb").read()),
-                               (f"k{j:03d}.cls", str(lab).encode())):
-                info = tarfile.TarInfo(name)
-                info.size = len(blob)
-                tar.addfile(info, io.BytesIO(blob))
+    write_tar(shard, _shard_members(small_folder, s3["entries"], "k{:03d}"))
     _put(s3["endpoint"], "bkt", "shards/one.tar", shard)
     aws_env.setenv("FEEDLINE_CACHE_DIR", str(tmp_path / "cache"))
     local = _epoch(feedline.ImageLoader(str(shard), **KW))
@@ -164,29 +165,17 @@ def test_webdataset_shard_on_s3(aws_env, tmp_path, small_folder, s3):
 def test_shards_by_range_over_s3(aws_env, s3, small_folder, tmp_path):
     """WebDataset shards as S3 objects with a cache budget of 0: downloaded once (signed) to be
     catalogued, then every sample is a signed range request; the local pixels."""
-    import io
-    import tarfile
-    entries = [(os.path.join(small_folder, cls, name), label)
-               for label, cls in enumerate(sorted(os.listdir(small_folder)))
-               for name in sorted(os.listdir(os.path.join(small_folder, cls)))]
+    members = _shard_members(small_folder, s3["entries"], "{:04d}")
     for k in range(2):
         shard = tmp_path / f"s-{k}.tar"
-        with tarfile.open(shard, "w") as tar:
-            for j, (path, label) in enumerate(entries):
-                if j % 2 != k:
-                    continue
-                for name, blob in ((f"{j:04d}.jpg", open(path, "rb").read()),
-                                   (f"{j:04d}.cls", str(label).encode())):
-                    info = tarfile.TarInfo(name)
-                    info.size = len(blob)
-                    tar.addfile(info, io.BytesIO(blob))
+        # Samples alternately in the two shards (two members each: jpg, cls).
+        write_tar(shard, [m for j, m in enumerate(members) if j // 2 % 2 == k])
         _put(s3["endpoint"], "bkt", f"shards/s-{k}.tar", shard)
     aws_env.setenv("FEEDLINE_CACHE_DIR", str(tmp_path / "cache"))
     aws_env.setenv("FEEDLINE_SHARD_CACHE_BYTES", "0")
-    kw = dict(KW, transform="eval")
-    local = _epoch(feedline.ImageLoader(str(tmp_path / "s-{0..1}.tar"), **kw))
-    remote = feedline.ImageLoader("s3://bkt/shards/s-{0..1}.tar", **kw)
+    local = _epoch(feedline.ImageLoader(str(tmp_path / "s-{0..1}.tar"), **KW))
+    remote = feedline.ImageLoader("s3://bkt/shards/s-{0..1}.tar", **KW)
     for a, b in zip(local, _epoch(remote)):
         assert torch.equal(a, b)
-    assert remote.stats()["remote"]["requests"] == len(entries)
+    assert remote.stats()["remote"]["requests"] == len(s3["entries"])
     assert not [n for n in os.listdir(tmp_path / "cache" / "shards") if n.endswith(".tar")]

@@ -311,10 +311,7 @@ def test_text_tokenizer_and_token_files_by_url(corpus, tmp_path, monkeypatch):
     """The text file, the SentencePiece model and token files (+ document index) served by
     nginx on loopback: downloaded once into the cache, the same ids as the local files; errors
     name the URL."""
-    import os
-    import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "servers"))
-    import nginx
+    import nginx  # tests/servers/nginx.py (on the path by conftest.py)
     if nginx.NGINX is None:
         pytest.skip("nginx missing (cmake/install-deps.sh)")
     monkeypatch.setenv("FEEDLINE_CACHE_DIR", str(tmp_path / "cache"))

@@ -1,9 +1,11 @@
 """Helpers shared by the feedline pytest suite: image makers, a deadline guard, process probes."""
 
 import contextlib
+import io
 import math
 import os
 import signal
+import tarfile
 import time
 
 import numpy as np
@@ -134,3 +136,16 @@ def collect_epoch(loader):
         labels.append(y.numpy().copy())
         indices.append(idx.numpy().copy())
     return images, labels, indices
+
+
+# --------------------------------------------------------------------------------------------
+# WebDataset shards
+# --------------------------------------------------------------------------------------------
+
+def write_tar(path, members):
+    """A tar file of `members`: (name, bytes) pairs, in order (a WebDataset shard)."""
+    with tarfile.open(path, "w") as tar:
+        for name, blob in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(blob)
+            tar.addfile(info, io.BytesIO(blob))
