@@ -226,7 +226,7 @@ namespace {
 // One fetch in progress: its request, its attempts, and what to call when it ends. Created by
 // StartFetch, driven by the loop's callbacks (OnDone, the retry timer), freed by Finish.
 struct FetchOp {
-  std::string url, shown, target, range, sigv4, ca_bundle;
+  std::string shown, target, range, sigv4, ca_bundle;  // shown: the URL for messages
   int64_t offset = 0, length = 0;
   HttpOptions o;
   std::shared_ptr<const S3Config> s3;
@@ -421,7 +421,6 @@ void StartFetch(const std::string& url, int64_t offset, int64_t length, const Ht
   op->counters_owner = std::move(counters_owner);
   op->etag = etag;
   op->head = head;
-  op->url = url;
   op->shown = RedactUrl(url);
   op->target = url;
   op->offset = offset;
