@@ -1,4 +1,5 @@
-// Device-independent parts of src/cuda/device.h, and the whole of it for builds without CUDA.
+// Device-independent parts of src/cuda/device.h (device_cuda.cc has the rest with CUDA,
+// device_none.cc without).
 #include <cstdlib>
 
 #include "absl/strings/match.h"
@@ -9,7 +10,7 @@
 
 namespace feedline::cuda {
 
-int CurrentDevice();  // device_cuda.cc; 0 without CUDA
+int CurrentDevice();  // device_cuda.cc; device_none.cc: 0
 
 absl::StatusOr<int> ParseDevice(const std::string& device) {
   if (device == "cpu") return -1;
@@ -22,32 +23,5 @@ absl::StatusOr<int> ParseDevice(const std::string& device) {
   return absl::InvalidArgumentError(
       absl::StrCat("device: expected \"cpu\", \"cuda\" or \"cuda:N\", got \"", device, "\""));
 }
-
-#ifndef FEEDLINE_WITH_CUDA
-
-bool Compiled() { return false; }
-
-int CurrentDevice() { return 0; }
-
-std::vector<DeviceInfo> Devices(std::string* why_none) {
-  if (why_none) *why_none = "this build of feedline has no CUDA path (CUDA toolkit not found)";
-  return {};
-}
-
-absl::Status CheckDevice(int index) {
-  return MarkDeviceError(absl::FailedPreconditionError(
-      absl::StrCat("device: cuda:", index,
-                   " requested, but this build of feedline has no CUDA path (the "
-                   "CUDA toolkit was not found at build time); use device=\"cpu\"")));
-}
-
-HostAllocator* PinnedHostAllocator(int) { return nullptr; }
-
-absl::StatusOr<std::unique_ptr<CopyStage>> CopyStage::Create(
-    int device, std::shared_ptr<const internal::SlotLayout>, std::optional<ImageConversion>) {
-  return CheckDevice(device);
-}
-
-#endif  // FEEDLINE_WITH_CUDA
 
 }  // namespace feedline::cuda

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <new>
@@ -76,9 +77,11 @@ struct Buffer {
   size_t bytes = 0;
   std::vector<void*> fields;
   uint8_t* staging = nullptr;
-  cudaEvent_t start = nullptr, ready = nullptr, released = nullptr;
+  // `ready` (what consumers wait on) and `released` have timing off: a timed event costs more to
+  // record and to wait on. One copy in kTimeEvery is timed with `start`/`stop` for copy_ms().
+  cudaEvent_t ready = nullptr, released = nullptr, start = nullptr, stop = nullptr;
   bool has_release = false;
-  bool timed = false;  // start/ready hold a measurement not yet read
+  bool timed = false;  // start/stop hold a measurement not yet read
 };
 
 class CudaCopyStage;
@@ -135,10 +138,11 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
   ~CudaCopyStage() {
     DeviceGuard guard(device_);
     cudaStreamSynchronize(stream_);
+    copying_.clear();  // the copies are done (or the context is gone): the slots may go
     for (Buffer* b : all_) {
-      cudaEventDestroy(b->start);
-      cudaEventDestroy(b->ready);
-      cudaEventDestroy(b->released);
+      for (cudaEvent_t e : {b->ready, b->released, b->start, b->stop}) {
+        if (e != nullptr) cudaEventDestroy(e);
+      }
       cudaFree(b->memory);
       delete b;
     }
@@ -158,29 +162,31 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
       std::shared_ptr<internal::BatchSlot> slot, int64_t n) {
     DeviceGuard guard(device_);
     FEEDLINE_CUDA_RETURN(guard.status());
+    ReturnCopiedSlots();
     absl::StatusOr<Buffer*> buffer = Acquire();
     if (!buffer.ok()) return buffer.status();
     Buffer* b = *buffer;
     auto batch = std::make_shared<CudaDeviceBatch>(this, shared_from_this(), b);
     batch->device = device_;
-    absl::Status st = Enqueue(*slot, n, b, batch.get());
+    batch->CopyHostSide(*slot, n);
+    const bool timed = batches_.load() % kTimeEvery == 0;
+    absl::Status st = Enqueue(*slot, n, b, timed, batch.get());
     if (!st.ok()) {
       // The copy may have started: the pinned slot must not go back to the ring while the
       // device still reads it, so wait for the stream (whatever it says) before giving up.
       cudaStreamSynchronize(stream_);
       b->has_release = false;
       std::lock_guard<std::mutex> lock(mu_);
-      b->timed = false;
       free_.push_back(b);
       batch->Disarm();
       return st;
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);  // copy_ms() reads it from any thread
-      b->timed = true;
-    }
+    std::lock_guard<std::mutex> lock(mu_);
+    b->timed = timed;  // copy_ms() reads it from any thread
     batch->ready_event = b->ready;
-    batch->host = std::move(slot);
+    // The slot goes back to the ring once this copy is done (ReturnCopiedSlots), not when the
+    // batch dies: the batch keeps only its device buffer and its host side.
+    copying_.push_back(Copying{b->ready, std::move(slot)});
     batches_.fetch_add(1);
     return std::shared_ptr<internal::DeviceBatch>(std::move(batch));
   }
@@ -211,25 +217,21 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
     for (Buffer* b : all_) total += int64_t(b->bytes);
     return total;
   }
+  // The copies' GPU time: the timed ones' mean times every copy.
   double copy_ms() const {
+    DeviceGuard guard(device_);
     std::lock_guard<std::mutex> lock(mu_);
-    double total = copy_ms_;
-    for (Buffer* b : all_) {
-      float ms = 0;
-      if (b->timed && cudaEventQuery(b->ready) == cudaSuccess &&
-          cudaEventElapsedTime(&ms, b->start, b->ready) == cudaSuccess) {
-        total += ms;
-      }
-    }
-    return total;
+    for (Buffer* b : all_) Harvest(b);
+    if (timed_copies_ == 0) return 0;
+    return timed_ms_ / double(timed_copies_) * double(batches_.load());
   }
   int64_t batches() const { return batches_.load(); }
 
  private:
-  absl::Status Enqueue(const internal::BatchSlot& slot, int64_t n, Buffer* b,
+  absl::Status Enqueue(const internal::BatchSlot& slot, int64_t n, Buffer* b, bool timed,
                        internal::DeviceBatch* batch) {
     if (b->has_release) FEEDLINE_CUDA_RETURN(cudaStreamWaitEvent(stream_, b->released, 0));
-    FEEDLINE_CUDA_RETURN(cudaEventRecord(b->start, stream_));
+    if (timed) FEEDLINE_CUDA_RETURN(cudaEventRecord(b->start, stream_));
     const Schema& schema = layout_.schema;
     batch->columns.resize(size_t(schema.size()));
     for (int f = 0; f < schema.size(); ++f) {
@@ -268,7 +270,37 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
       out.data = b->fields[size_t(f)];
     }
     FEEDLINE_CUDA_RETURN(cudaEventRecord(b->ready, stream_));
+    if (timed) FEEDLINE_CUDA_RETURN(cudaEventRecord(b->stop, stream_));
     return absl::OkStatus();
+  }
+
+ public:
+  // Gives the slots whose copies are done back to the ring (the stream runs the copies in
+  // order: the first one not done ends the walk). An error other than "not ready" (a dead
+  // context) keeps the rest until the stage ends. Any thread (the pool's reclaim hook).
+  void ReturnCopiedSlots() {
+    std::vector<std::shared_ptr<internal::BatchSlot>> done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      while (!copying_.empty() && cudaEventQuery(copying_.front().ready) == cudaSuccess) {
+        done.push_back(std::move(copying_.front().slot));
+        copying_.pop_front();
+      }
+    }
+    // `done` returns the slots to the pool here, outside the lock.
+  }
+
+ private:
+  // Reads a timed copy's time once it is done, without waiting for it. Under mu_.
+  void Harvest(Buffer* b) const {
+    float ms = 0;
+    if (b->timed && cudaEventQuery(b->stop) == cudaSuccess) {
+      if (cudaEventElapsedTime(&ms, b->start, b->stop) == cudaSuccess) {
+        timed_ms_ += ms;
+        ++timed_copies_;
+      }
+      b->timed = false;
+    }
   }
 
   // The image field goes through a staging buffer and the conversion kernel, except uint8
@@ -283,12 +315,8 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
       if (!free_.empty()) {
         Buffer* b = free_.back();
         free_.pop_back();
-        float ms = 0;
-        if (b->timed && cudaEventSynchronize(b->ready) == cudaSuccess &&
-            cudaEventElapsedTime(&ms, b->start, b->ready) == cudaSuccess) {
-          copy_ms_ += ms;
-        }
-        b->timed = false;
+        Harvest(b);
+        b->timed = false;  // not done yet: this measurement is dropped, the next one counts
         return b;
       }
     }
@@ -315,12 +343,16 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
     auto* base = static_cast<uint8_t*>(b->memory);
     for (size_t off : offsets) b->fields.push_back(base + off);
     if (staged) b->staging = base + staging_at;
-    FEEDLINE_CUDA_RETURN(cudaEventCreate(&b->start));
-    FEEDLINE_CUDA_RETURN(cudaEventCreate(&b->ready));
-    FEEDLINE_CUDA_RETURN(cudaEventCreateWithFlags(&b->released, cudaEventDisableTiming));
-    std::lock_guard<std::mutex> lock(mu_);
-    all_.push_back(b.get());
-    return b.release();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      all_.push_back(b.get());  // freed with the stage, whatever fails below
+    }
+    Buffer* out = b.release();
+    FEEDLINE_CUDA_RETURN(cudaEventCreateWithFlags(&out->ready, cudaEventDisableTiming));
+    FEEDLINE_CUDA_RETURN(cudaEventCreateWithFlags(&out->released, cudaEventDisableTiming));
+    FEEDLINE_CUDA_RETURN(cudaEventCreate(&out->start));
+    FEEDLINE_CUDA_RETURN(cudaEventCreate(&out->stop));
+    return out;
   }
 
   const int device_;
@@ -329,21 +361,24 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
   const std::optional<ImageConversion> image_;
   Normalization norm_{};
   cudaStream_t stream_ = nullptr;
+  static constexpr int64_t kTimeEvery = 8;
   mutable std::mutex mu_;
   std::vector<Buffer*> all_;
   std::vector<Buffer*> free_;
-  double copy_ms_ = 0;
+  struct Copying {
+    cudaEvent_t ready;
+    std::shared_ptr<internal::BatchSlot> slot;
+  };
+  std::deque<Copying> copying_;  // submission order
+  mutable double timed_ms_ = 0;
+  mutable int64_t timed_copies_ = 0;
   std::atomic<int64_t> batches_{0};
 };
 
 CudaDeviceBatch::~CudaDeviceBatch() {
   if (buffer_ == nullptr) return;  // disarmed: Submit failed and took the buffer back
-  {
-    // The pinned host slot may return to the ring only once the copy from it is done.
-    DeviceGuard guard(device);
-    cudaEventSynchronize(buffer_->ready);
-  }
-  host.reset();
+  // No wait here: the buffer's next copy is queued after this one on the stage's stream, and
+  // after the consumer's work through the release event.
   stage_->Release(buffer_, stream_, release_ == Release::kAfterDeviceSync);
 }
 
@@ -418,6 +453,7 @@ absl::StatusOr<std::unique_ptr<CopyStage>> CopyStage::Create(
     int64_t device_bytes() const override { return s_->device_bytes(); }
     double copy_ms() const override { return s_->copy_ms(); }
     int64_t batches() const override { return s_->batches(); }
+    void ReturnCopiedSlots() override { s_->ReturnCopiedSlots(); }
 
    private:
     std::shared_ptr<CudaCopyStage> s_;

@@ -298,7 +298,11 @@ SlotPool::~SlotPool() {
 
 std::shared_ptr<internal::BatchSlot> SlotPool::Acquire() {
   internal::BatchSlot* slot = nullptr;
-  {
+  for (int attempt = 0; attempt < 2 && slot == nullptr; ++attempt) {
+    if (attempt == 1) {
+      if (!reclaim_) break;
+      reclaim_();
+    }
     std::lock_guard<std::mutex> lock(mu_);
     if (!free_.empty()) {
       slot = free_.back();
@@ -355,6 +359,20 @@ void SlotPool::set_keep(int n) {
   for (internal::BatchSlot* s : drop) {
     delete s;
     allocated_.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+void SlotPool::Reserve() {
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (int64_t(free_.size()) + in_ring_.load(std::memory_order_relaxed) >= keep_) return;
+    }
+    auto* slot = new internal::BatchSlot(allocator_, layout_);
+    allocated_.fetch_add(1, std::memory_order_relaxed);
+    created_.fetch_add(1, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(slot);
   }
 }
 

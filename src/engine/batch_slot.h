@@ -23,6 +23,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -109,6 +110,12 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
   void MarkHandedOut(internal::BatchSlot* slot);
   // How many slots the ring may own (in flight + cached free ones): the ring depth.
   void set_keep(int n);
+  // Called by Acquire when no slot is free, before allocating one: a holder of slots that are
+  // no longer needed (the copy stage) gives them back. Set before the pool is used.
+  void set_reclaim(std::function<void()> reclaim) { reclaim_ = std::move(reclaim); }
+  // Allocates free slots up to `keep` now (pinned memory: when the loader is made, not in the
+  // middle of training, where cudaHostAlloc synchronises). Throws std::bad_alloc as Acquire.
+  void Reserve();
 
   size_t slot_bytes() const { return layout_->slot_bytes(); }
   int64_t allocated() const { return allocated_.load(std::memory_order_relaxed); }
@@ -121,6 +128,7 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
 
   HostAllocator* const allocator_;
   const std::shared_ptr<const internal::SlotLayout> layout_;
+  std::function<void()> reclaim_;
   std::atomic<int64_t> allocated_{0};  // alive now
   std::atomic<int64_t> created_{0};    // ever
   std::atomic<int64_t> in_ring_{0};

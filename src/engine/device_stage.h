@@ -4,7 +4,9 @@
 // Each batch handed out is submitted once, by the consumer thread; the stage enqueues the copy
 // of the slot's fields (and any per-field device work, such as the image conversion) on a
 // stream of its own and returns at once with a `DeviceBatch` whose `ready_event` the consumer's
-// stream waits on. A device batch keeps its host slot until the copy from it is done.
+// stream waits on. The stage keeps the host slot until the copy from it is done, then lets it go
+// back to the ring (the device batch keeps a copy of the slot's small host side: indices,
+// shapes, lengths).
 //
 // Thread safety: `Submit` from the consumer thread; `DeviceBatch` release from any thread;
 // the counters from any thread.
@@ -32,8 +34,21 @@ struct DeviceBatch {
   };
   std::vector<Column> columns;  // one per field of the schema
   int device = 0;
-  void* ready_event = nullptr;      // cudaEvent_t
-  std::shared_ptr<BatchSlot> host;  // the pinned slot (indices and lengths stay on the host)
+  void* ready_event = nullptr;  // cudaEvent_t
+  // The batch's host side, copied from its slot at submission: the slot itself goes back to
+  // the ring as soon as the copy from it is done, whatever the batch's own life.
+  std::shared_ptr<const SlotLayout> layout;
+  std::vector<int64_t> indices;                // the data set index of each sample
+  std::vector<internal::Column> host_columns;  // each field's shapes, lengths, offsets
+  // Only when a field stays on the host (a column with null data): its slot, for the batch's
+  // life.
+  std::shared_ptr<BatchSlot> host;
+
+  void CopyHostSide(const BatchSlot& slot, int64_t n) {
+    layout = slot.layout_ref;
+    indices.assign(slot.indices.begin(), slot.indices.begin() + n);
+    host_columns = slot.columns;
+  }
   // Makes `stream` (a cudaStream_t; null = the legacy default stream) wait for the batch, and
   // remembers it: the buffer is reused only after the work queued there at release is done.
   virtual absl::Status UseOnStream(void* stream) = 0;
@@ -53,6 +68,9 @@ class DeviceStage {
   // Time the copies and kernels took, summed (ms), and batches copied.
   virtual double copy_ms() const = 0;
   virtual int64_t batches() const = 0;
+  // Gives the slots whose copies are done back to the ring now (the stage also does it at each
+  // Submit); the pool calls it before allocating a slot. Any thread.
+  virtual void ReturnCopiedSlots() {}
 };
 
 }  // namespace feedline

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <new>
 #include <string>
 #include <thread>
 #include <utility>
@@ -19,6 +20,7 @@
 #include "engine/epoch_run.h"
 #include "engine/loader_shared.h"
 #include "engine/simulated_latency.h"
+#include "feedline/error.h"
 
 namespace feedline {
 
@@ -33,17 +35,21 @@ const Schema& EmptySchema() {
 }  // namespace
 
 const Schema& Batch::schema() const noexcept {
-  if (device_batch_) return device_batch_->host->layout->schema;
+  if (device_batch_) return device_batch_->layout->schema;
   return slot_ ? slot_->layout->schema : EmptySchema();
 }
 
 TensorView Batch::field(int i) const {
   TensorView v;
-  internal::BatchSlot* slot = device_batch_ ? device_batch_->host.get() : slot_.get();
-  if (slot == nullptr || i < 0 || i >= slot->layout->schema.size()) return v;
-  const Field& f = slot->layout->schema.field(i);
-  const internal::Column& c = slot->columns[size_t(i)];
-  v.data = slot->field_data(i);
+  const internal::SlotLayout* layout = device_batch_ ? device_batch_->layout.get()
+                                       : slot_       ? slot_->layout
+                                                     : nullptr;
+  if (layout == nullptr || i < 0 || i >= layout->schema.size()) return v;
+  const Field& f = layout->schema.field(i);
+  const internal::Column& c =
+      device_batch_ ? device_batch_->host_columns[size_t(i)] : slot_->columns[size_t(i)];
+  internal::BatchSlot* host = device_batch_ ? device_batch_->host.get() : slot_.get();
+  v.data = host != nullptr ? host->field_data(i) : nullptr;
   v.dtype = f.dtype();
   v.shape = c.shape;
   if (f.variable()) {
@@ -64,7 +70,7 @@ TensorView Batch::field(int i) const {
 TensorView Batch::field(std::string_view name) const { return field(schema().Find(name)); }
 
 const int64_t* Batch::indices() const noexcept {
-  if (device_batch_) return device_batch_->host->indices.data();
+  if (device_batch_) return device_batch_->indices.data();
   return slot_ ? slot_->indices.data() : nullptr;
 }
 
@@ -259,6 +265,11 @@ absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOpt
     shared->device_stage = *std::move(stage);
   }
   shared->pool = std::make_shared<SlotPool>(allocator, shared->layout);
+  if (DeviceStage* stage = shared->device_stage.get()) {
+    // Slots whose copies are done come back before the ring allocates another (the stage is
+    // destroyed after the threads that acquire slots have stopped).
+    shared->pool->set_reclaim([stage] { stage->ReturnCopiedSlots(); });
+  }
 
   // Resolve "auto" once. Transforms are CPU-bound: one worker per core. Reads of local files
   // are short; a few in flight hide their latency. The ring holds enough batches to absorb
@@ -335,6 +346,16 @@ absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOpt
   shared->prefetch.store(prefetch);
   shared->read_bytes_reserved = read_bytes;
   shared->KeepSlots(prefetch);
+  if (shared->device >= 0) {
+    // Pinned memory is allocated now: cudaHostAlloc synchronises with the device.
+    try {
+      shared->pool->Reserve();
+    } catch (const std::bad_alloc&) {
+      return MarkDeviceError(absl::ResourceExhaustedError(absl::StrCat(
+          "device: cannot allocate pinned host memory for the prefetch ring (", prefetch,
+          " batches of ", slot_bytes, " bytes); lower batch_size or prefetch")));
+    }
+  }
 
   shared->sampler.dataset_size = shared->dataset->size();
   shared->sampler.batch_size = options.batch_size();

@@ -370,7 +370,8 @@ class LoggingCopyStage final : public feedline::DeviceStage {
     d->columns.resize(size_t(slot->layout->schema.size()));  // data null: host fields
     submitted.push_back({slot->indices[0], taken.load()});
     REQUIRE(n > 0);
-    d->host = std::move(slot);
+    d->CopyHostSide(*slot, n);
+    d->host = std::move(slot);  // its fields stay on the host
     return std::shared_ptr<feedline::internal::DeviceBatch>(std::move(d));
   }
   int64_t device_bytes() const override { return 0; }
