@@ -2,6 +2,8 @@
 // as declared by cuda_runtime_api.h, and the conversion kernel's launcher.
 #include "cuda_stub.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -58,7 +60,12 @@ struct State {
   std::vector<Stream*> streams;   // creation order: the device's preference
   std::map<int, Stream*> legacy;  // each device's legacy default stream
   std::set<Event*> events;
-  std::map<uintptr_t, std::pair<size_t, int>> device_memory;  // start -> bytes, device
+  struct DeviceMemory {
+    size_t bytes = 0;
+    int device = 0;
+    uint8_t* backing = nullptr;  // what the device reads and writes
+  };
+  std::map<uintptr_t, DeviceMemory> device_memory;  // by the address handed out
   std::map<void*, size_t> host_memory;
   std::map<std::string, Fault> faults;
   cudaError_t sticky = cudaSuccess;
@@ -181,12 +188,15 @@ void NoteDevice(State& st, int device) {
   if (device != current) ++st.counters.foreign_device_calls;
 }
 
-bool IsDeviceRange(State& st, const void* p, size_t n, int device) {
+// The backing store of device range [p, p + n) of `device` (any device: -1), or null.
+uint8_t* Translate(State& st, const void* p, size_t n, int device) {
   const auto at = reinterpret_cast<uintptr_t>(p);
   auto it = st.device_memory.upper_bound(at);
-  if (it == st.device_memory.begin()) return false;
+  if (it == st.device_memory.begin()) return nullptr;
   --it;
-  return it->second.second == device && at + n <= it->first + it->second.first;
+  const State::DeviceMemory& m = it->second;
+  if ((device >= 0 && m.device != device) || at + n > it->first + m.bytes) return nullptr;
+  return m.backing + (at - it->first);
 }
 
 void WaitDeviceIdle(State& st, std::unique_lock<std::mutex>& lock, int device, const char* what) {
@@ -266,6 +276,17 @@ void Enqueue(cudaStream_t stream, std::function<void()> check) {
 }
 
 int Current() { return current; }
+
+void CopyToHost(void* dst, const void* device_src, size_t bytes) {
+  State& st = S();
+  std::lock_guard<std::mutex> lock(st.mu);
+  const uint8_t* src = Translate(st, device_src, bytes, -1);
+  if (src == nullptr) {
+    std::fprintf(stderr, "cuda_stub::CopyToHost: not device memory\n");
+    std::abort();
+  }
+  std::memcpy(dst, src, bytes);
+}
 
 }  // namespace cuda_stub
 
@@ -362,9 +383,19 @@ cudaError_t cudaFreeHost(void* ptr) {
 
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   STUB_ENTER("cudaMalloc");
-  *ptr = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
-  if (*ptr == nullptr) return cudaErrorMemoryAllocation;
-  st.device_memory[reinterpret_cast<uintptr_t>(*ptr)] = {bytes, cuda_stub::current};
+  // The address handed out is reserved address space without access: the host dereferencing a
+  // device pointer faults, as with a real GPU. The device works on a backing store.
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096;
+  void* address =
+      mmap(nullptr, rounded, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (address == MAP_FAILED) return cudaErrorMemoryAllocation;
+  auto* backing = static_cast<uint8_t*>(std::aligned_alloc(4096, rounded));
+  if (backing == nullptr) {
+    munmap(address, rounded);
+    return cudaErrorMemoryAllocation;
+  }
+  *ptr = address;
+  st.device_memory[reinterpret_cast<uintptr_t>(address)] = {bytes, cuda_stub::current, backing};
   ++st.counters.device_allocs;
   st.counters.device_bytes_live += int64_t(bytes);
   return cudaSuccess;
@@ -375,13 +406,15 @@ cudaError_t cudaFree(void* ptr) {
   if (ptr == nullptr) return cudaSuccess;
   auto it = st.device_memory.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == st.device_memory.end()) return cudaErrorInvalidValue;
-  cuda_stub::NoteDevice(st, it->second.second);
+  const State::DeviceMemory m = it->second;
+  cuda_stub::NoteDevice(st, m.device);
   // cudaFree waits for the device, as CUDA's does.
-  cuda_stub::WaitDeviceIdle(st, lock, it->second.second, "cudaFree");
+  cuda_stub::WaitDeviceIdle(st, lock, m.device, "cudaFree");
   ++st.counters.device_frees;
-  st.counters.device_bytes_live -= int64_t(it->second.first);
-  st.device_memory.erase(it);
-  std::free(ptr);
+  st.counters.device_bytes_live -= int64_t(m.bytes);
+  st.device_memory.erase(reinterpret_cast<uintptr_t>(ptr));
+  munmap(ptr, (std::max<size_t>(m.bytes, 1) + 4095) / 4096 * 4096);
+  std::free(m.backing);
   return cudaSuccess;
 }
 
@@ -518,13 +551,12 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   cuda_stub::Stream* s = cuda_stub::Resolve(st, stream);
   if (s == nullptr) return cudaErrorInvalidResourceHandle;
   cuda_stub::NoteDevice(st, s->device);
-  if (kind != cudaMemcpyHostToDevice || !cuda_stub::IsDeviceRange(st, dst, bytes, s->device)) {
-    return cudaErrorInvalidValue;
-  }
+  uint8_t* to = cuda_stub::Translate(st, dst, bytes, s->device);
+  if (kind != cudaMemcpyHostToDevice || to == nullptr) return cudaErrorInvalidValue;
   cuda_stub::Op op;
   // The device reads the host memory when it gets there, as a DMA engine does.
-  op.run = [dst, src, bytes] {
-    std::memcpy(dst, src, bytes);
+  op.run = [to, src, bytes] {
+    std::memcpy(to, src, bytes);
     std::lock_guard<std::mutex> l(S().mu);
     ++S().counters.copies;
   };
@@ -542,27 +574,32 @@ cudaError_t LaunchConvert(const uint8_t* src, void* dst, int64_t images, int64_t
   STUB_ENTER("LaunchConvert");
   cuda_stub::Stream* s = cuda_stub::Resolve(st, stream);
   if (s == nullptr || s->device != cuda_stub::current) return cudaErrorInvalidResourceHandle;
+  const int64_t elements = images * hw * 3;
+  const int size = dtype == kConvertUint8 ? 1 : dtype == kConvertFloat32 ? 4 : 2;
+  const uint8_t* src_d = cuda_stub::Translate(st, src, size_t(elements), s->device);
+  uint8_t* dst_d = cuda_stub::Translate(st, dst, size_t(elements * size), s->device);
+  if (src_d == nullptr || dst_d == nullptr) return cudaErrorIllegalAddress;
   std::array<float, 3> sc{scale[0], scale[1], scale[2]}, bi{bias[0], bias[1], bias[2]};
   cuda_stub::Op op;
   op.run = [=] {
     for (int64_t i = 0; i < images; ++i) {
       for (int64_t p = 0; p < hw; ++p) {
         for (int c = 0; c < 3; ++c) {
-          const uint8_t x = src[(i * hw + p) * 3 + c];
+          const uint8_t x = src_d[(i * hw + p) * 3 + c];
           const int64_t at = nchw ? (i * 3 + c) * hw + p : (i * hw + p) * 3 + c;
           const float v = float(x) * sc[c] + bi[c];
           switch (dtype) {
             case kConvertUint8:
-              static_cast<uint8_t*>(dst)[at] = x;
+              dst_d[at] = x;
               break;
             case kConvertFloat32:
-              static_cast<float*>(dst)[at] = v;
+              reinterpret_cast<float*>(dst_d)[at] = v;
               break;
             case kConvertFloat16:
-              static_cast<uint16_t*>(dst)[at] = FloatToHalf(v);
+              reinterpret_cast<uint16_t*>(dst_d)[at] = FloatToHalf(v);
               break;
             default:
-              static_cast<uint16_t*>(dst)[at] = FloatToBFloat16(v);
+              reinterpret_cast<uint16_t*>(dst_d)[at] = FloatToBFloat16(v);
               break;
           }
         }

@@ -8,7 +8,9 @@
 // the first runnable stream in creation order: the copy stage's stream (made when a loader is
 // made) runs ahead of streams made later, so a consumer's work that is not ordered by an event
 // sees its buffer overwritten. `Hold()` stops the device (a long kernel), `Resume()` lets it go.
-// Device memory is host memory: a test reads it once the stream that wrote it is synchronised.
+// Device memory is reserved address space without access (the host dereferencing a device
+// pointer faults, as with a GPU) over a backing store that the device thread uses; a test reads
+// it with `CopyToHost`.
 //
 // Each stream, event and allocation belongs to the device current when it was made; a call that
 // uses one while another device is current is counted (`foreign_device_calls`), a kernel launch
@@ -62,6 +64,10 @@ void Enqueue(cudaStream_t stream, std::function<void()> check);
 
 // The device of the calling thread as the stub sees it (cudaGetDevice).
 int Current();
+
+// Reads device memory now (no stream order: synchronise first, or call it from a check on a
+// stream). The host cannot dereference device pointers: their addresses have no access.
+void CopyToHost(void* dst, const void* device_src, size_t bytes);
 
 }  // namespace cuda_stub
 

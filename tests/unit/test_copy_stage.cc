@@ -5,12 +5,12 @@
 // AddressSanitizer by tests/run_all.sh.
 #include <atomic>
 #include <catch2/catch.hpp>
-#include <cstring>
 #include <vector>
 
 #include "cuda_stub.h"
 #include "feedline/error.h"
 #include "feedline/feedline.h"
+#include "loader_run.h"
 #include "test_util.h"
 
 namespace t = feedline::testing;
@@ -75,7 +75,19 @@ std::vector<HostBatch> HostEpoch(LoaderOptions o) {
   return out;
 }
 
-// A device batch read back (the stub's device memory is host memory) once the device is idle.
+// Device memory as the host sees it after a copy back (the host cannot dereference it).
+std::vector<uint8_t> DeviceBytes(const void* p, int64_t n) {
+  std::vector<uint8_t> out(static_cast<size_t>(n));
+  cuda_stub::CopyToHost(out.data(), p, size_t(n));
+  return out;
+}
+
+// What a check queued on a stream finds at `image` (true: the expected bytes).
+bool Holds(const uint8_t* image, const std::vector<uint8_t>& want) {
+  return DeviceBytes(image, int64_t(want.size())) == want;
+}
+
+// A device batch read back once the legacy stream, made to wait for it, is done.
 HostBatch Read(const Batch& b) {
   REQUIRE(b.device() >= 0);
   REQUIRE(b.set_consumer_stream(nullptr).ok());
@@ -83,8 +95,8 @@ HostBatch Read(const Batch& b) {
   HostBatch h;
   h.indices.assign(b.indices(), b.indices() + b.size());
   h.labels = std::vector<int64_t>(size_t(b.size()));
-  std::memcpy(h.labels.data(), b.labels(), size_t(b.size()) * sizeof(int64_t));
-  h.image = Bytes(b.images(), b.image_bytes());
+  cuda_stub::CopyToHost(h.labels.data(), b.labels(), size_t(b.size()) * sizeof(int64_t));
+  h.image = DeviceBytes(b.images(), b.image_bytes());
   return h;
 }
 
@@ -136,7 +148,7 @@ TEST_CASE("a consumer stream reads a batch only after its copy", "[cuda]") {
     const uint8_t* image = b->images();
     const std::vector<uint8_t> want = host[i++].image;
     cuda_stub::Enqueue(consumer, [&, image, want, keep = b->keep_alive()] {
-      wrong += std::memcmp(image, want.data(), want.size()) != 0 ? 1 : 0;
+      wrong += Holds(image, want) ? 0 : 1;
       ++checked;
     });
   }
@@ -168,7 +180,7 @@ TEST_CASE("a device buffer is reused only after the consumer's work on it", "[cu
       const uint8_t* image = b->images();
       std::vector<uint8_t> want = host[i].image;
       cuda_stub::Enqueue(consumer, [&, image, want = std::move(want)] {
-        wrong += std::memcmp(image, want.data(), want.size()) != 0 ? 1 : 0;
+        wrong += Holds(image, want) ? 0 : 1;
         ++checked;
       });
     }
@@ -264,9 +276,8 @@ TEST_CASE("the calling thread's current device is left as it was", "[cuda]") {
       REQUIRE(cudaSetDevice(loader_device) == cudaSuccess);
       const uint8_t* image = b->images();
       std::vector<uint8_t> want = host[i++].image;
-      cuda_stub::Enqueue(nullptr, [&, image, want = std::move(want)] {
-        wrong += std::memcmp(image, want.data(), want.size()) != 0 ? 1 : 0;
-      });
+      cuda_stub::Enqueue(
+          nullptr, [&, image, want = std::move(want)] { wrong += Holds(image, want) ? 0 : 1; });
       REQUIRE(cudaSetDevice(caller) == cudaSuccess);
     }
     cuda_stub::Resume();
@@ -389,9 +400,8 @@ TEST_CASE("CUDA failures reach the consumer as device errors; nothing aborts or 
         REQUIRE(b->set_consumer_stream(consumer).ok());
         const uint8_t* image = b->images();
         std::vector<uint8_t> want = host[i++].image;
-        cuda_stub::Enqueue(consumer, [&, image, want = std::move(want)] {
-          wrong += std::memcmp(image, want.data(), want.size()) != 0 ? 1 : 0;
-        });
+        cuda_stub::Enqueue(
+            consumer, [&, image, want = std::move(want)] { wrong += Holds(image, want) ? 0 : 1; });
       }
       REQUIRE(cudaStreamSynchronize(consumer) == cudaSuccess);
       REQUIRE(wrong == 0);
@@ -422,4 +432,52 @@ TEST_CASE("copy time is measured without timing every batch's events", "[cuda]")
   REQUIRE(copy->busy_s > 0);
   // The events the consumer waits on have timing off; a few batches are timed.
   REQUIRE(cuda_stub::Get().timed_records <= 2 * (78 / 8 + 2));
+}
+
+TEST_CASE("each DLPack stream value orders the release where it must", "[cuda]") {
+  cuda_stub::Reset();
+  const std::vector<HostBatch> host = HostEpoch(Small());
+  SECTION(
+      "per-thread default stream (2): read there, the release is ordered on the legacy "
+      "stream, which waits for it") {
+    auto loader = MakeLoader(Small().device("cuda:0"));
+    size_t i = 0;
+    for (absl::StatusOr<Batch>& b : *loader) {
+      REQUIRE(b.ok());
+      REQUIRE(b->set_consumer_stream(cudaStreamPerThread).ok());
+      REQUIRE(cudaStreamSynchronize(cudaStreamPerThread) == cudaSuccess);
+      REQUIRE(DeviceBytes(b->images(), b->image_bytes()) == host[i++].image);
+    }
+    REQUIRE(cuda_stub::Get().device_syncs == 0);
+  }
+  SECTION("no stream (-1): the consumer synchronises; the buffer waits for the whole device") {
+    auto loader = MakeLoader(Small().device("cuda:0"));
+    size_t i = 0;
+    int64_t released = 0;
+    for (absl::StatusOr<Batch>& b : *loader) {
+      REQUIRE(b.ok());
+      REQUIRE(b->set_consumer_stream(feedline::kNoSyncStream).ok());
+      REQUIRE(cudaEventSynchronize(static_cast<cudaEvent_t>(b->ready_event())) == cudaSuccess);
+      REQUIRE(DeviceBytes(b->images(), b->image_bytes()) == host[i++].image);
+      ++released;
+    }
+    // Each batch released (all but the last two when the loop ends) synchronised the device.
+    REQUIRE(cuda_stub::Get().device_syncs >= released - 1);
+  }
+}
+
+TEST_CASE("feedline-bench's consumer loop reads only host memory of device batches", "[cuda]") {
+  // The stub's device addresses fault on the host as a GPU's do (--device cuda segfaulted on
+  // its first batch when the checksum read the image field).
+  cuda_stub::Reset();
+  auto loader = MakeLoader(Small().device("cuda:0"));
+  feedline::bench::EpochRunOptions o;
+  o.epochs = 2;
+  o.progress = false;
+  o.print_epochs = false;
+  absl::StatusOr<feedline::bench::EpochRunResult> r = feedline::bench::RunEpochs(*loader, o);
+  REQUIRE(r.ok());
+  REQUIRE(r->epochs.size() == 2);
+  REQUIRE(r->epochs[1].images == 39);
+  REQUIRE(r->checksum != 0);
 }
