@@ -65,6 +65,11 @@ __global__ void TransposeKernel(const uint8_t* __restrict__ src, uint8_t* __rest
 
 }  // namespace
 
+cudaError_t CheckConvertKernel() {
+  cudaFuncAttributes attributes;
+  return cudaFuncGetAttributes(&attributes, ConvertKernel<float>);
+}
+
 cudaError_t LaunchConvert(const uint8_t* src, void* dst, int64_t images, int64_t hw, bool nchw,
                           int dtype, const float* scale, const float* bias, cudaStream_t stream) {
   const int64_t pixels = images * hw;

@@ -137,6 +137,7 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
   }
   ~CudaCopyStage() {
     DeviceGuard guard(device_);
+    if (stream_ == nullptr) return;  // Init failed: nothing was made
     cudaStreamSynchronize(stream_);
     copying_.clear();  // the copies are done (or the context is gone): the slots may go
     for (Buffer* b : all_) {
@@ -152,6 +153,18 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
   absl::Status Init() {
     DeviceGuard guard(device_);
     FEEDLINE_CUDA_RETURN(guard.status());
+    if (cudaError_t e = CheckConvertKernel(); e != cudaSuccess) {
+      cudaDeviceProp p;
+      std::string name = "?";
+      int cc = 0;
+      if (cudaGetDeviceProperties(&p, device_) == cudaSuccess)
+        name = p.name, cc = p.major * 10 + p.minor;
+      return MarkDeviceError(absl::FailedPreconditionError(absl::StrCat(
+          "device: cuda:", device_, " (", name, ", compute capability ", cc / 10, ".", cc % 10,
+          ") cannot run this build's CUDA kernels (sm_80, sm_90 and PTX; a CUDA 13 driver, "
+          "R580 or newer, is needed): ",
+          cudaGetErrorString(e))));
+    }
     FEEDLINE_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     return absl::OkStatus();
   }

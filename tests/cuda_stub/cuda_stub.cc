@@ -429,6 +429,9 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   STUB_ENTER("cudaStreamDestroy");
+  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) {
+    return cudaErrorInvalidResourceHandle;  // a default stream is not destroyed
+  }
   cuda_stub::Stream* s = cuda_stub::Resolve(st, stream);
   if (s == nullptr) return cudaErrorInvalidResourceHandle;
   cuda_stub::NoteDevice(st, s->device);
@@ -566,6 +569,11 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 }
 
 namespace feedline::cuda {
+
+cudaError_t CheckConvertKernel() {
+  STUB_ENTER("CheckConvertKernel");
+  return cudaSuccess;
+}
 
 // The conversion kernel on the stub's device: the same arithmetic as convert.cu (x * scale +
 // bias in float, rounded to the dtype), run by the device thread in the stream's order.

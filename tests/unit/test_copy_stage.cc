@@ -297,6 +297,14 @@ TEST_CASE("the calling thread's current device is left as it was", "[cuda]") {
   REQUIRE(b.ok());
   REQUIRE(b->device() == 1);
   REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  // A GPU that cannot run the kernels (too old for sm_80 and the PTX, or an old driver) is
+  // refused at creation with the reason, not at the first batch.
+  cuda_stub::FailNext("CheckConvertKernel", cudaErrorNoKernelImageForDevice);
+  auto old_gpu = Loader::Create(Small().device("cuda:0"));
+  REQUIRE_FALSE(old_gpu.ok());
+  REQUIRE(feedline::IsDeviceError(old_gpu.status()));
+  REQUIRE(old_gpu.status().message().find("cannot run this build's CUDA kernels") !=
+          std::string::npos);
   // A device the machine does not have is refused at creation.
   auto missing = Loader::Create(Small().device("cuda:2"));
   REQUIRE_FALSE(missing.ok());
