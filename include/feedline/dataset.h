@@ -121,7 +121,9 @@ class DatasetWrapper : public Dataset {
 // A file named by a path or a URL, as a local path: an http(s):// or s3:// URL is downloaded
 // once into feedline's cache (the shard cache's folder and byte budget: $FEEDLINE_CACHE_DIR,
 // $FEEDLINE_SHARD_CACHE_BYTES) with retries, a stalled transfer failing after
-// `read_timeout_ms`; a later call finds it there. Other paths are returned as they are. For
+// `read_timeout_ms`; a later call finds it there, after one HEAD request: a copy whose object
+// changed on the server since (another ETag) is fetched again, and a server that does not
+// answer leaves the copy as it is (it opens offline). Other paths are returned as they are. For
 // sources that are read whole or memory-mapped: text files, token files and their indexes,
 // tokenizer models. Errors name the URL (kNotFound for a 404, ...).
 absl::StatusOr<std::string> LocalCopy(const std::string& path_or_url,

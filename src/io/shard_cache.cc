@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -32,10 +33,14 @@ std::string Env(const char* name) {
 
 bool Exists(const std::string& path) { return ::access(path.c_str(), R_OK) == 0; }
 
-// A cached shard file (not a catalog, not a download in progress).
+// A LocalCopy's version (the object's ETag) is kept beside it in "<file>.ver".
+constexpr const char* kVersionSuffix = ".ver";
+
+// A cached shard file or local copy (not a catalog, a version or a download in progress).
 bool IsShardFile(const std::filesystem::path& p) {
   const std::string name = p.filename().string();
-  return !absl::EndsWith(name, ".idx") && !absl::EndsWith(name, ".part");
+  return !absl::EndsWith(name, ".idx") && !absl::EndsWith(name, ".part") &&
+         !absl::EndsWith(name, kVersionSuffix);
 }
 
 // Runs fn(k) for every k in [0, n) on up to `threads` threads of its own (blocking transfers,
@@ -143,7 +148,14 @@ void HoldBudget(const std::string& dir, const std::vector<std::string>& in_use, 
     std::error_code e;
     const int64_t size = int64_t(std::filesystem::file_size(files[k].second, e));
     if (std::filesystem::remove(files[k].second, e)) total -= size;
+    std::filesystem::remove(files[k].second.string() + kVersionSuffix, e);
   }
+}
+
+std::string ReadSmallFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return s;
 }
 
 }  // namespace
@@ -189,6 +201,27 @@ absl::StatusOr<std::vector<ShardSource>> PrepareRemoteShards(const std::vector<s
       std::lock_guard<std::mutex> lock(mu);
       fetch.push_back(known[k]);
     });
+  }
+  // Catalogued shards whose files were removed to hold the budget (read by range meanwhile)
+  // are fetched again when the budget has room for them now, in the data set's order.
+  {
+    int64_t held = 0;
+    std::error_code e;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, e)) {
+      std::error_code e2;
+      if (entry.is_regular_file(e2) && IsShardFile(entry.path())) {
+        held += int64_t(entry.file_size(e2));
+      }
+    }
+    std::vector<bool> fetching(out.size(), false);
+    for (size_t i : fetch) fetching[i] = true;
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (fetching[i] || Exists(out[i].path) || !Exists(out[i].catalog)) continue;
+      const int64_t bytes = TarCatalogBytes(out[i].catalog);
+      if (bytes < 0 || held + bytes > *budget) continue;
+      held += bytes;
+      fetch.push_back(i);
+    }
   }
   // Downloads: a few at once (shards are large, the bandwidth is shared); each catalogued
   // as soon as it is complete.
@@ -241,13 +274,34 @@ absl::StatusOr<std::vector<std::string>> LocalCopies(const std::vector<std::stri
     if (!IsHttpUrl(path)) continue;
     const std::string url = path;
     path = CachePathFor(dir, url);
+    const std::string version = path + kVersionSuffix;
+    HttpOptions o;
+    o.timeout_s = 24 * 3600;  // a whole file; a stalled transfer fails after read_timeout
+    o.stall_s = read_timeout_ms > 0 ? read_timeout_ms / 1000 : 60;
+    o.max_bytes = int64_t{1} << 42;
+    if (IsS3Url(url)) o.s3 = std::make_shared<const S3Config>(LoadS3Config());
+    if (Exists(path)) {
+      // Still the version copied? One HEAD: a changed ETag fetches the file again; no answer
+      // (offline) or no ETag keeps the copy. The new copy replaces the old one by a rename, so
+      // a process that has the old one open or mapped keeps reading it.
+      const std::string cached = ReadSmallFile(version);
+      if (!cached.empty()) {
+        HttpOptions head = o;
+        head.timeout_s = std::min(o.stall_s, 60.0);
+        absl::StatusOr<std::string> now = HttpEtag(url, head);
+        if (now.ok() && !now->empty() && *now != cached) std::filesystem::remove(path, ec);
+      }
+    }
     if (!Exists(path)) {
-      HttpOptions o;
-      o.timeout_s = 24 * 3600;  // a whole file; a stalled transfer fails after read_timeout
-      o.stall_s = read_timeout_ms > 0 ? read_timeout_ms / 1000 : 60;
-      o.max_bytes = int64_t{1} << 42;
-      if (IsS3Url(url)) o.s3 = std::make_shared<const S3Config>(LoadS3Config());
-      if (absl::Status s = HttpDownload(url, path, o); !s.ok()) return s;
+      std::string etag;
+      if (absl::Status s = HttpDownload(url, path, o, nullptr, &etag); !s.ok()) return s;
+      std::filesystem::remove(version, ec);
+      if (!etag.empty()) {
+        // Written whole, then renamed: a reader never sees half a version.
+        const std::string part = absl::StrCat(version, ".", ::getpid(), ".part");
+        std::ofstream(part, std::ios::binary | std::ios::trunc) << etag;
+        std::filesystem::rename(part, version, ec);
+      }
     }
     in_use.push_back(path);
     needed += int64_t(std::filesystem::file_size(path, ec));

@@ -383,6 +383,16 @@ std::string TarCatalogEtag(const std::string& catalog) {
   return etag;
 }
 
+int64_t TarCatalogBytes(const std::string& catalog) {
+  std::vector<TarMember> members;
+  ClsText cls;
+  std::string etag;
+  if (!ReadTarCatalog(catalog, &members, &cls, &etag).ok()) return -1;
+  int64_t end = 0;
+  for (const TarMember& m : members) end = std::max(end, m.offset + m.size);
+  return end;
+}
+
 absl::StatusOr<std::shared_ptr<TarDataset>> TarDataset::Open(
     const std::vector<std::string>& shards, const std::string& source, Mode mode,
     const std::vector<std::string>* shown) {

@@ -65,6 +65,9 @@ absl::Status WriteTarCatalog(const std::string& shard, const std::string& shown,
 
 // The ETag a catalog was written with (empty: unknown, or not a readable catalog).
 std::string TarCatalogEtag(const std::string& catalog);
+// The bytes of the shard a catalog describes, up to its last member's data (-1: not a readable
+// catalog).
+int64_t TarCatalogBytes(const std::string& catalog);
 
 class TarDataset final : public FileDataset {
  public:

@@ -428,6 +428,14 @@ def test_shards_past_the_cache_budget_are_read_by_range(served, proxy, tmp_path,
     for a, b in zip(local, _epoch(feedline.ImageLoader(url, **kw))):
         assert torch.equal(a, b)
     assert len(_cache_files(tmp_path)[0]) == 1
+    # Room in the budget again: the shards read by range meanwhile are downloaded at the next
+    # open (the whole data set is then read from disk: no range request).
+    monkeypatch.setenv("FEEDLINE_SHARD_CACHE_BYTES", str(one * 10))
+    roomy = feedline.ImageLoader(url, **kw)
+    assert len(_cache_files(tmp_path)[0]) == 3
+    for a, b in zip(local, _epoch(roomy)):
+        assert torch.equal(a, b)
+    assert roomy.stats().get("remote", {}).get("requests", 0) == 0
     monkeypatch.setenv("FEEDLINE_SHARD_CACHE_BYTES", "lots")
     with pytest.raises(ValueError, match="FEEDLINE_SHARD_CACHE_BYTES"):
         feedline.ImageLoader(url, **kw)

@@ -347,3 +347,28 @@ def test_text_tokenizer_and_token_files_by_url(corpus, tmp_path, monkeypatch):
                                       index=base + "/train.idx", pack="concat", shuffle=False)
         rows = torch.cat([b["input_ids"] for b in packed])
         assert rows.flatten()[:5000].tolist() == ids.astype(np.int64).tolist()
+
+
+def test_url_copy_follows_the_server_and_opens_offline(corpus, tmp_path, monkeypatch):
+    """A file read by URL is copied once; when the server's copy changes (another ETag) the
+    next open fetches it again, and with the server gone the copy still opens."""
+    import nginx
+    if nginx.NGINX is None:
+        pytest.skip("nginx missing (cmake/install-deps.sh)")
+    monkeypatch.setenv("FEEDLINE_CACHE_DIR", str(tmp_path / "cache"))
+    www = tmp_path / "www"
+    www.mkdir()
+    first = ["the first version of the corpus", "two lines of it"]
+    second = ["a second version, rewritten on the server", "with", "three lines"]
+    (www / "c.txt").write_text("\n".join(first) + "\n")
+    kw = dict(tokenizer=corpus["model"], batch_size=4, shuffle=False, return_index=True)
+    sp = corpus["sp"]
+    with nginx.serve(www, tmp_path / "nginx") as (base, _):
+        got = _collect(feedline.TextLoader(base + "/c.txt", **kw))
+        assert [got[i] for i in range(2)] == [sp.encode(d) for d in first]
+        (www / "c.txt").write_text("\n".join(second) + "\n")
+        got = _collect(feedline.TextLoader(base + "/c.txt", **kw))
+        assert [got[i] for i in range(3)] == [sp.encode(d) for d in second]
+    # The server is gone: the copy of the second version opens as it is.
+    got = _collect(feedline.TextLoader(base + "/c.txt", **kw))
+    assert [got[i] for i in range(3)] == [sp.encode(d) for d in second]
