@@ -10,8 +10,11 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <mutex>
 #include <string>
@@ -21,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "feedline/loader.h"
 #include "io/http.h"
+#include "io/tar_dataset.h"
 #include "test_util.h"
 
 namespace feedline {
@@ -35,7 +39,8 @@ std::string Body(int n) {
 
 // Serves /slow/<n> (200 after 20 ms), /ok/<n> (200), /flaky/<n> (503 the first time each, then
 // 200), /reset/<n> (the connection closed without an answer the first time, then 200), /forbidden
-// (403), anything else 404. Honours Range: bytes=a-b on /ok.
+// (403), /file/<name> (bytes given to serve_file), anything else 404. Honours Range: bytes=a-b
+// on /ok and /file.
 class TestServer {
  public:
   TestServer() {
@@ -63,6 +68,10 @@ class TestServer {
     return absl::StrCat("http://127.0.0.1:", port_, path);
   }
   int requests() const { return requests_.load(); }
+  void serve_file(const std::string& name, std::string bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    files_["/file/" + name] = std::move(bytes);
+  }
   // The most /slow/ requests served at once.
   int max_concurrent() const { return max_concurrent_.load(); }
 
@@ -110,6 +119,25 @@ class TestServer {
       };
       const auto slash = path.rfind('/');
       const int n = slash != std::string::npos ? std::atoi(path.c_str() + slash + 1) : 0;
+      std::string file;
+      bool is_file = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = files_.find(path);
+        if (it != files_.end()) file = it->second, is_file = true;
+      }
+      if (is_file) {
+        if (from < 0) {
+          reply(200, file);
+        } else {
+          const std::string body = file.substr(size_t(from), size_t(to - from + 1));
+          const std::string msg =
+              absl::StrCat("HTTP/1.1 206 Partial\r\nContent-Range: bytes ", from, "-", to, "/",
+                           file.size(), "\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+          ::send(c, msg.data(), msg.size(), MSG_NOSIGNAL);
+        }
+        continue;
+      }
       if (path.rfind("/slow/", 0) == 0) {  // 20 ms per request, as a remote store
         const int now = ++concurrent_;
         for (int m = max_concurrent_.load();
@@ -155,6 +183,7 @@ class TestServer {
   std::vector<int> conns_;
   std::vector<std::thread> workers_;
   std::map<std::string, int> seen_;
+  std::map<std::string, std::string> files_;
 };
 
 HttpOptions Fast() {
@@ -292,4 +321,92 @@ TEST_CASE("http: requests in flight are the I/O depth, without a thread per requ
 }
 
 }  // namespace
+}  // namespace feedline
+
+namespace feedline {
+namespace {
+
+// A ustar archive of `members` (name, bytes), as WebDataset shards are written.
+std::string Tar(const std::vector<std::pair<std::string, std::string>>& members) {
+  std::string out;
+  for (const auto& [name, bytes] : members) {
+    char h[512] = {};
+    std::snprintf(h, 100, "%s", name.c_str());
+    std::snprintf(h + 100, 8, "%07o", 0644);
+    std::snprintf(h + 108, 8, "%07o", 0);
+    std::snprintf(h + 116, 8, "%07o", 0);
+    std::snprintf(h + 124, 12, "%011llo", static_cast<unsigned long long>(bytes.size()));
+    std::snprintf(h + 136, 12, "%011o", 0);
+    h[156] = '0';
+    std::memcpy(h + 257, "ustar", 6);
+    std::memcpy(h + 263, "00", 2);
+    std::memset(h + 148, ' ', 8);
+    unsigned sum = 0;
+    for (unsigned char ch : h) sum += ch;
+    std::snprintf(h + 148, 8, "%06o", sum);
+    out.append(h, 512);
+    out += bytes;
+    out.append((512 - bytes.size() % 512) % 512, '\0');
+  }
+  out.append(1024, '\0');
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("http: a shard read by range gives the local shard's records, blocking and async",
+          "[io]") {
+  // The blocking read is what the retry reader uses under on_error="skip"; the asynchronous one
+  // is the read stage's. Both against the same shard read from disk.
+  TestServer server;
+  feedline::testing::TempDir dir;
+  std::vector<std::pair<std::string, std::string>> members;
+  for (int k = 0; k < 12; ++k) {
+    const std::string key = absl::StrCat("s", k);
+    members.push_back({key + ".jpg", Body(100 + 37 * k)});
+    members.push_back({key + ".cls", std::to_string(k % 3)});
+    if (k % 4 == 0) members.push_back({key + ".json", absl::StrCat("{\"k\": ", k, "}")});
+  }
+  members.push_back({"empty.jpg", ""});
+  members.push_back({"empty.cls", "1"});
+  const std::string tar = Tar(members);
+  const std::string local = dir.path() + "/train.tar";
+  feedline::testing::WriteFile(local, tar);
+  server.serve_file("train.tar", tar);
+  const std::string catalog = dir.path() + "/train.tar.idx";
+  REQUIRE(feedline::WriteTarCatalog(local, local, catalog).ok());
+  using feedline::TarDataset;
+  for (TarDataset::Mode mode : {TarDataset::Mode::kImages, TarDataset::Mode::kMembers}) {
+    auto on_disk = TarDataset::Open({local}, local, mode);
+    REQUIRE(on_disk.ok());
+    feedline::ShardSource remote;
+    remote.url = server.url("/file/train.tar");
+    remote.catalog = catalog;
+    remote.shown = remote.url;
+    auto by_range = TarDataset::Open({remote}, remote.url, mode, Fast());
+    REQUIRE(by_range.ok());
+    REQUIRE((*by_range)->async_reads());
+    REQUIRE((*by_range)->size() == (*on_disk)->size());
+    REQUIRE((*on_disk)->size() == 13);
+    for (int64_t i = 0; i < (*on_disk)->size(); ++i) {
+      INFO("sample " << i);
+      feedline::Record want, blocking, async;
+      REQUIRE((*on_disk)->Read(i, &want).ok());
+      REQUIRE((*by_range)->Read(i, &blocking).ok());
+      std::promise<absl::Status> done;
+      (*by_range)->ReadAsync(i, &async, [&done](absl::Status s) { done.set_value(s); });
+      REQUIRE(done.get_future().get().ok());
+      for (const feedline::Record* got : {&blocking, &async}) {
+        REQUIRE(got->bytes == want.bytes);
+        REQUIRE(got->label == want.label);
+        REQUIRE(got->members.size() == want.members.size());
+        for (size_t m = 0; m < want.members.size(); ++m) {
+          REQUIRE(got->members[m].name == want.members[m].name);
+          REQUIRE(got->members[m].bytes == want.members[m].bytes);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace feedline
