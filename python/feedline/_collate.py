@@ -375,6 +375,27 @@ def as_field_dtype(t, f):
     return t
 
 
+class PaddedCollate:
+    """default_collate with pad=, for batches collated in Python (num_workers=0, and irregular
+    batch_sampler batches in the workers): the samples' schema is inferred from the first batch
+    (padded leaves resolved on it), then every batch is padded to its own longest, lengths
+    beside. Samples the schema does not describe go to torch's default_collate. Picklable (a
+    worker process gets its own copy)."""
+
+    def __init__(self, pad, pad_value):
+        self.pad, self.pad_value, self.schema = pad, pad_value, None
+
+    def __call__(self, samples):
+        if self.schema is None:
+            schema = infer(samples[0]) or False
+            if schema:
+                resolve_pad(samples, schema, self.pad, self.pad_value, {})
+            self.schema = schema
+        if not self.schema:
+            return torch.utils.data.default_collate(samples)
+        return collate_padded(samples, self.schema)
+
+
 def collate_padded(samples, schema):
     """Python's padded collation (num_workers=0): the engine's layout for `schema` — variable
     leaves padded to the batch's longest with lengths beside them; a pad= leaf whose fixed

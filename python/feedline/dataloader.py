@@ -244,6 +244,10 @@ class DataLoader:
         if collate_fn is None:
             collate_fn = tud.default_collate if self._auto_collation else tud.default_convert
         self.collate_fn = collate_fn
+        # What collates a batch made in Python (the calling thread, or a worker's irregular
+        # batch): pad= pads there as the engine does.
+        self._collate_batch = (_collate.PaddedCollate(pad, pad_value)
+                               if pad and self._auto_collation else collate_fn)
         self._workers = workers
         self._executor_option = executor
         self._memory_budget = memory_budget
@@ -538,7 +542,7 @@ class DataLoader:
         t0 = time.perf_counter()
         n = 0
         for i in range(0, len(keys), bs):
-            self.collate_fn([self.dataset[k] for k in keys[i:i + bs]])
+            self._collate_batch([self.dataset[k] for k in keys[i:i + bs]])
             n += len(keys[i:i + bs])
             if time.perf_counter() - t0 >= 0.1:
                 break
@@ -633,7 +637,7 @@ class DataLoader:
             what = f"the batch of dataset{keys}"
             try:
                 if self._auto_collation:
-                    out = self.collate_fn([self.dataset[k] for k in keys])
+                    out = self._collate_batch([self.dataset[k] for k in keys])
                 else:
                     out = self.collate_fn(self.dataset[keys[0]])
             except Exception as e:  # noqa: BLE001
@@ -670,7 +674,7 @@ class DataLoader:
         ctx = mp.get_context("fork")
         p = ctx.Process(target=_worker.main, daemon=True, name=f"feedline-worker-{i}",
                         args=(self.dataset, self._schema, self._batch_mode,
-                              self.collate_fn if self._auto_collation else None, req_r, rep_w,
+                              self._collate_batch if self._auto_collation else None, req_r, rep_w,
                               sfd, self._staging, i, self._transform.processes or 1,
                               self._base_seed_procs, self.worker_init_fn,
                               list(close_fds) + [req_w, rep_r]))
@@ -824,7 +828,6 @@ class _SerialIter(_BaseIter):
             owner._executor, owner._executor_reason = "main", "num_workers=0"
         self._batches = iter(batches[skip:])
         self._batches_done = skip
-        self._pad_schema = None  # pad=: the samples' schema (False: torch's collate)
 
     def __next__(self):
         self._check()
@@ -835,15 +838,7 @@ class _SerialIter(_BaseIter):
             self._finished = True
             raise
         if o._auto_collation:
-            samples = [o.dataset[k] for k in keys]
-            if o._pad and o.collate_fn is tud.default_collate:
-                if self._pad_schema is None:
-                    self._pad_schema = _collate.infer(samples[0]) or False
-                    if self._pad_schema:
-                        _collate.resolve_pad(samples, self._pad_schema, o._pad, o._pad_value, {})
-                if self._pad_schema:
-                    return self._out(_collate.collate_padded(samples, self._pad_schema))
-            return self._out(o.collate_fn(samples))
+            return self._out(o._collate_batch([o.dataset[k] for k in keys]))
         return self._out(o.collate_fn(o.dataset[keys[0]]))
 
 

@@ -477,6 +477,29 @@ def test_pad_equals_pad_sequence_and_grows_its_bound(executor, pad):
     assert restarts[0] >= 1 and restarts[1] == restarts[0]
 
 
+@pytest.mark.parametrize("executor", EXECUTORS + ["main"])
+def test_pad_with_irregular_batches_pads_each_batch(executor):
+    """A batch_sampler of varying batch sizes: the batches are made whole in Python (in the
+    workers, or the calling thread), padded there as pad= asks."""
+    ds = Sequences(n=200, longest=60)
+    rng = np.random.default_rng(5)
+    order = list(rng.permutation(len(ds)))
+    batches, at = [], 0
+    while at < len(order):
+        n = int(rng.integers(1, 9))
+        batches.append([int(i) for i in order[at:at + n]])
+        at += n
+    loader = feedline.DataLoader(ds, batch_sampler=batches, pad=True, pad_value=-1,
+                                 num_workers=0 if executor == "main" else 2,
+                                 executor="auto" if executor == "main" else executor)
+    got = list(loader)
+    assert [[int(x) for x in b["label"]] for b in got] == batches
+    for b, ref in zip(got, padded_reference(ds, batches, pad_value=-1)):
+        assert list(b) == ["ids", "feat", "label", "ids_lengths"]
+        for k in ref:
+            assert b[k].dtype == ref[k].dtype and torch.equal(b[k], ref[k]), k
+
+
 def test_pad_with_skip_never_drops_an_overflowing_sample():
     ds = Sequences()
     loader = feedline.DataLoader(ds, batch_size=10, num_workers=2, pad=True, on_error="skip",
