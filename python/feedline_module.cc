@@ -483,7 +483,8 @@ absl::StatusOr<std::shared_ptr<const feedline::text::Tokenizer>> LoadTokenizer(
 absl::StatusOr<std::unique_ptr<feedline::Loader>> DocumentLoader(
     const std::string& path, const std::string& field,
     std::shared_ptr<const feedline::text::Tokenizer> tokenizer, int64_t max_length, bool add_bos,
-    bool add_eos, bool ragged, feedline::LoaderOptions o) {
+    bool add_eos, bool ragged, feedline::LoaderOptions o,
+    std::shared_ptr<feedline::text::CutCounter> cut = nullptr) {
   // WebDataset shards (a .tar or a brace pattern): one document per key.
   const bool shards = absl::EndsWith(path, ".tar") || absl::StrContains(path, "{");
   absl::StatusOr<std::shared_ptr<const feedline::Dataset>> docs;
@@ -504,6 +505,7 @@ absl::StatusOr<std::unique_ptr<feedline::Loader>> DocumentLoader(
   t.add_eos = add_eos;
   t.field = field;
   t.ragged = ragged;
+  t.cut = std::move(cut);
   auto transform = feedline::text::MakeTokenizeTransform(t);
   if (!transform.ok()) return transform.status();
   return feedline::Loader::Create(*docs, *transform, std::move(o));
@@ -619,8 +621,10 @@ PYBIND11_MODULE(_feedline, m) {
             auto tokenizer = LoadTokenizer(model);  // loaded once
             if (!tokenizer.ok()) return tokenizer.status();
             p.pad_id = std::max((*tokenizer)->pad_id(), 0);
+            auto cut = std::make_shared<feedline::text::CutCounter>();
+            p.cut = cut;
             auto docs = DocumentLoader(path, field, *std::move(tokenizer), max_length, add_bos,
-                                       add_eos, /*ragged=*/true, std::move(o));
+                                       add_eos, /*ragged=*/true, std::move(o), cut);
             if (!docs.ok()) return docs.status();
             return feedline::text::PackedLoader::Create(*std::move(docs), p);
           }();
@@ -654,9 +658,11 @@ PYBIND11_MODULE(_feedline, m) {
         t.vocab_size = vocab_size;
         t.max_length = max_length;
         t.eos_id = eos_id;
+        t.cut = std::make_shared<feedline::text::CutCounter>();
         feedline::text::PackOptions p = PackOptionsOf(pack, seq_len, window_rows, split_long,
                                                       mask_boundaries, batch_size, drop_last);
         p.pad_id = pad_id;
+        p.cut = t.cut;
         feedline::LoaderOptions o =
             EngineOptions(doc_batch, shuffle, seed, /*drop_last=*/false, rank, world_size, workers,
                           prefetch, memory_budget, on_error, max_errors);
@@ -907,6 +913,8 @@ PYBIND11_MODULE(_feedline, m) {
              packing["documents"] = p.documents;
              packing["truncated"] = p.truncated;
              packing["split"] = p.split;
+             packing["cut_documents"] = p.cut_documents;
+             packing["cut_tokens"] = p.cut_tokens;
              packing["efficiency"] = p.efficiency();
              d["packing"] = packing;
              return d;

@@ -23,6 +23,7 @@
 #ifndef FEEDLINE_TEXT_H_
 #define FEEDLINE_TEXT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -40,6 +41,19 @@
 namespace feedline::text {
 
 enum class TokenDType { kUint16, kUint32 };
+
+// Documents a transform cut to its max_length, and the tokens that cut dropped (counted from any
+// worker thread; read by whoever shares it: PackOptions::cut, stats). Nothing is dropped
+// silently: a packed loader reports these in its PackStats.
+struct CutCounter {
+  std::atomic<int64_t> documents{0};
+  std::atomic<int64_t> tokens{0};
+  void Add(int64_t dropped) {
+    if (dropped <= 0) return;
+    documents.fetch_add(1, std::memory_order_relaxed);
+    tokens.fetch_add(dropped, std::memory_order_relaxed);
+  }
+};
 
 struct TokenFileOptions {
   std::string path;
@@ -70,8 +84,9 @@ struct TokenDocumentOptions {
   int64_t vocab_size = 0;
   int64_t max_length = 65536;
   int64_t eos_id = -1;
-  std::string name = "";        // names the file in messages (default: path)
-  std::string index_name = "";  // names the index in messages (default: index_path)
+  std::shared_ptr<CutCounter> cut;  // when set: documents cut to max_length are counted there
+  std::string name = "";            // names the file in messages (default: path)
+  std::string index_name = "";      // names the index in messages (default: index_path)
 };
 struct TokenDocuments {
   std::shared_ptr<const Dataset> dataset;
@@ -116,6 +131,7 @@ struct TokenizeOptions {
   // The "input_ids" field: padded int64 (TextLoader's batches), or ragged int32 (the packer's
   // input: documents back to back with offsets, 4 bytes a token in the ring).
   bool ragged = false;
+  std::shared_ptr<CutCounter> cut;  // when set: documents cut to max_length are counted there
 };
 
 // Documents to "input_ids" (int64 [<= max_length]) — from OpenTextLines' records, or from
@@ -174,15 +190,22 @@ struct PackOptions {
   bool mask_boundaries = true;  // kConcat: labels -100 at each document's last token
   bool drop_last = false;       // drop the epoch's last batch when it has fewer rows
   int64_t pad_id = 0;
+  // The document transform's counter (TokenizeOptions::cut, TokenDocumentOptions::cut): its
+  // documents cut to max_length before packing, reported in PackStats.
+  std::shared_ptr<const CutCounter> cut;
 };
 
 struct PackStats {
-  int64_t rows = 0;            // kBucket: documents
-  int64_t tokens = 0;          // real tokens in those rows
-  int64_t slots = 0;           // tokens the batches hold, padding included
-  int64_t documents = 0;       // documents taken
-  int64_t truncated = 0;       // kBestFit: documents cut to seq_len (split_long = false)
-  int64_t split = 0;           // kBestFit: documents split into pieces
+  int64_t rows = 0;       // kBucket: documents
+  int64_t tokens = 0;     // real tokens in those rows
+  int64_t slots = 0;      // tokens the batches hold, padding included
+  int64_t documents = 0;  // documents taken
+  int64_t truncated = 0;  // kBestFit: documents cut to seq_len (split_long = false)
+  int64_t split = 0;      // kBestFit: documents split into pieces
+  // Documents longer than the document transform's max_length, cut to it before packing, and
+  // the tokens that dropped (PackOptions::cut; 0 without it).
+  int64_t cut_documents = 0;
+  int64_t cut_tokens = 0;
   double efficiency() const {  // real tokens / slots
     return slots > 0 ? double(tokens) / double(slots) : 0.0;
   }

@@ -575,6 +575,7 @@ class TokenLoader:
                 mask_boundaries=mask_boundaries, pad_id=pad_id, **engine)
         self.path = path
         self.seq_len = seq_len
+        self.max_length = max_length
         self.batch_size = batch_size
         self.rank = engine["rank"]
         self.world_size = engine["world_size"]
@@ -822,6 +823,21 @@ class _EpochIterator:
             pass
 
 
+def _warn_cut(owner):
+    """A packed loader whose documents were cut to max_length says so, once: the tokens past it
+    are in no row."""
+    if getattr(owner, "pack", None) is None or getattr(owner, "_cut_warned", False):
+        return
+    p = owner.stats().get("packing", {})
+    if p.get("cut_tokens", 0) > 0:
+        owner._cut_warned = True
+        import warnings
+        warnings.warn(f"feedline.{type(owner).__name__}: {p['cut_documents']} document(s) longer "
+                      f"than max_length={owner.max_length} tokens were cut to it "
+                      f"({p['cut_tokens']} tokens not packed); raise max_length to keep them",
+                      RuntimeWarning, stacklevel=3)
+
+
 class _FieldsIterator(_EpochIterator):
     """One epoch of a loader of any schema: dicts of tensors by field name."""
 
@@ -840,6 +856,7 @@ class _FieldsIterator(_EpochIterator):
             fields, indices, _ = self._epoch.next_fields()
         except StopIteration:
             self.close()
+            _warn_cut(self._owner)
             raise
         out = {name: self._from_dlpack(view) for name, view in fields.items()
                if name not in self._drop}

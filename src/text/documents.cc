@@ -154,6 +154,7 @@ class TokenizeTransform final : public SampleTransform {
     ids.insert(ids.end(), body.begin(), body.end());
     if (o_.add_eos && o_.tokenizer->eos_id() >= 0) ids.push_back(o_.tokenizer->eos_id());
     const int64_t len = std::min<int64_t>(int64_t(ids.size()), o_.max_length);
+    if (o_.cut) o_.cut->Add(int64_t(ids.size()) - len);
     if (o_.ragged) {
       absl::StatusOr<int32_t*> dst = out.Shaped<int32_t>(0, {len});
       if (!dst.ok()) return dst.status();

@@ -596,6 +596,10 @@ PackStats PackedLoader::pack_stats() const {
   s.truncated = sh.truncated.load(std::memory_order_relaxed);
   s.split = sh.split.load(std::memory_order_relaxed);
   s.slots = sh.slots.load(std::memory_order_relaxed);
+  if (sh.o.cut) {
+    s.cut_documents = sh.o.cut->documents.load(std::memory_order_relaxed);
+    s.cut_tokens = sh.o.cut->tokens.load(std::memory_order_relaxed);
+  }
   return s;
 }
 

@@ -189,6 +189,7 @@ class TokenDocumentTransform final : public SampleTransform {
     if (a == b) return absl::DataLossError("empty document");
     const int64_t eos = o_.eos_id >= 0 ? 1 : 0;
     const int64_t n = std::min(b - a + eos, o_.max_length);
+    if (o_.cut) o_.cut->Add(b - a + eos - n);
     absl::StatusOr<int32_t*> dst = out.Shaped<int32_t>(0, {n});
     if (!dst.ok()) return dst.status();
     const int64_t body = std::min(b - a, n);

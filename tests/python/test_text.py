@@ -173,7 +173,20 @@ def test_concat_rows_are_the_reference_concatenation(corpus):
         assert labels == ref + [-100]
         st = ld.stats()["packing"]
         assert st["tokens"] == len(want) and st["rows"] == rows
+        assert st["cut_documents"] == 0 and st["cut_tokens"] == 0
         assert st["efficiency"] == len(want) / (rows * 256)
+    # Documents longer than max_length are cut to it before packing: counted, and warned once.
+    ids = [sp.encode(d) + [sp.eos_id()] for d in corpus["docs"]]
+    cap = sorted(len(x) for x in ids)[len(ids) * 9 // 10]
+    ld = feedline.TextLoader(corpus["txt"], tokenizer=corpus["model"], pack="concat",
+                             seq_len=256, batch_size=4, add_eos=True, shuffle=False,
+                             max_length=cap)
+    with pytest.warns(RuntimeWarning, match=f"max_length={cap} tokens were cut"):
+        got = [t for b in ld for t in b["input_ids"][b["attention_mask"] == 1].tolist()]
+    assert got == [t for x in ids for t in x[:cap]]
+    st = ld.stats()["packing"]
+    assert st["cut_documents"] == sum(len(x) > cap for x in ids)
+    assert st["cut_tokens"] == sum(max(len(x) - cap, 0) for x in ids)
 
 
 def test_bestfit_rows_hold_whole_documents_densely(corpus):

@@ -170,6 +170,35 @@ def test_documents_of_a_token_file_are_packed(tmp_path, pack):
         len(ld)
 
 
+def test_documents_cut_to_max_length_are_counted_and_warned(tmp_path):
+    """A document longer than max_length is cut to it before packing: the tokens past it are
+    in no row, so stats()["packing"] counts them and the loader warns once."""
+    path, index, docs = _documents_file(tmp_path, 200)
+    max_length = 300
+    longer = [d for d in docs if len(d) + 1 > max_length]
+    assert longer  # the long tail reaches 3000 tokens
+    ld = feedline.TokenLoader(path, seq_len=128, batch_size=4, index=index, pack="concat",
+                              eos_id=1, shuffle=False, max_length=max_length)
+    with pytest.warns(RuntimeWarning, match=rf"{len(longer)} document\(s\) longer than "
+                                            rf"max_length={max_length}"):
+        rows = list(ld)
+    got = torch.cat([b["input_ids"][b["attention_mask"] == 1] for b in rows]).tolist()
+    assert got == [t for d in docs for t in (d + [1])[:max_length]]
+    p = ld.stats()["packing"]
+    assert p["cut_documents"] == len(longer)
+    assert p["cut_tokens"] == sum(len(d) + 1 - max_length for d in longer)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per loader
+        list(ld)
+    fits = feedline.TokenLoader(path, seq_len=128, batch_size=4, index=index, pack="concat",
+                                eos_id=1, shuffle=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list(fits)
+    assert fits.stats()["packing"]["cut_tokens"] == 0
+
+
 def test_document_index_errors(tmp_path):
     path, index, docs = _documents_file(tmp_path, 20)
     with pytest.raises(ValueError, match="index and pack"):
