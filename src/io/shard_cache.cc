@@ -188,8 +188,10 @@ absl::StatusOr<std::vector<ShardSource>> PrepareRemoteShards(const std::vector<s
     }
     HttpOptions head = o;
     head.timeout_s = std::min(o.stall_s > 0 ? o.stall_s : 60.0, 60.0);
+    // 64 at once: the requests share the HTTP loop's connections, the threads only wait (1,000
+    // shards at 20 ms a request open in ~0.3 s, not 2.5 s as 8 at once).
     std::mutex mu;
-    OnThreads(known.size(), 8, [&](size_t k) {
+    OnThreads(known.size(), 64, [&](size_t k) {
       const ShardSource& s = out[known[k]];
       const std::string cached = TarCatalogEtag(s.catalog);
       if (cached.empty()) return;  // unknown version: nothing to compare
