@@ -487,7 +487,11 @@ absl::Status Fetch(const std::string& url, int64_t offset, int64_t length, const
       nullptr, etag, head);
   std::unique_lock<std::mutex> lock(wait->mu);
   wait->cv.wait(lock, [&] { return wait->done; });
-  return wait->status;
+  // Moved out, not copied: the HTTP thread may drop the last reference to `wait` after this
+  // returns, and a copy would share the status's heap part with it (its reference count lives
+  // in uninstrumented Abseil code, where ThreadSanitizer cannot see the hand-off).
+  absl::Status status = std::move(wait->status);
+  return status;
 }
 
 }  // namespace
