@@ -1,12 +1,16 @@
 // The CUDA implementation of src/cuda/device.h (built when CMake finds the CUDA toolkit).
 #include <cuda_runtime.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <new>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -85,6 +89,52 @@ struct Buffer {
 };
 
 class CudaCopyStage;
+
+// Runs what it is given on a thread of its own, one at a time: a copy stage whose last owner is
+// a device batch dropped by the training loop after its loader is gone is torn down there
+// (cudaFree synchronises the device), not on the loop's thread. Started on first use; a forked
+// child makes its own (fresh queue and lock: the parent's reaper may have held its lock at the
+// fork); never joined (at exit the process frees the device anyway).
+class Reaper {
+ public:
+  static void Run(std::function<void()> job) {
+    Queue* q = Get();
+    std::lock_guard<std::mutex> lock(q->mu);
+    q->jobs.push_back(std::move(job));
+    q->cv.notify_one();
+  }
+
+ private:
+  struct Queue {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> jobs;
+  };
+  static Queue* Get() {
+    static std::mutex* init = new std::mutex();
+    static Queue* queue = nullptr;
+    static pid_t owner = 0;
+    std::lock_guard<std::mutex> lock(*init);
+    if (owner != ::getpid()) {
+      owner = ::getpid();
+      queue = new Queue();
+      std::thread([q = queue] {
+        for (;;) {
+          std::function<void()> next;
+          {
+            std::unique_lock<std::mutex> l(q->mu);
+            q->cv.wait(l, [q] { return !q->jobs.empty(); });
+            next = std::move(q->jobs.front());
+            q->jobs.pop_front();
+          }
+          next();
+          next = nullptr;  // what it captured dies here
+        }
+      }).detach();
+    }
+    return queue;
+  }
+};
 
 class CudaDeviceBatch final : public internal::DeviceBatch {
  public:
@@ -393,6 +443,10 @@ CudaDeviceBatch::~CudaDeviceBatch() {
   // No wait here: the buffer's next copy is queued after this one on the stage's stream, and
   // after the consumer's work through the release event.
   stage_->Release(buffer_, stream_, release_ == Release::kAfterDeviceSync);
+  // The last batch of a loader that is gone: the stage's teardown goes to the reaper. (Two
+  // batches dropped at once on two threads may both see two owners: then the later one tears
+  // down here, as before.)
+  if (keep_.use_count() == 1) Reaper::Run([stage = std::move(keep_)]() mutable { stage.reset(); });
 }
 
 }  // namespace

@@ -69,6 +69,7 @@ struct State {
   std::map<void*, size_t> host_memory;
   std::map<std::string, Fault> faults;
   cudaError_t sticky = cudaSuccess;
+  std::set<std::thread::id> freed_on;
   uint64_t generation = 0;
   Counters counters;
   bool started = false;
@@ -224,6 +225,7 @@ void Reset(int devices) {
   st.held = false;
   st.faults.clear();
   st.sticky = cudaSuccess;
+  st.freed_on.clear();
   st.counters = Counters();
   current = 0;
   st.cv.notify_all();
@@ -276,6 +278,11 @@ void Enqueue(cudaStream_t stream, std::function<void()> check) {
 }
 
 int Current() { return current; }
+
+bool FreedOn(std::thread::id id) {
+  std::lock_guard<std::mutex> lock(S().mu);
+  return S().freed_on.count(id) > 0;
+}
 
 void CopyToHost(void* dst, const void* device_src, size_t bytes) {
   State& st = S();
@@ -404,6 +411,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
 cudaError_t cudaFree(void* ptr) {
   STUB_ENTER("cudaFree");
   if (ptr == nullptr) return cudaSuccess;
+  st.freed_on.insert(std::this_thread::get_id());
   auto it = st.device_memory.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == st.device_memory.end()) return cudaErrorInvalidValue;
   const State::DeviceMemory m = it->second;

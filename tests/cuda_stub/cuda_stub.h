@@ -65,6 +65,9 @@ void Enqueue(cudaStream_t stream, std::function<void()> check);
 // The device of the calling thread as the stub sees it (cudaGetDevice).
 int Current();
 
+// Whether thread `id` called cudaFree since the last Reset.
+bool FreedOn(std::thread::id id);
+
 // Reads device memory now (no stream order: synchronise first, or call it from a check on a
 // stream). The host cannot dereference device pointers: their addresses have no access.
 void CopyToHost(void* dst, const void* device_src, size_t bytes);

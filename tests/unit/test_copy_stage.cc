@@ -5,6 +5,8 @@
 // AddressSanitizer by tests/run_all.sh.
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "cuda_stub.h"
@@ -105,6 +107,19 @@ void RequireSame(const HostBatch& a, const HostBatch& b) {
   REQUIRE(a.labels == b.labels);
   REQUIRE(a.image.size() == b.image.size());
   REQUIRE(a.image == b.image);
+}
+
+// Once the loaders and batches are gone, nothing of them is left on the device or pinned (a
+// stage whose last owner was a batch is torn down by the reaper thread: a moment later).
+void RequireNothingLeft() {
+  for (int i = 0; i < 500; ++i) {
+    const cuda_stub::Counters c = cuda_stub::Get();
+    if (c.device_bytes_live == 0 && c.host_bytes_live == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const cuda_stub::Counters end = cuda_stub::Get();
+  REQUIRE(end.device_bytes_live == 0);
+  REQUIRE(end.host_bytes_live == 0);
 }
 
 }  // namespace
@@ -226,10 +241,8 @@ TEST_CASE("a pinned slot returns to the ring when its copy is done, not when its
   loader.reset();
   RequireSame(Read(held[14]), host[4]);
   held.clear();
-  const cuda_stub::Counters end = cuda_stub::Get();
-  REQUIRE(end.device_bytes_live == 0);
-  REQUIRE(end.host_bytes_live == 0);
-  REQUIRE(end.host_allocs == end.host_frees);
+  RequireNothingLeft();
+  REQUIRE(cuda_stub::Get().host_allocs == cuda_stub::Get().host_frees);
 }
 
 TEST_CASE("the copy reads a slot before the ring fills it again", "[cuda]") {
@@ -310,17 +323,6 @@ TEST_CASE("the calling thread's current device is left as it was", "[cuda]") {
   REQUIRE_FALSE(missing.ok());
   REQUIRE(feedline::IsDeviceError(missing.status()));
 }
-
-namespace {
-
-// Once the loaders and batches are gone, nothing of them is left on the device or pinned.
-void RequireNothingLeft() {
-  const cuda_stub::Counters end = cuda_stub::Get();
-  REQUIRE(end.device_bytes_live == 0);
-  REQUIRE(end.host_bytes_live == 0);
-}
-
-}  // namespace
 
 TEST_CASE("CUDA failures reach the consumer as device errors; nothing aborts or leaks", "[cuda]") {
   SECTION("pinned memory cannot be allocated") {
@@ -488,4 +490,25 @@ TEST_CASE("feedline-bench's consumer loop reads only host memory of device batch
   REQUIRE(r->epochs.size() == 2);
   REQUIRE(r->epochs[1].images == 39);
   REQUIRE(r->checksum != 0);
+}
+
+TEST_CASE("the last device batch, dropped after its loader, tears nothing down on its thread",
+          "[cuda]") {
+  // cudaFree synchronises the device: a training loop dropping the last batch of a loader that
+  // is gone must not wait for it. The reaper thread frees the stage's buffers instead.
+  cuda_stub::Reset();
+  std::vector<Batch> held;
+  {
+    auto loader = MakeLoader(Small().device("cuda:0"));
+    for (absl::StatusOr<Batch>& b : *loader) {
+      REQUIRE(b.ok());
+      held.push_back(*b);
+    }
+  }
+  REQUIRE(cuda_stub::Get().device_bytes_live > 0);  // the batches hold the stage
+  std::thread dropper([&held] { held.clear(); });
+  const std::thread::id id = dropper.get_id();
+  dropper.join();
+  RequireNothingLeft();
+  REQUIRE_FALSE(cuda_stub::FreedOn(id));
 }
