@@ -62,7 +62,8 @@ struct DLManagedTensor {
 // Owns what a DLManagedTensor points into: a reference to the batch, and the shape.
 struct DLPackOwner {
   std::shared_ptr<const void> keep_alive;
-  std::vector<int64_t> shape;  // any rank: generic schemas have fields of any shape
+  std::vector<int64_t> shape;    // any rank: generic schemas have fields of any shape
+  std::vector<int64_t> strides;  // in elements, row-major
   DLManagedTensor managed;
 };
 
@@ -126,7 +127,13 @@ class ArrayView {
     t.ndim = static_cast<int32_t>(shape_.size());
     t.dtype = dtype_;
     t.shape = owner->shape.data();
-    t.strides = nullptr;  // compact row-major
+    // Explicit row-major strides (in elements): DLPack allows null for compact tensors, but
+    // newer consumers ask exporters to give them.
+    owner->strides.assign(shape_.size(), 1);
+    for (size_t d = shape_.size(); d-- > 1;) {
+      owner->strides[d - 1] = owner->strides[d] * std::max<int64_t>(shape_[d], 1);
+    }
+    t.strides = owner->strides.empty() ? nullptr : owner->strides.data();
     t.byte_offset = 0;
     owner->managed.manager_ctx = owner;
     owner->managed.deleter = &DeleteOwner;
