@@ -15,6 +15,7 @@ robin as torch takes them.
 """
 
 import atexit
+import collections
 import hashlib
 import itertools
 import json
@@ -461,11 +462,18 @@ class DataLoader:
         keys = flat if flat else [0]
         ring = itertools.cycle(keys)
         try:
-            self._timed_fetch(schema, ring, 1, 0)  # warm-up
+            with _GlobalRngWatch() as rng:
+                self._timed_fetch(schema, ring, 1, 0)  # warm-up, watched
             one, busy = self._timed_fetch(schema, ring, 1, 0.05)
         except Exception:  # noqa: BLE001 (the sample's error comes again, at its batch)
             return "thread", "the probe's sample failed"
         self._probe_rate = one
+        if rng.calls and all(isinstance(k, int) for k in flat[:64]) and _cpus() >= 2:
+            # Never run in two threads, not even to measure: their draws would interleave, and
+            # torch 1.13 can deadlock (a thread holding the generator's lock waits for the GIL
+            # that a thread waiting for that lock holds).
+            return "process", (f"the dataset sets torch's global RNG state ({rng.calls}: "
+                               "FakeData does): threads would share it, processes keep their own")
         if one > 1e6 / _INLINE_US and self._inline_allowed() and self._thread_safe(keys):
             return "main", (f"{1e6 / one:.0f} us per sample: the calling thread loads (as "
                             "num_workers=0), cheaper than a hand-off to a worker")
@@ -817,6 +825,36 @@ class _EmptyIter(_BaseIter):
 
     def __len__(self):
         return 0
+
+
+class _GlobalRngWatch:
+    """Counts, while active, the calls that set or save torch's global CPU RNG state
+    (manual_seed, seed, get_rng_state, set_rng_state; fork_rng uses them). For a single-threaded
+    probe only: it swaps module attributes."""
+
+    _NAMES = ("manual_seed", "seed", "get_rng_state", "set_rng_state")
+
+    def __enter__(self):
+        self.calls = collections.Counter()
+        self._saved = []
+        for module in (torch, torch.random):
+            for name in self._NAMES:
+                fn = getattr(module, name, None)
+                if fn is None:
+                    continue
+                self._saved.append((module, name, fn))
+
+                def counted(*a, _fn=fn, _name=name, **kw):
+                    self.calls[_name] += 1
+                    return _fn(*a, **kw)
+                setattr(module, name, counted)
+        return self
+
+    def __exit__(self, *exc):
+        for module, name, fn in reversed(self._saved):
+            setattr(module, name, fn)
+        self.calls = ", ".join(f"{n} x{c}" for n, c in sorted(self.calls.items()))
+        return False
 
 
 class _SerialIter(_BaseIter):

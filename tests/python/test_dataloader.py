@@ -420,6 +420,46 @@ def test_executor_is_chosen_by_measurement():
     assert "GIL" in b.stats()["python"]["reason"] or "core" in b.stats()["python"]["reason"]
 
 
+def test_a_dataset_that_sets_torchs_global_rng_is_never_run_in_two_threads():
+    """FakeData's way (save, seed, draw, restore torch's global RNG state): two threads would
+    interleave their draws, and torch 1.13 can deadlock between the generator's lock and the
+    GIL, so the automatic choice must not even probe it with two threads (a CI run hung there)."""
+    import torchvision
+    threads = set()
+
+    class Reseeds(tud.Dataset):
+        def __len__(self):
+            return 96
+
+        def __getitem__(self, i):
+            threads.add(threading.get_ident())
+            with torch.random.fork_rng():
+                torch.manual_seed(i)
+                x = torch.randn(3, 16, 16)
+            time.sleep(0.002)  # costly enough for workers
+            return x, i
+
+    ref = list(tud.DataLoader(Reseeds(), batch_size=8))
+    threads.clear()
+    loader = feedline.DataLoader(Reseeds(), batch_size=8, num_workers=2)
+    got = list(loader)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(ref, got))
+    st = loader.stats()["python"]
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert loader.executor == "process", st["reason"]
+        assert "global RNG" in st["reason"], st["reason"]
+        assert threads == {threading.get_ident()}, "only the probe, in the calling thread"
+    fake = torchvision.datasets.FakeData(size=16, image_size=(3, 8, 8),
+                                         transform=torchvision.transforms.PILToTensor())
+    loader = feedline.DataLoader(fake, batch_size=4, num_workers=2)
+    for a, b in zip(tud.DataLoader(fake, batch_size=4), loader):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert "global RNG" in loader.stats()["python"]["reason"]
+    # The watch put torch's functions back.
+    assert torch.manual_seed.__module__ == "torch.random"
+
+
 # --- pad=: variable-length fields padded in place, against torch's pad_sequence -------------
 class Sequences(tud.Dataset):
     """Token-like samples, a fixed feature, a label. Lengths are long-tailed, and the long ones
