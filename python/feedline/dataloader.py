@@ -245,10 +245,7 @@ class DataLoader:
         if collate_fn is None:
             collate_fn = tud.default_collate if self._auto_collation else tud.default_convert
         self.collate_fn = collate_fn
-        # What collates a batch made in Python (the calling thread, or a worker's irregular
-        # batch): pad= pads there as the engine does.
-        self._collate_batch = (_collate.PaddedCollate(pad, pad_value)
-                               if pad and self._auto_collation else collate_fn)
+        self._padded_collate = None
         self._workers = workers
         self._executor_option = executor
         self._memory_budget = memory_budget
@@ -455,6 +452,16 @@ class DataLoader:
             t.join()
         wall = time.perf_counter() - t0
         return sum(counts) / wall, sum(cpu) / wall
+
+    @property
+    def _collate_batch(self):
+        """What collates a batch made in Python (the calling thread, or a worker's irregular
+        batch): with pad=, torch's default collation padded as the engine pads."""
+        if self._pad and self._auto_collation and self.collate_fn is tud.default_collate:
+            if self._padded_collate is None:
+                self._padded_collate = _collate.PaddedCollate(self._pad, self._pad_value)
+            return self._padded_collate
+        return self.collate_fn
 
     def _choose_executor(self, schema, flat):
         if self._executor_option != "auto":
