@@ -20,6 +20,7 @@
 #include <oneapi/tbb/concurrent_queue.h>
 
 #include <cstddef>
+#include <memory>
 #include <semaphore>
 
 #include "core/sleep.h"
@@ -49,7 +50,14 @@ class HandoffQueue {
   std::ptrdiff_t size() const { return std::ptrdiff_t(items_.unsafe_size()); }
 
  private:
+#if defined(__SANITIZE_THREAD__)
+  // Under ThreadSanitizer the queue's pages come from malloc, which it sees: pages from
+  // oneTBB's own (uninstrumented) allocator, reused at the address another thread last read,
+  // were reported as races (a CI-like run: push's new page vs the previous pop's last read).
+  tbb::concurrent_queue<T, std::allocator<T>> items_;
+#else
   tbb::concurrent_queue<T> items_;
+#endif
   Semaphore available_{0};
 };
 

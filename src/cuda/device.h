@@ -11,8 +11,9 @@
 // Depends on the engine's seam (engine/device_stage.h, engine/batch_slot.h); the engine does
 // not include this folder.
 //
-// Thread safety: `CopyStage::Submit` is called by the consumer thread; a `DeviceBatch`'s release
-// may happen on any thread (the DLPack deleter).
+// Thread safety: `CopyStage::Submit` is called by one thread at a time (the consumer, or the
+// worker that assembled the batch); a `DeviceBatch`'s release may happen on any thread (the
+// DLPack deleter).
 #ifndef FEEDLINE_SRC_CUDA_DEVICE_H_
 #define FEEDLINE_SRC_CUDA_DEVICE_H_
 

@@ -66,6 +66,14 @@ void BatchRing::CompleteSamples(InFlight& e, int64_t n, std::vector<uint8_t>* sc
   // The last sample (the acq_rel count orders every other worker's writes before this): nobody
   // else touches the slot now. Assemble, then publish.
   if (e.slot != nullptr) internal::AssembleBatch(e.slot.get(), e.count, scratch);
+  if (on_assembled_ && e.slot != nullptr) {
+    bool failed;
+    {
+      std::lock_guard<std::mutex> lock(e.mu);
+      failed = !e.error.ok();
+    }
+    if (!failed) on_assembled_(e.batch.load(std::memory_order_acquire), e.slot, e.count);
+  }
   e.ready.store(true, std::memory_order_release);
   std::lock_guard<std::mutex> lock(done_mu_);
   done_cv_.notify_all();

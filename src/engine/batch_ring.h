@@ -15,6 +15,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -52,6 +53,12 @@ class BatchRing {
   void Fail(InFlight& e, int64_t pos, const absl::Status& st);
   // `n` samples of `e` are done; the last ones assemble the batch and wake the consumer.
   void CompleteSamples(InFlight& e, int64_t n, std::vector<uint8_t>* scratch);
+  // Called by the worker that assembled batch b (without a failed sample), before the batch is
+  // published to the consumer: nobody else reads or takes it meanwhile. Set before the workers
+  // start (the device copy stage queues the copy there).
+  using AssembledHook =
+      std::function<void(int64_t b, const std::shared_ptr<internal::BatchSlot>& slot, int64_t n)>;
+  void set_on_assembled(AssembledHook hook) { on_assembled_ = std::move(hook); }
 
   bool Ready(int64_t b) {
     const InFlight& e = at(b);
@@ -84,6 +91,7 @@ class BatchRing {
   void ReleaseSlots();
 
  private:
+  AssembledHook on_assembled_;
   EpochCore* const core_;
   std::atomic<int64_t> consumed_;  // batches handed out (the next to hand out)
   std::mutex open_mu_;

@@ -1,15 +1,16 @@
 // The copy stage's seam: what the engine asks of a device (the CUDA implementation is in
 // src/cuda/, chosen by the loader wiring; the engine never includes it).
 //
-// Each batch handed out is submitted once, by the consumer thread; the stage enqueues the copy
+// Each batch handed out is submitted once — by the worker that assembled it when the consumer is
+// near, else by the consumer thread — one submission at a time; the stage enqueues the copy
 // of the slot's fields (and any per-field device work, such as the image conversion) on a
 // stream of its own and returns at once with a `DeviceBatch` whose `ready_event` the consumer's
 // stream waits on. The stage keeps the host slot until the copy from it is done, then lets it go
 // back to the ring (the device batch keeps a copy of the slot's small host side: indices,
 // shapes, lengths).
 //
-// Thread safety: `Submit` from the consumer thread; `DeviceBatch` release from any thread;
-// the counters from any thread.
+// Thread safety: `Submit` from one thread at a time (any thread); `DeviceBatch` release from
+// any thread; the counters from any thread.
 #ifndef FEEDLINE_SRC_ENGINE_DEVICE_STAGE_H_
 #define FEEDLINE_SRC_ENGINE_DEVICE_STAGE_H_
 

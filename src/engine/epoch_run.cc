@@ -47,14 +47,21 @@ EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t 
   last_return_ns_ = NowNs();
   consumer_track_ = sh.trace->Track("consumer");
   batch_track_ = sh.trace->Track("batches (open -> handed out)");
+  if (sh.device_stage != nullptr) {
+    ring_.set_on_assembled([this](int64_t j, const std::shared_ptr<internal::BatchSlot>& slot,
+                                  int64_t n) { OnAssembled(j, slot, n); });
+  }
   SetIoDepth(sh.io_depth.load());
   SetWorkers(sh.workers.load());
   tuning_.Start();
 }
 
 EpochRun::~EpochRun() {
-  early_.clear();  // their copies are waited for before the slots go back
-  Shutdown();
+  Shutdown();  // the workers, which queue copies too, are gone after it
+  {
+    std::lock_guard<std::mutex> lock(early_mu_);
+    early_.clear();
+  }
   LoaderShared& sh = *core_.shared;
   std::lock_guard<std::mutex> lock(sh.active_mu);
   if (sh.active == this) {
@@ -163,10 +170,11 @@ absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interr
 
 absl::StatusOr<std::shared_ptr<internal::DeviceBatch>> EpochRun::OnDevice(
     int64_t b, std::shared_ptr<internal::BatchSlot> slot, int64_t n) {
-  while (!early_.empty() && early_.front().first < b) early_.pop_front();
-  if (!early_.empty() && early_.front().first == b) {
-    std::shared_ptr<internal::DeviceBatch> d = std::move(early_.front().second);
-    early_.pop_front();
+  std::lock_guard<std::mutex> lock(early_mu_);
+  early_.erase(early_.begin(), early_.lower_bound(b));
+  if (auto it = early_.find(b); it != early_.end()) {
+    std::shared_ptr<internal::DeviceBatch> d = std::move(it->second);
+    early_.erase(it);
     return d;
   }
   return core_.shared->device_stage->Submit(std::move(slot), n);
@@ -174,14 +182,25 @@ absl::StatusOr<std::shared_ptr<internal::DeviceBatch>> EpochRun::OnDevice(
 
 void EpochRun::SubmitAhead(int64_t b) {
   DeviceStage& stage = *core_.shared->device_stage;
-  int64_t next = early_.empty() ? b + 1 : early_.back().first + 1;
-  for (; next <= b + kDeviceLookahead && next < core_.num_batches; ++next) {
+  std::lock_guard<std::mutex> lock(early_mu_);
+  for (int64_t next = b + 1; next <= b + kDeviceLookahead && next < core_.num_batches; ++next) {
+    if (early_.count(next) != 0) continue;  // its worker queued it
     BatchRing::Peeked p = ring_.Peek(next);
-    if (p.slot == nullptr) return;  // not ready, or failed: it is copied (or raised) when taken
+    if (p.slot == nullptr) continue;  // not ready (its worker queues it), or failed
     absl::StatusOr<std::shared_ptr<internal::DeviceBatch>> d = stage.Submit(p.slot, p.count);
     if (!d.ok()) return;  // submitted again when taken, which returns the error then
-    early_.emplace_back(next, *std::move(d));
+    early_.emplace(next, *std::move(d));
   }
+}
+
+void EpochRun::OnAssembled(int64_t j, const std::shared_ptr<internal::BatchSlot>& slot, int64_t n) {
+  // Beyond the window: the consumer queues it when it takes batch j - kDeviceLookahead.
+  if (j > ring_.consumed() + kDeviceLookahead || core_.is_cancelled()) return;
+  std::lock_guard<std::mutex> lock(early_mu_);
+  if (early_.count(j) != 0) return;
+  absl::StatusOr<std::shared_ptr<internal::DeviceBatch>> d =
+      core_.shared->device_stage->Submit(slot, n);
+  if (d.ok()) early_.emplace(j, *std::move(d));  // else submitted again when taken
 }
 
 void EpochRun::Cancel() {

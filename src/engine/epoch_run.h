@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 
@@ -40,8 +41,11 @@ class EpochRun {
  public:
   EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t start_batch);
   ~EpochRun();
-  // Batches whose device copy is queued before the consumer asks for them (the copy of b+1
-  // runs during the consumer's step on b, also when that step synchronises the device).
+  // Batches whose device copy is queued before the consumer asks for them: the worker that
+  // assembles batch j queues its copy at once when j <= consumed + kDeviceLookahead, and the
+  // consumer queues the ready ones that were beyond that window when it takes a batch (the
+  // copy of b+1 runs during the consumer's step on b, also when that step synchronises the
+  // device).
   static constexpr int kDeviceLookahead = 2;
 
   EpochRun(const EpochRun&) = delete;
@@ -75,6 +79,8 @@ class EpochRun {
       int64_t b, std::shared_ptr<internal::BatchSlot> slot, int64_t n);
   // Queues the copies of the ready batches after b, up to kDeviceLookahead.
   void SubmitAhead(int64_t b);
+  // The ring's hook: a worker assembled batch j; its copy is queued when j is near enough.
+  void OnAssembled(int64_t j, const std::shared_ptr<internal::BatchSlot>& slot, int64_t n);
 
   EpochCore core_;
   BatchRing ring_;
@@ -87,8 +93,10 @@ class EpochRun {
 
   int64_t last_return_ns_ = 0;  // consumer thread only
   int64_t held_images_ = 0;     // the last returned batch's samples; consumer thread only
-  // Device copies queued ahead, in batch order (consumer thread; cleared by the destructor).
-  std::deque<std::pair<int64_t, std::shared_ptr<internal::DeviceBatch>>> early_;
+  // Device copies queued ahead, by batch (by workers and the consumer; each batch's copy is
+  // queued once: the submission happens under the lock).
+  std::mutex early_mu_;
+  std::map<int64_t, std::shared_ptr<internal::DeviceBatch>> early_ ABSL_GUARDED_BY(early_mu_);
   TraceTrack* consumer_track_ = nullptr;
   TraceTrack* batch_track_ = nullptr;
   std::mutex shutdown_mu_;

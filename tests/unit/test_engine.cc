@@ -364,12 +364,18 @@ class LoggingCopyStage final : public feedline::DeviceStage {
     absl::Status UseOnStream(void*) override { return absl::OkStatus(); }
   };
   int device() const override { return 0; }
+  // Called by the workers (at assembly) and the consumer, one at a time: no REQUIRE here.
   absl::StatusOr<std::shared_ptr<feedline::internal::DeviceBatch>> Submit(
       std::shared_ptr<feedline::internal::BatchSlot> slot, int64_t n) override {
     auto d = std::make_shared<Fake>();
     d->columns.resize(size_t(slot->layout->schema.size()));  // data null: host fields
-    submitted.push_back({slot->indices[0], taken.load()});
-    REQUIRE(n > 0);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      submitted.push_back({slot->indices[0], taken.load(), n});
+      if (concurrent.fetch_add(1) != 0) overlapped = true;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    concurrent.fetch_sub(1);
     d->CopyHostSide(*slot, n);
     d->host = std::move(slot);  // its fields stay on the host
     return std::shared_ptr<feedline::internal::DeviceBatch>(std::move(d));
@@ -377,10 +383,19 @@ class LoggingCopyStage final : public feedline::DeviceStage {
   int64_t device_bytes() const override { return 0; }
   double copy_ms() const override { return 0; }
   static_assert(feedline::EpochRun::kDeviceLookahead == 2, "the test counts two ahead");
-  int64_t batches() const override { return int64_t(submitted.size()); }
+  int64_t batches() const override {
+    std::lock_guard<std::mutex> lock(mu);
+    return int64_t(submitted.size());
+  }
 
-  std::vector<std::pair<int64_t, int64_t>> submitted;  // consumer thread only
+  struct Submission {
+    int64_t first_index, taken_then, n;
+  };
+  mutable std::mutex mu;
+  std::vector<Submission> submitted;
   std::atomic<int64_t> taken{0};
+  std::atomic<int> concurrent{0};
+  std::atomic<bool> overlapped{false};
 };
 
 }  // namespace
@@ -416,15 +431,18 @@ TEST_CASE("the copy stage gets batches ahead of the consumer, in order, each onc
   }
   REQUIRE(absl::IsOutOfRange(epoch->Next().status()));
   std::vector<int64_t> firsts;
-  for (const auto& [first, taken_then] : stage->submitted) {
-    firsts.push_back(first);
-    // Batches after the first two go to the copy stage before the consumer asks for them.
-    if (first >= 12) {
-      ahead += taken_then < first / 4 ? 1 : 0;
-    }
+  for (const LoggingCopyStage::Submission& s : stage->submitted) {
+    firsts.push_back(s.first_index);
+    REQUIRE(s.n == 4);
+    // The consumer sleeps before each batch: its workers (or the consumer, for batches that
+    // were ready beyond the window) queued every copy after the first before it was asked for.
+    if (s.first_index >= 8) ahead += s.taken_then < s.first_index / 4 ? 1 : 0;
   }
+  std::sort(firsts.begin(), firsts.end());
+  // Each batch once; the failed one (samples 4..7) never.
   REQUIRE(firsts == std::vector<int64_t>{0, 8, 12, 16, 20, 24, 28, 32, 36});
-  REQUIRE(ahead == 7);
+  REQUIRE(ahead == 8);
+  REQUIRE_FALSE(stage->overlapped.load());  // one submission at a time
 }
 
 namespace {
