@@ -294,9 +294,81 @@ def check_dataloader(root, results):
     return ok
 
 
+_LIFETIME_CHILD = r'''
+import os, sys, torch, feedline
+root, mode = sys.argv[1], sys.argv[2]
+loader = feedline.ImageLoader(root, batch_size=16, size=64, resize_size=72, device="cuda",
+                              dtype="float16", shuffle=False)
+x, y = next(iter(loader))
+if mode == "exit":  # leave with a live GPU tensor and loader: no hang, no crash
+    print("exiting with", x.shape, flush=True)
+    sys.exit(0)
+if mode == "fork":  # a child of a process with a live GPU loader loads on the CPU
+    pid = os.fork()
+    if pid == 0:
+        n = sum(len(b) for b, _ in feedline.ImageLoader(root, batch_size=16, size=64,
+                                                       resize_size=72))
+        os._exit(0 if n == 256 else 3)
+    _, status = os.waitpid(pid, 0)
+    n = sum(len(b) for b, _ in loader)  # the parent's loader goes on
+    torch.cuda.synchronize()
+    sys.exit(0 if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and n == 256 else 4)
+'''
+
+
+def check_lifetime(root, results):
+    """A batch used after its loader is deleted; exit with a live GPU tensor; fork() with a live
+    GPU loader (the child loads on the CPU, the parent's loader goes on)."""
+    import gc
+    import subprocess
+    kw = dict(batch_size=16, size=64, resize_size=72, dtype="float16", shuffle=False)
+    want = next(iter(feedline.ImageLoader(root, **kw)))[0]
+    loader = feedline.ImageLoader(root, device="cuda", **kw)
+    x, _ = next(iter(loader))
+    del loader
+    gc.collect()
+    after_delete = bool(torch.equal(x.cpu(), want))
+    del x
+    gc.collect()
+    torch.cuda.synchronize()
+    results["batch_after_loader_deleted"] = after_delete
+    ok = after_delete
+    for mode in ("exit", "fork"):
+        try:
+            r = subprocess.run([sys.executable, "-c", _LIFETIME_CHILD, root, mode],
+                               capture_output=True, text=True, timeout=60)
+            good = r.returncode == 0
+            if not good:
+                print(r.stdout[-2000:], r.stderr[-2000:])
+        except subprocess.TimeoutExpired:
+            good = False
+        results[f"lifetime_{mode}"] = good
+        ok &= good
+    print(f"lifetime: batch after its loader {after_delete}, exit with a live tensor "
+          f"{results['lifetime_exit']}, fork with a live loader {results['lifetime_fork']}")
+    return ok
+
+
+def check_small(root, results):
+    """A small run for compute-sanitizer (memcheck, synccheck): every dtype and layout, a
+    consumer stream, batches dropped early."""
+    s = torch.cuda.Stream()
+    for dtype in ("uint8", "float16"):
+        for layout in ("NCHW", "NHWC"):
+            loader = feedline.ImageLoader(root, batch_size=32, size=48, resize_size=56,
+                                          dtype=dtype, layout=layout, device="cuda")
+            with torch.cuda.stream(s):
+                for x, y in loader:
+                    (x.float().sum() + y.sum()).item()
+    torch.cuda.synchronize()
+    return True
+
+
 GPU_CHECKS = [("correctness", check_correctness), ("stream_ordering", check_stream_ordering),
               ("dlpack_streams", check_dlpack_streams), ("leaks", check_leaks),
-              ("throughput", check_throughput), ("dataloader", check_dataloader)]
+              ("lifetime", check_lifetime), ("throughput", check_throughput),
+              ("dataloader", check_dataloader)]
+SMALL_CHECKS = [("small", check_small)]
 
 
 class StepTimeout(Exception):
@@ -343,6 +415,8 @@ def main():
     ap.add_argument("--dry-run", action="store_true",
                     help="no GPU: run the CPU-side parts only (CI)")
     ap.add_argument("--step-timeout", type=int, default=150, help="seconds per check")
+    ap.add_argument("--small", action="store_true",
+                    help="one small run only (under compute-sanitizer)")
     args = ap.parse_args()
     print("build_info:", feedline.build_info(), flush=True)
     results = {"dry_run": args.dry_run, "build_info": feedline.build_info()}
@@ -353,7 +427,8 @@ def main():
         t = time.perf_counter()
         root = make_dataset(os.path.join(tmp, "data"))
         print(f"data set: 256 JPEGs in {time.perf_counter() - t:.1f} s", flush=True)
-        checks = [("dry_run", check_dry_run)] if args.dry_run else GPU_CHECKS
+        checks = ([("dry_run", check_dry_run)] if args.dry_run
+                  else SMALL_CHECKS if args.small else GPU_CHECKS)
         ok = run_checks(checks, root, results, args.out, args.step_timeout)
     print("GPU checks:", "PASSED" if ok else "FAILED", f"({args.out})")
     sys.exit(0 if ok else 1)

@@ -2,10 +2,11 @@
 # The GPU check, for a lent machine with an NVIDIA GPU (H200 here): builds feedline with its CUDA
 # path against the dependency kit (tests/gpu/prepare_kit.sh, carried as build-gpukit), then runs
 # every check of tests/gpu/gpu_check.py (copy + conversion against the CPU path, stream ordering,
-# every DLPack stream value, cuda:N refusal, no leak over many epochs, copy hidden behind a
-# training step and H2D against a plain pinned copy: each a pass/fail), then a short
-# `feedline-bench --device cuda` and `cuobjdump` (sm_90 code present). Each step has a time
-# limit; a failed step does not stop the others; everything is logged unbuffered to
+# every DLPack stream value, cuda:N refusal, no leak over many epochs, a batch after its loader,
+# exit with a live tensor, fork with a live loader, copy hidden behind a training step and H2D
+# against a plain pinned copy: each a pass/fail), compute-sanitizer (memcheck, synccheck) on a
+# small run, a short `feedline-bench --device cuda` and `cuobjdump` (sm_90 code present). Each
+# step has a time limit; a failed step does not stop the others; everything is logged unbuffered to
 # $OUT/gpu_check.log and the figures to $OUT/gpu_check.json as they come. Under 8 minutes.
 # Exit status: 0 only if every step passed.
 # Usage (device tool): carry ["build-gpukit"], command "bash tests/gpu/run.sh"
@@ -55,6 +56,11 @@ export PYTHONPATH=$PWD/build-gpu/python
 step "cuobjdump sm_90" 30 bash -c \
   "cuobjdump --list-elf build-gpu/python/feedline/_feedline*.so | grep -q sm_90"
 step "gpu_check" 300 $PY tests/gpu/gpu_check.py --out "$OUT/gpu_check.json" --step-timeout 60
+# compute-sanitizer on a small run: memory errors, and synchronisation hazards in the kernels.
+for tool in memcheck synccheck; do
+  step "compute-sanitizer $tool" 75 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+    $PY tests/gpu/gpu_check.py --small --out "$OUT/gpu_small_$tool.json" --step-timeout 70
+done
 step "feedline-bench --device cuda" 90 build-gpu/bench/feedline-bench --device cuda --epochs 2 \
   --quiet --json "$OUT/bench_cuda.json"
 echo "total $(( $(date +%s) - START )) s"
