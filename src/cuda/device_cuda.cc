@@ -237,8 +237,9 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
     if (!st.ok()) {
       // The copy may have started: the pinned slot must not go back to the ring while the
       // device still reads it, so wait for the stream (whatever it says) before giving up.
+      // The buffer keeps its release event: the failure may have come before the wait for the
+      // consumer's work on its previous batch, which its next copy must still wait for.
       cudaStreamSynchronize(stream_);
-      b->has_release = false;
       std::lock_guard<std::mutex> lock(mu_);
       free_.push_back(b);
       batch->Disarm();
