@@ -284,8 +284,8 @@ absl::StatusOr<std::vector<std::string>> LocalCopies(const std::vector<std::stri
     if (IsS3Url(url)) o.s3 = std::make_shared<const S3Config>(LoadS3Config());
     if (Exists(path)) {
       // Still the version copied? One HEAD: a changed ETag fetches the file again; no answer
-      // (offline) or no ETag keeps the copy. The new copy replaces the old one by a rename, so
-      // a process that has the old one open or mapped keeps reading it.
+      // (offline) or no ETag keeps the copy. The old copy is unlinked (a process that has it
+      // open or mapped keeps reading it) and the new one renamed into place.
       const std::string cached = ReadSmallFile(version);
       if (!cached.empty()) {
         HttpOptions head = o;
