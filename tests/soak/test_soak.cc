@@ -11,11 +11,10 @@
 #include <dirent.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -97,32 +96,6 @@ int SettledThreads() {
   return low;
 }
 
-// A ustar archive of WebDataset samples (key.jpg + key.cls).
-std::string Tar(const std::vector<std::pair<std::string, std::string>>& members) {
-  std::string out;
-  for (const auto& [name, data] : members) {
-    char h[512] = {};
-    std::snprintf(h, 100, "%s", name.c_str());
-    std::snprintf(h + 100, 8, "%07o", 0644);
-    std::snprintf(h + 108, 8, "%07o", 0);
-    std::snprintf(h + 116, 8, "%07o", 0);
-    std::snprintf(h + 124, 12, "%011lo", static_cast<unsigned long>(data.size()));
-    std::snprintf(h + 136, 12, "%011o", 0);
-    h[156] = '0';
-    std::memcpy(h + 257, "ustar", 6);
-    std::memcpy(h + 263, "00", 2);
-    std::memset(h + 148, ' ', 8);
-    unsigned sum = 0;
-    for (unsigned char c : h) sum += c;
-    std::snprintf(h + 148, 8, "%06o", sum);
-    out.append(h, 512);
-    out += data;
-    out.append((512 - data.size() % 512) % 512, '\0');
-  }
-  out.append(1024, '\0');
-  return out;
-}
-
 struct SoakData {
   t::TempDir dir;
   std::string folder, bad_folder, list, shard;
@@ -153,7 +126,7 @@ struct SoakData {
       members.emplace_back(std::string(key) + ".cls", std::to_string(i % 4));
     }
     shard = dir.path() + "/shard-000000.tar";
-    t::WriteFile(shard, Tar(members));
+    t::WriteFile(shard, t::Tar(members));
   }
 };
 

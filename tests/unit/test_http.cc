@@ -11,7 +11,6 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -321,38 +320,6 @@ TEST_CASE("http: requests in flight are the I/O depth, without a thread per requ
 }
 
 }  // namespace
-}  // namespace feedline
-
-namespace feedline {
-namespace {
-
-// A ustar archive of `members` (name, bytes), as WebDataset shards are written.
-std::string Tar(const std::vector<std::pair<std::string, std::string>>& members) {
-  std::string out;
-  for (const auto& [name, bytes] : members) {
-    char h[512] = {};
-    std::snprintf(h, 100, "%s", name.c_str());
-    std::snprintf(h + 100, 8, "%07o", 0644);
-    std::snprintf(h + 108, 8, "%07o", 0);
-    std::snprintf(h + 116, 8, "%07o", 0);
-    std::snprintf(h + 124, 12, "%011llo", static_cast<unsigned long long>(bytes.size()));
-    std::snprintf(h + 136, 12, "%011o", 0);
-    h[156] = '0';
-    std::memcpy(h + 257, "ustar", 6);
-    std::memcpy(h + 263, "00", 2);
-    std::memset(h + 148, ' ', 8);
-    unsigned sum = 0;
-    for (unsigned char ch : h) sum += ch;
-    std::snprintf(h + 148, 8, "%06o", sum);
-    out.append(h, 512);
-    out += bytes;
-    out.append((512 - bytes.size() % 512) % 512, '\0');
-  }
-  out.append(1024, '\0');
-  return out;
-}
-
-}  // namespace
 
 TEST_CASE("http: a shard read by range gives the local shard's records, blocking and async",
           "[io]") {
@@ -369,7 +336,7 @@ TEST_CASE("http: a shard read by range gives the local shard's records, blocking
   }
   members.push_back({"empty.jpg", ""});
   members.push_back({"empty.cls", "1"});
-  const std::string tar = Tar(members);
+  const std::string tar = feedline::testing::Tar(members);
   const std::string local = dir.path() + "/train.tar";
   feedline::testing::WriteFile(local, tar);
   server.serve_file("train.tar", tar);

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "feedline/dataset.h"
@@ -33,6 +34,9 @@ std::string PhotoJpeg(int w, int h, uint64_t seed, int quality = 90, bool s444 =
 // An ImageFolder with `classes` classes of `per_class` small JPEGs each (sizes 48..160 px so
 // that tests run fast). Returns the number of images.
 int MakeSmallImageFolder(const std::string& dir, int classes, int per_class, uint64_t seed);
+
+// A ustar archive of `members` (name, bytes), as WebDataset shards are written.
+std::string Tar(const std::vector<std::pair<std::string, std::string>>& members);
 
 // Peak signal-to-noise ratio of two equally sized uint8 buffers, in dB.
 double Psnr(const uint8_t* a, const uint8_t* b, size_t n);
