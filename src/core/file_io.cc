@@ -4,7 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -73,6 +75,27 @@ absl::Status ReadWholeFile(const std::string& path, int64_t max_bytes,
         absl::StrCat(path, ": file shrank while being read (", done, " of ", expected, " bytes)"));
   }
   bytes->resize(done);
+  return absl::OkStatus();
+}
+
+absl::Status WriteFileWhole(const std::string& path, absl::string_view bytes) {
+  static std::atomic<uint64_t> serial{0};
+  const std::string part = absl::StrCat(path, ".", ::getpid(), "-", serial++, ".part");
+  {
+    std::FILE* f = std::fopen(part.c_str(), "wb");
+    if (f == nullptr) {
+      return absl::PermissionDeniedError(absl::StrCat(part, ": ", std::strerror(errno)));
+    }
+    const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+    if (std::fclose(f) != 0 || !ok) {
+      ::unlink(part.c_str());
+      return absl::DataLossError(absl::StrCat(part, ": cannot write"));
+    }
+  }
+  if (::rename(part.c_str(), path.c_str()) != 0) {
+    ::unlink(part.c_str());
+    return absl::DataLossError(absl::StrCat(path, ": ", std::strerror(errno)));
+  }
   return absl::OkStatus();
 }
 

@@ -1,5 +1,5 @@
 // Reading local files: a whole file into memory, and errno turned into a status that names
-// the file (NotFound, PermissionDenied, DataLoss for EIO, ...).
+// the file (NotFound, PermissionDenied, DataLoss for EIO, ...); writing a small file whole.
 //
 // Thread safety: pure functions of their arguments; call them from any thread.
 #ifndef FEEDLINE_SRC_CORE_FILE_IO_H_
@@ -20,6 +20,12 @@ absl::Status ErrnoStatus(int err, const std::string& path, absl::string_view wha
 // Reads a whole file into `*bytes`: kResourceExhausted above `max_bytes`, kDataLoss when it
 // shrinks while being read (one that grows is read whole).
 absl::Status ReadWholeFile(const std::string& path, int64_t max_bytes, std::vector<uint8_t>* bytes);
+
+// Writes `bytes` to `path` whole: under a name of its own ("<path>.<pid>-<n>.part", so that
+// processes writing the same file at once do not mix), then renamed, so a reader never sees
+// half a file. kPermissionDenied when the part cannot be created, kDataLoss when it cannot be
+// written or renamed (the part is removed).
+absl::Status WriteFileWhole(const std::string& path, absl::string_view bytes);
 
 }  // namespace feedline
 

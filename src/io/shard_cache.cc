@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -21,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "core/file_io.h"
 #include "core/fnv.h"
 
 namespace feedline {
@@ -41,6 +41,17 @@ bool IsShardFile(const std::filesystem::path& p) {
   const std::string name = p.filename().string();
   return !absl::EndsWith(name, ".idx") && !absl::EndsWith(name, ".part") &&
          !absl::EndsWith(name, kVersionSuffix);
+}
+
+// Bytes of the shard files and local copies the cache folder holds.
+int64_t CachedBytes(const std::string& dir) {
+  int64_t held = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    std::error_code e2;
+    if (e.is_regular_file(e2) && IsShardFile(e.path())) held += int64_t(e.file_size(e2));
+  }
+  return held;
 }
 
 // Runs fn(k) for every k in [0, n) on up to `threads` threads of its own (blocking transfers,
@@ -85,11 +96,7 @@ int64_t ShardCacheBudget(const std::string& dir) {
     return int64_t(n * double(scale));
   }
   // Half the free space, plus what the cache holds already (it may be reused).
-  int64_t held = 0;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    if (e.is_regular_file(ec) && IsShardFile(e.path())) held += int64_t(e.file_size(ec));
-  }
+  const int64_t held = CachedBytes(dir);
   struct statvfs fs;
   if (::statvfs(dir.c_str(), &fs) != 0) return held;
   return held + int64_t(fs.f_bavail) * int64_t(fs.f_frsize) / 2;
@@ -152,10 +159,15 @@ void HoldBudget(const std::string& dir, const std::vector<std::string>& in_use, 
   }
 }
 
-std::string ReadSmallFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return s;
+// Whether the object at `url` is no longer the version `cached` (an ETag; empty: unknown): one
+// HEAD, within the stall timeout (60 s at most). No answer, or no ETag in it, is "not changed":
+// a cached copy opens offline.
+bool ChangedOnServer(const std::string& url, const std::string& cached, const HttpOptions& o) {
+  if (cached.empty()) return false;
+  HttpOptions head = o;
+  head.timeout_s = std::min(o.stall_s > 0 ? o.stall_s : 60.0, 60.0);
+  absl::StatusOr<std::string> now = HttpEtag(url, head);
+  return now.ok() && !now->empty() && *now != cached;
 }
 
 }  // namespace
@@ -186,17 +198,12 @@ absl::StatusOr<std::vector<ShardSource>> PrepareRemoteShards(const std::vector<s
     for (size_t i = 0; i < out.size(); ++i) {
       if (Exists(out[i].catalog)) known.push_back(i);
     }
-    HttpOptions head = o;
-    head.timeout_s = std::min(o.stall_s > 0 ? o.stall_s : 60.0, 60.0);
     // 64 at once: the requests share the HTTP loop's connections, the threads only wait (1,000
     // shards at 20 ms a request open in ~0.3 s, not 2.5 s as 8 at once).
     std::mutex mu;
     OnThreads(known.size(), 64, [&](size_t k) {
       const ShardSource& s = out[known[k]];
-      const std::string cached = TarCatalogEtag(s.catalog);
-      if (cached.empty()) return;  // unknown version: nothing to compare
-      absl::StatusOr<std::string> now = HttpEtag(s.url, head);
-      if (!now.ok() || now->empty() || *now == cached) return;
+      if (!ChangedOnServer(s.url, SummarizeTarCatalog(s.catalog).etag, o)) return;
       std::error_code e;
       std::filesystem::remove(s.path, e);
       std::filesystem::remove(s.catalog, e);
@@ -207,19 +214,12 @@ absl::StatusOr<std::vector<ShardSource>> PrepareRemoteShards(const std::vector<s
   // Catalogued shards whose files were removed to hold the budget (read by range meanwhile)
   // are fetched again when the budget has room for them now, in the data set's order.
   {
-    int64_t held = 0;
-    std::error_code e;
-    for (const auto& entry : std::filesystem::directory_iterator(dir, e)) {
-      std::error_code e2;
-      if (entry.is_regular_file(e2) && IsShardFile(entry.path())) {
-        held += int64_t(entry.file_size(e2));
-      }
-    }
+    int64_t held = CachedBytes(dir);
     std::vector<bool> fetching(out.size(), false);
     for (size_t i : fetch) fetching[i] = true;
     for (size_t i = 0; i < out.size(); ++i) {
       if (fetching[i] || Exists(out[i].path) || !Exists(out[i].catalog)) continue;
-      const int64_t bytes = TarCatalogBytes(out[i].catalog);
+      const int64_t bytes = SummarizeTarCatalog(out[i].catalog).bytes;
       if (bytes < 0 || held + bytes > *budget) continue;
       held += bytes;
       fetch.push_back(i);
@@ -283,27 +283,20 @@ absl::StatusOr<std::vector<std::string>> LocalCopies(const std::vector<std::stri
     o.max_bytes = int64_t{1} << 42;
     if (IsS3Url(url)) o.s3 = std::make_shared<const S3Config>(LoadS3Config());
     if (Exists(path)) {
-      // Still the version copied? One HEAD: a changed ETag fetches the file again; no answer
-      // (offline) or no ETag keeps the copy. The old copy is unlinked (a process that has it
-      // open or mapped keeps reading it) and the new one renamed into place.
-      const std::string cached = ReadSmallFile(version);
-      if (!cached.empty()) {
-        HttpOptions head = o;
-        head.timeout_s = std::min(o.stall_s, 60.0);
-        absl::StatusOr<std::string> now = HttpEtag(url, head);
-        if (now.ok() && !now->empty() && *now != cached) std::filesystem::remove(path, ec);
+      // Still the version copied? A changed one is fetched again: the old copy is unlinked (a
+      // process that has it open or mapped keeps reading it) and the new one renamed in.
+      std::vector<uint8_t> cached;
+      if (ReadWholeFile(version, 4096, &cached).ok() &&
+          ChangedOnServer(url, std::string(cached.begin(), cached.end()), o)) {
+        std::filesystem::remove(path, ec);
       }
     }
     if (!Exists(path)) {
       std::string etag;
       if (absl::Status s = HttpDownload(url, path, o, nullptr, &etag); !s.ok()) return s;
       std::filesystem::remove(version, ec);
-      if (!etag.empty()) {
-        // Written whole, then renamed: a reader never sees half a version.
-        const std::string part = absl::StrCat(version, ".", ::getpid(), ".part");
-        std::ofstream(part, std::ios::binary | std::ios::trunc) << etag;
-        std::filesystem::rename(part, version, ec);
-      }
+      // Best effort: without it the copy is simply not compared with the server again.
+      if (!etag.empty()) (void)WriteFileWhole(version, etag);
     }
     in_use.push_back(path);
     needed += int64_t(std::filesystem::file_size(path, ec));

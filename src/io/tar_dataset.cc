@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -300,24 +299,7 @@ absl::Status WriteTarCatalog(const std::string& shard, const std::string& shown,
     absl::StrAppend(&out, m.offset, " ", m.size, " ", m.name.size(), " ",
                     it == cls.end() ? -1 : int64_t(text.size()), "\n", m.name, text, "\n");
   }
-  // Written whole under a name of its own, then renamed: a reader never sees half a catalog.
-  static std::atomic<uint64_t> serial{0};
-  const std::string part = absl::StrCat(catalog, ".", ::getpid(), "-", serial++, ".part");
-  {
-    std::FILE* f = std::fopen(part.c_str(), "wb");
-    if (f == nullptr)
-      return absl::PermissionDeniedError(absl::StrCat(part, ": ", std::strerror(errno)));
-    const bool ok = std::fwrite(out.data(), 1, out.size(), f) == out.size();
-    if (std::fclose(f) != 0 || !ok) {
-      ::unlink(part.c_str());
-      return absl::DataLossError(absl::StrCat(part, ": cannot write"));
-    }
-  }
-  if (::rename(part.c_str(), catalog.c_str()) != 0) {
-    ::unlink(part.c_str());
-    return absl::DataLossError(absl::StrCat(catalog, ": ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
+  return WriteFileWhole(catalog, out);  // a reader never sees half a catalog
 }
 
 namespace {
@@ -375,22 +357,14 @@ absl::Status ReadTarCatalog(const std::string& catalog, std::vector<TarMember>* 
 
 }  // namespace
 
-std::string TarCatalogEtag(const std::string& catalog) {
+TarCatalogSummary SummarizeTarCatalog(const std::string& catalog) {
   std::vector<TarMember> members;
   ClsText cls;
-  std::string etag;
-  if (!ReadTarCatalog(catalog, &members, &cls, &etag).ok()) return "";
-  return etag;
-}
-
-int64_t TarCatalogBytes(const std::string& catalog) {
-  std::vector<TarMember> members;
-  ClsText cls;
-  std::string etag;
-  if (!ReadTarCatalog(catalog, &members, &cls, &etag).ok()) return -1;
-  int64_t end = 0;
-  for (const TarMember& m : members) end = std::max(end, m.offset + m.size);
-  return end;
+  TarCatalogSummary s;
+  if (!ReadTarCatalog(catalog, &members, &cls, &s.etag).ok()) return TarCatalogSummary();
+  s.bytes = 0;
+  for (const TarMember& m : members) s.bytes = std::max(s.bytes, m.offset + m.size);
+  return s;
 }
 
 absl::StatusOr<std::shared_ptr<TarDataset>> TarDataset::Open(

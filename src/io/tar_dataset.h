@@ -63,11 +63,14 @@ struct ShardSource {
 absl::Status WriteTarCatalog(const std::string& shard, const std::string& shown,
                              const std::string& catalog, const std::string& etag = "");
 
-// The ETag a catalog was written with (empty: unknown, or not a readable catalog).
-std::string TarCatalogEtag(const std::string& catalog);
-// The bytes of the shard a catalog describes, up to its last member's data (-1: not a readable
-// catalog).
-int64_t TarCatalogBytes(const std::string& catalog);
+// What the shard cache needs of a catalog: the ETag it was written with (empty: unknown), and
+// the bytes of the shard it describes, up to its last member's data. bytes = -1 (and no ETag)
+// when it is not a readable catalog.
+struct TarCatalogSummary {
+  std::string etag;
+  int64_t bytes = -1;
+};
+TarCatalogSummary SummarizeTarCatalog(const std::string& catalog);
 
 class TarDataset final : public FileDataset {
  public:
