@@ -479,7 +479,8 @@ class DataLoader:
             # Never run in two threads, not even to measure: their draws would interleave, and
             # torch 1.13 can deadlock (a thread holding the generator's lock waits for the GIL
             # that a thread waiting for that lock holds).
-            return "process", (f"the dataset sets torch's global RNG state ({rng.calls}: "
+            calls = ", ".join(f"{n} x{c}" for n, c in sorted(rng.calls.items()))
+            return "process", (f"the dataset sets torch's global RNG state ({calls}: "
                                "FakeData does): threads would share it, processes keep their own")
         if one > 1e6 / _INLINE_US and self._inline_allowed() and self._thread_safe(keys):
             return "main", (f"{1e6 / one:.0f} us per sample: the calling thread loads (as "
@@ -860,7 +861,6 @@ class _GlobalRngWatch:
     def __exit__(self, *exc):
         for module, name, fn in reversed(self._saved):
             setattr(module, name, fn)
-        self.calls = ", ".join(f"{n} x{c}" for n, c in sorted(self.calls.items()))
         return False
 
 
