@@ -180,27 +180,30 @@ absl::StatusOr<std::shared_ptr<internal::DeviceBatch>> EpochRun::OnDevice(
   return core_.shared->device_stage->Submit(std::move(slot), n);
 }
 
+bool EpochRun::QueueCopy(int64_t j, const std::shared_ptr<internal::BatchSlot>& slot, int64_t n) {
+  absl::StatusOr<std::shared_ptr<internal::DeviceBatch>> d =
+      core_.shared->device_stage->Submit(slot, n);
+  if (!d.ok()) return false;  // submitted again when taken, which returns the error then
+  early_.emplace(j, *std::move(d));
+  return true;
+}
+
 void EpochRun::SubmitAhead(int64_t b) {
-  DeviceStage& stage = *core_.shared->device_stage;
   std::lock_guard<std::mutex> lock(early_mu_);
   for (int64_t next = b + 1; next <= b + kDeviceLookahead && next < core_.num_batches; ++next) {
     if (early_.count(next) != 0) continue;  // its worker queued it
     BatchRing::Peeked p = ring_.Peek(next);
     if (p.slot == nullptr) continue;  // not ready (its worker queues it), or failed
-    absl::StatusOr<std::shared_ptr<internal::DeviceBatch>> d = stage.Submit(p.slot, p.count);
-    if (!d.ok()) return;  // submitted again when taken, which returns the error then
-    early_.emplace(next, *std::move(d));
+    if (!QueueCopy(next, p.slot, p.count)) return;
   }
 }
 
 void EpochRun::OnAssembled(int64_t j, const std::shared_ptr<internal::BatchSlot>& slot, int64_t n) {
-  // Beyond the window: the consumer queues it when it takes batch j - kDeviceLookahead.
+  // Beyond the window: the consumer queues it when it takes batch j - kDeviceLookahead. (Not
+  // yet published, j cannot have been queued by the consumer.)
   if (j > ring_.consumed() + kDeviceLookahead || core_.is_cancelled()) return;
   std::lock_guard<std::mutex> lock(early_mu_);
-  if (early_.count(j) != 0) return;
-  absl::StatusOr<std::shared_ptr<internal::DeviceBatch>> d =
-      core_.shared->device_stage->Submit(slot, n);
-  if (d.ok()) early_.emplace(j, *std::move(d));  // else submitted again when taken
+  QueueCopy(j, slot, n);
 }
 
 void EpochRun::Cancel() {

@@ -79,6 +79,9 @@ class EpochRun {
       int64_t b, std::shared_ptr<internal::BatchSlot> slot, int64_t n);
   // Queues the copies of the ready batches after b, up to kDeviceLookahead.
   void SubmitAhead(int64_t b);
+  // Submits batch j's copy and keeps it in early_; false when the submission failed.
+  bool QueueCopy(int64_t j, const std::shared_ptr<internal::BatchSlot>& slot, int64_t n)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(early_mu_);
   // The ring's hook: a worker assembled batch j; its copy is queued when j is near enough.
   void OnAssembled(int64_t j, const std::shared_ptr<internal::BatchSlot>& slot, int64_t n);
 
