@@ -309,11 +309,7 @@ std::shared_ptr<internal::BatchSlot> SlotPool::Acquire() {
       free_.pop_back();
     }
   }
-  if (slot == nullptr) {
-    slot = new internal::BatchSlot(allocator_, layout_);
-    allocated_.fetch_add(1, std::memory_order_relaxed);
-    created_.fetch_add(1, std::memory_order_relaxed);
-  }
+  if (slot == nullptr) slot = NewSlot();
   slot->in_ring = true;
   in_ring_.fetch_add(1, std::memory_order_relaxed);
   std::weak_ptr<SlotPool> weak = weak_from_this();
@@ -324,6 +320,13 @@ std::shared_ptr<internal::BatchSlot> SlotPool::Acquire() {
       delete s;
     }
   });
+}
+
+internal::BatchSlot* SlotPool::NewSlot() {
+  auto* slot = new internal::BatchSlot(allocator_, layout_);
+  allocated_.fetch_add(1, std::memory_order_relaxed);
+  created_.fetch_add(1, std::memory_order_relaxed);
+  return slot;
 }
 
 void SlotPool::MarkHandedOut(internal::BatchSlot* slot) {
@@ -368,9 +371,7 @@ void SlotPool::Reserve() {
       std::lock_guard<std::mutex> lock(mu_);
       if (int64_t(free_.size()) + in_ring_.load(std::memory_order_relaxed) >= keep_) return;
     }
-    auto* slot = new internal::BatchSlot(allocator_, layout_);
-    allocated_.fetch_add(1, std::memory_order_relaxed);
-    created_.fetch_add(1, std::memory_order_relaxed);
+    internal::BatchSlot* slot = NewSlot();
     std::lock_guard<std::mutex> lock(mu_);
     free_.push_back(slot);
   }

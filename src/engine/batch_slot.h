@@ -125,6 +125,8 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
 
  private:
   void Return(internal::BatchSlot* slot);
+  // A new slot, counted (throws std::bad_alloc).
+  internal::BatchSlot* NewSlot();
 
   HostAllocator* const allocator_;
   const std::shared_ptr<const internal::SlotLayout> layout_;
