@@ -11,8 +11,9 @@
 // the most recent), their catalogs stay. A shard whose file is not in the cache is read member
 // by member with HTTP range requests, from its catalog: no second download, and with a budget
 // of 0 nothing but catalogs is kept; when a later open finds room in the budget again, such a
-// shard is downloaded again (in the data set's order, as long as it fits). Whole local copies are read at local-disk speed; range
-// reads cost a request per sample (the loader keeps io_depth of them in flight).
+// shard is downloaded again (in the data set's order, as long as it fits). Whole local copies
+// are read at local-disk speed; range reads cost a request per sample (the loader keeps
+// io_depth of them in flight).
 //
 // Downloads are written under names of their own ("<file>.<pid>-<n>.part") and renamed when
 // complete; ones left by a process that died are removed after a day, and a copy that is not a
