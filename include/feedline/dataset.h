@@ -81,6 +81,12 @@ class Dataset {
   // index): then there is no read stage, and the workers claim positions themselves — no
   // reader threads, no hand-off between stages. Default false.
   virtual bool empty_records() const { return false; }
+  // True when Read never blocks: the bytes are already in memory (a file read whole at open,
+  // say) and a read is a copy of a few hundred bytes. Then, as for empty records, the workers
+  // read their samples themselves: a read stage would cost a hand-off between threads per
+  // chunk of samples, more than the read. Default false; a wrapper does not forward it (its own
+  // Read may wait).
+  virtual bool in_memory() const { return false; }
   // What a data set that fetches over a network did so far (default: nothing remote). Called
   // from any thread while reads run.
   virtual RemoteStats remote_stats() const { return {}; }

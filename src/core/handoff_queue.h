@@ -6,9 +6,10 @@
 // idle decoders spinning that way cost 1.5x the CPU per image of an idle-sleeping pipeline,
 // which is exactly the CPU the consumer-bound regime must not burn.
 //
-// `Semaphore`: std::counting_semaphore (spins, then sleeps: for the stage hand-offs, where few
-// threads wait and the spin gives the core to the producer) or SleepingSemaphore (core/sleep.h:
-// for queues where many threads may wait at once).
+// `Semaphore` (core/sleep.h): SpinningSemaphore (spins, then sleeps: for the stage hand-offs,
+// where few threads wait and the spin gives the core to the producer) or SleepingSemaphore (for
+// queues where many threads may wait at once). Both skip the wake-up system call when nobody
+// sleeps.
 //
 // Unbounded: the number of items in circulation (read buffers) bounds it. A null item is the
 // stop sentinel, pushed once per consumer thread.
@@ -21,13 +22,12 @@
 
 #include <cstddef>
 #include <memory>
-#include <semaphore>
 
 #include "core/sleep.h"
 
 namespace feedline {
 
-template <typename T, typename Semaphore = std::counting_semaphore<>>
+template <typename T, typename Semaphore = SpinningSemaphore>
 class HandoffQueue {
  public:
   void push(T item) {

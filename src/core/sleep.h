@@ -6,10 +6,10 @@
 // spinning through its yields for nothing on every batch. WakeWord goes straight to the
 // kernel's futex instead, and skips the wake-up syscall when nobody sleeps.
 //
-// (The stage hand-off, HandoffQueue, keeps std::counting_semaphore: there the yields pay off,
-// because on few cores they give the CPU to the thread about to produce. Measured with
-// `feedline-bench --source synthetic`: 178-225k samples/s with it, 92-108k with a sem_t that
-// sleeps at once; no difference in the consumer-bound regime.)
+// (The stage hand-off, HandoffQueue, spins before it sleeps (SpinningSemaphore): there the
+// yields pay off, because on few cores they give the CPU to the thread about to produce.
+// Measured with `feedline-bench --source synthetic`: 178-225k samples/s with a spin, 92-108k
+// with a sem_t that sleeps at once; no difference in the consumer-bound regime.)
 //
 // Linux only (futex), as is the rest of the loader's I/O.
 //
@@ -18,6 +18,7 @@
 #define FEEDLINE_SRC_CORE_SLEEP_H_
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -58,13 +59,21 @@ class WakeWord {
   std::atomic<int> sleepers_{0};
 };
 
-// A counting semaphore that sleeps at once (a futex on the count), for waits where many
-// threads may wait together and spinning helps nobody: readers waiting for a free read item
-// when storage is slow (tens of them; std::counting_semaphore's spin and sched_yield calls per
-// wait cost ~5% of the CPU of a remote run at io_depth 90, measured with perf).
-class SleepingSemaphore {
+// A counting semaphore on a futex whose release makes no system call when nobody sleeps.
+// (libstdc++ 12's std::counting_semaphore wakes the futex on every release from zero, sleeper
+// or not: for a worker that keeps up with its reader, that is a system call per hand-off.)
+//
+// kSpins = 0: sleeps at once, for waits where many threads may wait together and spinning
+// helps nobody: readers waiting for a free read item when storage is slow (tens of them;
+// std::counting_semaphore's spin and sched_yield calls per wait cost ~5% of the CPU of a
+// remote run at io_depth 90, measured with perf).
+// kSpins > 0: first tries that many times, pausing for the first 3/4 and yielding the core for
+// the rest (as libstdc++ does), for the stage hand-offs where few threads wait and the yield
+// gives the core to the thread about to produce.
+template <int kSpins>
+class FutexSemaphore {
  public:
-  explicit SleepingSemaphore(int32_t initial = 0) : count_(initial) {}
+  explicit FutexSemaphore(int32_t initial = 0) : count_(initial) {}
   void release() {
     count_.fetch_add(1, std::memory_order_seq_cst);
     if (waiters_.load(std::memory_order_seq_cst) > 0) {
@@ -82,6 +91,14 @@ class SleepingSemaphore {
     return false;
   }
   void acquire() {
+    for (int i = 0; i < kSpins; ++i) {
+      if (try_acquire()) return;
+      if (i < kSpins * 3 / 4) {
+        __builtin_ia32_pause();
+      } else {
+        sched_yield();
+      }
+    }
     while (!try_acquire()) {
       // A release after the increment below sees the waiter and wakes one; one before it
       // made the count non-zero, and the futex does not sleep on a changed count.
@@ -101,6 +118,9 @@ class SleepingSemaphore {
   std::atomic<int32_t> count_{0};
   std::atomic<int> waiters_{0};
 };
+
+using SleepingSemaphore = FutexSemaphore<0>;
+using SpinningSemaphore = FutexSemaphore<16>;
 
 }  // namespace feedline
 

@@ -251,7 +251,7 @@ absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOpt
     shared->dataset = std::make_shared<SimulatedLatencyDataset>(
         std::move(parts.dataset), options.simulated_read_latency_ms());
   }
-  shared->inline_reads = shared->dataset->empty_records();
+  shared->inline_reads = shared->dataset->empty_records() || shared->dataset->in_memory();
   shared->layout =
       std::make_shared<const SlotLayout>(SlotLayout::Make(schema, options.batch_size()));
   shared->device = parts.device;

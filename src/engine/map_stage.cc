@@ -75,6 +75,7 @@ void MapStage::WorkerLoop(int id) {
     return;
   }
   double map_ns = 0;  // smoothed time per sample
+  CpuMeter cpu(&sh.map);
   while (core_->ParkWhileSurplus(id, sh.workers)) {
     ReadItem* item = nullptr;
     const int64_t t0 = NowNs();
@@ -84,20 +85,27 @@ void MapStage::WorkerLoop(int id) {
     sh.map.AddWait(t1 - t0);
     const int64_t first = item->first().sample;
     const int n = item->count;
-    const int64_t cpu0 = ThreadCpuNs();
     ProcessItem(item, state.get(), &scratch);  // gives the item back (or on for a retry)
-    Account(n, first, t1, cpu0, &map_ns, track);
+    Account(n, first, t1, &cpu, &map_ns, track);
   }
 }
 
-void MapStage::Account(int n, int64_t first, int64_t t1, int64_t cpu0, double* map_ns,
+void MapStage::CpuMeter::Read(int64_t now, bool force) {
+  if (!force && now - wall_ < kEveryNs) return;
+  const int64_t c = ThreadCpuNs();
+  to_->AddCpu(c - cpu_);
+  cpu_ = c;
+  wall_ = now;
+}
+
+void MapStage::Account(int n, int64_t first, int64_t t1, CpuMeter* cpu, double* map_ns,
                        TraceTrack* track) {
   LoaderShared& sh = *core_->shared;
   const int64_t t2 = NowNs();
   const double per_sample = double(t2 - t1) / n;
   *map_ns = *map_ns == 0 ? per_sample : 0.8 * *map_ns + 0.2 * per_sample;
   sh.UpdateChunk(*map_ns);
-  sh.map.AddCpu(ThreadCpuNs() - cpu0);
+  cpu->Read(t2);
   sh.map.AddBusy(t2 - t1);
   sh.map.items.fetch_add(n, std::memory_order_relaxed);
   track->Span(TraceTrack::Kind::kDecode, t1, t2, first);
@@ -108,6 +116,7 @@ void MapStage::InlineLoop(int id, SampleTransform::WorkerState* state,
   LoaderShared& sh = *core_->shared;
   ReadItem item;      // this worker's own: nothing is handed off
   double map_ns = 0;  // smoothed time per sample (reads included)
+  CpuMeter cpu(&sh.map);
   while (core_->ParkWhileSurplus(id, sh.workers)) {
     int64_t seq = 0, end = 0;
     if (!read_->Claim(&seq, &end)) return;
@@ -116,12 +125,11 @@ void MapStage::InlineLoop(int id, SampleTransform::WorkerState* state,
     ring_->EnsureOpen(seq / core_->batch_size);
     const int64_t t1 = NowNs();
     sh.map.AddWait(t1 - t0);
-    const int64_t cpu0 = ThreadCpuNs();
     item.Fill(*core_, seq, end);
     for (int k = 0; k < item.count; ++k) read_->ReadInline(&item.entries[size_t(k)]);
     const int64_t first = item.first().sample;
     ProcessItem(&item, state, scratch);
-    Account(item.count, first, t1, cpu0, &map_ns, track);
+    Account(item.count, first, t1, &cpu, &map_ns, track);
   }
 }
 

@@ -43,6 +43,7 @@ class TextLinesDataset final : public Dataset {
     return absl::StrCat(path_, ":", lines_[size_t(index)]);
   }
   uint64_t Fingerprint() const override { return fingerprint_; }
+  bool in_memory() const override { return true; }
 
  private:
   std::string path_;

@@ -655,6 +655,89 @@ TEST_CASE("data sets with empty records: workers read inline; same bytes, errors
   }
 }
 
+namespace {
+
+// Records from memory (in_memory): "doc <index>"; the read of every index == 3 (mod 11) fails.
+// Each read notes the name of the thread it ran on.
+class InMemory final : public feedline::Dataset {
+ public:
+  explicit InMemory(int64_t n) : n_(n) {}
+  int64_t size() const override { return n_; }
+  absl::Status Read(int64_t index, Record* record) const override {
+    char name[32] = {};
+    pthread_getname_np(pthread_self(), name, sizeof(name));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      threads_.insert(name);
+    }
+    if (index % 11 == 3) return absl::DataLossError(absl::StrCat("doc ", index, ": unreadable"));
+    const std::string text = absl::StrCat("doc ", index);
+    record->bytes.assign(text.begin(), text.end());
+    record->label = index;
+    record->members.clear();
+    return absl::OkStatus();
+  }
+  uint64_t Fingerprint() const override { return uint64_t(n_) + 7; }
+  bool in_memory() const override { return true; }
+  std::set<std::string> threads() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return threads_;
+  }
+
+ private:
+  int64_t n_;
+  mutable std::mutex mu_;
+  mutable std::set<std::string> threads_;
+};
+
+// "text": uint8 [<=12], the record's bytes.
+class Bytes final : public SampleTransform {
+ public:
+  const Schema& schema() const override { return schema_; }
+  absl::Status Apply(const Record& record, const SampleContext&, WorkerState*,
+                     SampleWriter& out) const override {
+    absl::StatusOr<uint8_t*> v = out.Shaped<uint8_t>(0, {int64_t(record.bytes.size())});
+    if (!v.ok()) return v.status();
+    std::memcpy(*v, record.bytes.data(), record.bytes.size());
+    return absl::OkStatus();
+  }
+
+ private:
+  Schema schema_{Field("text", DType::kUint8, {Dim::UpTo(12)})};
+};
+
+}  // namespace
+
+TEST_CASE("in-memory data sets: the workers read; same bytes, read errors replaced", "[engine]") {
+  auto docs = std::make_shared<InMemory>(300);
+  auto transform = std::make_shared<Bytes>();
+  std::map<int, std::vector<std::string>> runs;
+  for (int workers : {1, 3}) {
+    auto loader = Make(
+        docs, transform,
+        LoaderOptions().batch_size(8).workers(workers).seed(5).on_error(feedline::OnError::kSkip));
+    int64_t samples = 0;
+    for (auto& b : *loader) {
+      REQUIRE(b.ok());
+      const TensorView v = b->field(0);
+      for (int64_t i = 0; i < b->size(); ++i) {
+        const int64_t idx = b->indices()[i];
+        REQUIRE(idx % 11 != 3);
+        const std::string want = absl::StrCat("doc ", idx);
+        const char* row = static_cast<const char*>(v.data) + i * v.shape[1];
+        REQUIRE(std::string(row, size_t(v.lengths[i])) == want);
+      }
+      samples += b->size();
+      runs[workers].emplace_back(static_cast<const char*>(v.data), size_t(v.bytes()));
+    }
+    REQUIRE(samples == 300);                        // every failed read replaced
+    REQUIRE(loader->stats().error_count == 27);     // 3, 14, ..., 289
+    REQUIRE(loader->stats().stages[0].items == 0);  // no read stage
+  }
+  REQUIRE(runs[1] == runs[3]);
+  REQUIRE(docs->threads() == std::set<std::string>{"feedline-map"});
+}
+
 TEST_CASE("token windows: every window once, labels shifted, bad files named", "[engine]") {
   feedline::testing::TempDir tmp;
   const std::string dir = tmp.path();
