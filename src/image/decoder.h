@@ -48,6 +48,10 @@ struct DecodedRegion {
 // convert and resample.
 enum class DctScaling { kNone, kPowersOfTwo, kEighths };
 
+// The largest shrink that the train (and fast eval) resampler does bilinearly (geometry.cc);
+// above it, area averaging.
+inline constexpr double kBilinearShrinkMax = 1.5;
+
 class ImageDecoder {
  public:
   ImageDecoder();

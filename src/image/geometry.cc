@@ -38,7 +38,7 @@ int PyRound(double v) { return static_cast<int>(PyRound64(v)); }
 //    than the output in the common case, where bilinear aliases no more than PIL's triangle
 //    filter blurs; measured against torchvision in tests/python/test_eval.py.
 // When the axes disagree (one shrinks a lot, the other not), x then y in two passes.
-constexpr double kAreaAbove = 1.5;
+constexpr double kAreaAbove = kBilinearShrinkMax;
 
 int FilterFor(int from, int to) {
   return double(from) > kAreaAbove * double(to) ? cv::INTER_AREA : cv::INTER_LINEAR;
