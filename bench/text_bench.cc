@@ -15,6 +15,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "feedline/loader.h"
@@ -206,18 +207,31 @@ absl::StatusOr<TextCompareResult> RunTextComparison(const TextCompareOptions& o)
       kDocuments, o.epochs, o.epochs, Cores());
   std::fflush(stdout);
 
-  // The tokenizer limit: one thread encoding every document, as the workers do.
-  {
-    const std::vector<std::string> docs = Lines(corpus);
-    r.documents = int64_t(docs.size());
+  // The tokenizer limit: one thread encoding every document, as the workers do. Measured
+  // again after each feedline contender: each one's ratio is to the mean of the measurements
+  // right before and after it (this shared machine's speed drifts by 10-30% within a run).
+  const std::vector<std::string> docs = Lines(corpus);
+  r.documents = int64_t(docs.size());
+  std::vector<double> limits;  // one thread, tokens/s
+  auto measure_limit = [&]() -> absl::Status {
     std::vector<int> ids;
+    int64_t tokens = 0;
     const Clock::time_point t0 = Clock::now();
     for (const std::string& d : docs) {
       if (!(*tokenizer)->Encode(d, &ids).ok()) return absl::InternalError("encode failed");
-      r.tokens += int64_t(ids.size());
+      tokens += int64_t(ids.size());
     }
-    r.limit_one_thread = double(r.tokens) / SecondsSince(t0);
-    r.limit = r.limit_one_thread * Cores();
+    limits.push_back(double(tokens) / SecondsSince(t0));
+    r.tokens = tokens;
+    return absl::OkStatus();
+  };
+  auto around = [&](TextContender* c) -> absl::Status {  // after c ran
+    if (absl::Status s = measure_limit(); !s.ok()) return s;
+    c->limit = 0.5 * (limits[limits.size() - 2] + limits.back()) * Cores();
+    return absl::OkStatus();
+  };
+  if (absl::Status s = measure_limit(); !s.ok()) return s;
+  {
     // Beside it, what the cores give when they all encode at once (shared caches, clocks).
     std::vector<std::thread> threads;
     const Clock::time_point t1 = Clock::now();
@@ -260,6 +274,7 @@ absl::StatusOr<TextCompareResult> RunTextComparison(const TextCompareOptions& o)
       return std::make_pair(tokens, slots);
     });
     c.workers = (*loader)->stats().workers;
+    if (absl::Status s = around(&c); !s.ok()) return s;
     r.contenders.push_back(c);
   }
   for (text::PackMode mode : {text::PackMode::kConcat, text::PackMode::kBestFit}) {
@@ -287,6 +302,7 @@ absl::StatusOr<TextCompareResult> RunTextComparison(const TextCompareOptions& o)
           return std::make_pair(tokens, slots);
         });
     c.workers = (*packed)->documents().stats().workers;
+    if (absl::Status s = around(&c); !s.ok()) return s;
     r.contenders.push_back(c);
   }
   for (int w : o.torch_workers) {
@@ -298,12 +314,19 @@ absl::StatusOr<TextCompareResult> RunTextComparison(const TextCompareOptions& o)
   const TextContender& padded = r.contenders[0];
   r.padded_vs_torch =
       r.best_torch.tokens_per_s > 0 ? padded.tokens_per_s / r.best_torch.tokens_per_s : 0;
-  r.padded_vs_limit = padded.tokens_per_s / r.limit;
+  double sum = 0;
+  for (double l : limits) sum += l;
+  r.limit_one_thread = sum / double(limits.size());
+  r.limit = r.limit_one_thread * Cores();
+  r.padded_vs_limit = padded.ratio_to_limit();
 
   std::printf("\n  %-18s %8s %12s %14s %11s %10s\n", "contender", "workers", "M tokens/s",
               "CPU us/token", "efficiency", "peak MiB");
-  std::printf("  %-18s %8d %12.2f %14.3f %11s %10s\n", "tokenizer limit", Cores(), r.limit / 1e6,
-              1e6 / r.limit_one_thread, "-", "-");
+  std::printf("  %-18s %8d %12.2f %14.3f %11s %10s  (mean of %zu; %s M tokens/s)\n",
+              "tokenizer limit", Cores(), r.limit / 1e6, 1e6 / r.limit_one_thread, "-", "-",
+              limits.size(), absl::StrJoin(limits, " ", [](std::string* out, double l) {
+                               absl::StrAppend(out, absl::StrFormat("%.2f", l * Cores() / 1e6));
+                             }).c_str());
   std::printf("  %-18s %8d %12.2f %14s %11s %10s\n", "(all cores at once)", Cores(),
               r.limit_all_threads / 1e6, "-", "-", "-");
   for (const TextContender& c : r.contenders) {
@@ -320,7 +343,7 @@ absl::StatusOr<TextCompareResult> RunTextComparison(const TextCompareOptions& o)
               r.padded_vs_torch, r.padded_vs_limit);
   for (size_t i = 1; i < 3 && i < r.contenders.size(); ++i) {
     std::printf("  %s: %.2fx the tokenizer limit, packing efficiency %.1f%% (padded: %.1f%%)\n",
-                r.contenders[i].name.c_str(), r.contenders[i].tokens_per_s / r.limit,
+                r.contenders[i].name.c_str(), r.contenders[i].ratio_to_limit(),
                 100 * r.contenders[i].efficiency, 100 * padded.efficiency);
   }
   return r;
@@ -341,7 +364,10 @@ void WriteTextJson(const TextCompareResult& r, JsonWriter& json) {
     json.Key("cpu_us_per_token").Number(c.cpu_us_per_token);
     json.Key("efficiency").Number(c.efficiency);
     json.Key("peak_bytes").Integer(c.peak_bytes);
-    json.Key("ratio_to_limit").Number(c.tokens_per_s / r.limit);
+    if (c.limit > 0) {
+      json.Key("limit_tokens_per_s").Number(c.limit);
+      json.Key("ratio_to_limit").Number(c.ratio_to_limit());
+    }
     json.EndObject();
   }
   json.EndArray();

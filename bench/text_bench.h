@@ -36,11 +36,15 @@ struct TextContender {
   double cpu_us_per_token = 0;
   double efficiency = 0;  // real tokens / slots of the batches
   int64_t peak_bytes = 0;
+  // feedline's: the tokenizer limit measured right before and after this contender (mean;
+  // tokens/s, x cores), its ratio's denominator: the machine's speed drifts within a run.
+  double limit = 0;
+  double ratio_to_limit() const { return limit > 0 ? tokens_per_s / limit : 0; }
 };
 
 struct TextCompareResult {
   int64_t documents = 0, tokens = 0;       // the corpus (tokens: without BOS/EOS)
-  double limit_one_thread = 0, limit = 0;  // tokens/s
+  double limit_one_thread = 0, limit = 0;  // tokens/s, the mean of the measurements
   double limit_all_threads = 0;            // every core encoding at once
   std::vector<TextContender> contenders;   // feedline's, then torch's
   TextContender best_torch;
