@@ -59,6 +59,15 @@ class WakeWord {
   std::atomic<int> sleepers_{0};
 };
 
+// A spin-wait hint to the CPU (x86 PAUSE, Arm YIELD).
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__) || defined(__arm__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
 // A counting semaphore on a futex whose release makes no system call when nobody sleeps.
 // (libstdc++ 12's std::counting_semaphore wakes the futex on every release from zero, sleeper
 // or not: for a worker that keeps up with its reader, that is a system call per hand-off.)
@@ -94,7 +103,7 @@ class FutexSemaphore {
     for (int i = 0; i < kSpins; ++i) {
       if (try_acquire()) return;
       if (i < kSpins * 3 / 4) {
-        __builtin_ia32_pause();
+        CpuRelax();
       } else {
         sched_yield();
       }
