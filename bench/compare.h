@@ -106,6 +106,11 @@ struct CompareResult {
   size_t peer_best = 0;
   DecodeLimit decode;
   DecodeLimit floor;  // the 1/8-scale decode: what a crop path cannot beat
+  // The floor measured three times (images/s, x cores): right after each feedline contender
+  // and at [4/5]. The floor ratios are to their mean: this shared machine's speed drifts by
+  // 10-30% within a run, and the one measurement at [4/5] alone moved the ratio by 0.1.
+  std::vector<double> floor_checks;
+  double floor_mean = 0;
   PipelineOverhead overhead;
   double seconds = 0;
   const Contender& peer() const { return peer_trials[peer_best]; }
