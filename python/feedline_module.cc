@@ -587,18 +587,22 @@ PYBIND11_MODULE(_feedline, m) {
             EngineOptions(batch_size, shuffle, seed, drop_last, rank, world_size, workers, prefetch,
                           memory_budget, on_error, max_errors);
         absl::StatusOr<std::unique_ptr<feedline::Loader>> loader;
+        // Documents cut to max_length: truncation is what padded batches ask for, but the
+        // tokens past it are counted (stats()["truncation"]) and warned about, never dropped
+        // unseen.
+        auto cut = std::make_shared<feedline::text::CutCounter>();
         {
           py::gil_scoped_release release;
           auto tokenizer = LoadTokenizer(model);
           if (tokenizer.ok()) {
             loader = DocumentLoader(path, field, *std::move(tokenizer), max_length, add_bos,
-                                    add_eos, /*ragged=*/false, std::move(o));
+                                    add_eos, /*ragged=*/false, std::move(o), cut);
           } else {
             loader = tokenizer.status();
           }
         }
         if (!loader.ok()) ThrowStatus(loader.status(), false);
-        return LoaderHolder(loader->release());
+        return py::make_tuple(LoaderHolder(loader->release()), cut);
       },
       py::arg("path"), py::arg("field"), py::arg("model"), py::arg("max_length"),
       py::arg("add_bos"), py::arg("add_eos"), py::arg("batch_size"), py::arg("shuffle"),
@@ -936,6 +940,13 @@ PYBIND11_MODULE(_feedline, m) {
       .def_property_readonly("prefetch", [](const feedline::text::PackedLoader& l) {
         return l.documents().stats().prefetch;
       });
+
+  py::class_<feedline::text::CutCounter, std::shared_ptr<feedline::text::CutCounter>>(m,
+                                                                                      "CutCounter")
+      .def_property_readonly("documents",
+                             [](const feedline::text::CutCounter& c) { return c.documents.load(); })
+      .def_property_readonly("tokens",
+                             [](const feedline::text::CutCounter& c) { return c.tokens.load(); });
 
   py::class_<feedline::Loader, LoaderHolder>(m, "Loader")
       .def(py::init([](const std::string& source, const std::vector<std::string>& shards,

@@ -704,9 +704,9 @@ class TextLoader:
                 add_bos=add_bos, add_eos=add_eos, pack="bucket", seq_len=max_length,
                 window_rows=window_rows, split_long=False, mask_boundaries=True, **engine)
         elif pack is None:
-            self._loader = _feedline.text_loader(path=source, field=field or "", model=tokenizer,
-                                                 max_length=max_length, add_bos=add_bos,
-                                                 add_eos=add_eos, **engine)
+            self._loader, self._cut = _feedline.text_loader(
+                path=source, field=field or "", model=tokenizer, max_length=max_length,
+                add_bos=add_bos, add_eos=add_eos, **engine)
         else:
             # The documents are tokenized 64 at a time (the workers' unit); rows are packed
             # from them as the batches are asked for.
@@ -750,10 +750,20 @@ class TextLoader:
     set_epoch = ImageLoader.set_epoch
     state_dict = ImageLoader.state_dict
     load_state_dict = ImageLoader.load_state_dict
-    stats = ImageLoader.stats
     save_trace = ImageLoader.save_trace
     workers = ImageLoader.workers
     prefetch = ImageLoader.prefetch
+
+    def stats(self):
+        """As ImageLoader.stats(); padded batches add "truncation": the documents cut to
+        max_length and the tokens past it, over the loader's life (every epoch's reads; packed
+        rows report theirs under "packing")."""
+        s = ImageLoader.stats(self)
+        cut = getattr(self, "_cut", None)
+        if cut is not None:
+            s["truncation"] = {"max_length": self.max_length, "documents": cut.documents,
+                               "tokens": cut.tokens}
+        return s
 
     def __repr__(self):
         shape = (f"batches={len(self)}" if self.pack is None
@@ -824,17 +834,25 @@ class _EpochIterator:
 
 
 def _warn_cut(owner):
-    """A packed loader whose documents were cut to max_length says so, once: the tokens past it
-    are in no row."""
-    if getattr(owner, "pack", None) is None or getattr(owner, "_cut_warned", False):
+    """A text loader whose documents were cut to max_length says so, once: the tokens past it
+    are in no row (packed) or batch (padded)."""
+    if getattr(owner, "_cut_warned", False) or not hasattr(owner, "max_length"):
         return
-    p = owner.stats().get("packing", {})
-    if p.get("cut_tokens", 0) > 0:
+    st = owner.stats()
+    if "truncation" in st:
+        documents, tokens = st["truncation"]["documents"], st["truncation"]["tokens"]
+        where = "in no batch"
+    elif "packing" in st:
+        documents, tokens = st["packing"]["cut_documents"], st["packing"]["cut_tokens"]
+        where = "not packed" if getattr(owner, "pack", None) is not None else "in no batch"
+    else:
+        return
+    if tokens > 0:
         owner._cut_warned = True
         import warnings
-        warnings.warn(f"feedline.{type(owner).__name__}: {p['cut_documents']} document(s) longer "
+        warnings.warn(f"feedline.{type(owner).__name__}: {documents} document(s) longer "
                       f"than max_length={owner.max_length} tokens were cut to it "
-                      f"({p['cut_tokens']} tokens not packed); raise max_length to keep them",
+                      f"({tokens} tokens {where}); raise max_length to keep them",
                       RuntimeWarning, stacklevel=3)
 
 

@@ -189,6 +189,35 @@ def test_concat_rows_are_the_reference_concatenation(corpus):
     assert st["cut_tokens"] == sum(max(len(x) - cap, 0) for x in ids)
 
 
+def test_padded_truncation_is_counted_and_warned_once(corpus):
+    """Padded batches cut documents to max_length, as asked; the tokens past it are counted in
+    stats()["truncation"] and warned about once per loader, never dropped unseen."""
+    import warnings
+    sp = corpus["sp"]
+    ids = [sp.encode(d) for d in corpus["docs"]]
+    cap = sorted(len(x) for x in ids)[len(ids) * 9 // 10]
+    ld = feedline.TextLoader(corpus["txt"], tokenizer=corpus["model"], batch_size=16,
+                             shuffle=False, max_length=cap)
+    with pytest.warns(RuntimeWarning, match=f"max_length={cap} tokens were cut") as caught:
+        for _ in range(2):  # two epochs: one warning
+            got = [b["input_ids"][i, :int(n)].tolist() for b in ld
+                   for i, n in enumerate(b["lengths"])]
+    assert sum("were cut" in str(w.message) for w in caught) == 1
+    assert got == [x[:cap] for x in ids]
+    st = ld.stats()["truncation"]
+    assert st["max_length"] == cap
+    assert st["documents"] == 2 * sum(len(x) > cap for x in ids)  # counted per epoch read
+    assert st["tokens"] == 2 * sum(max(len(x) - cap, 0) for x in ids)
+    # Nothing cut: no warning, zero counts.
+    longest = max(len(x) for x in ids)
+    ld = feedline.TextLoader(corpus["txt"], tokenizer=corpus["model"], batch_size=16,
+                             max_length=longest)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sum(b["input_ids"].shape[0] for b in ld) == len(ids)
+    assert ld.stats()["truncation"] == {"max_length": longest, "documents": 0, "tokens": 0}
+
+
 def test_bestfit_rows_hold_whole_documents_densely(corpus):
     sp = corpus["sp"]
     docs = {}
