@@ -1,10 +1,9 @@
 #include "core/trace.h"
 
-#include <cstdio>
-#include <fstream>
+#include <string>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/file_io.h"
 
 namespace feedline {
 namespace {
@@ -142,18 +141,8 @@ std::string TraceRecorder::ToJson() const {
 }
 
 absl::Status TraceRecorder::Save(const std::string& path) const {
-  const std::string json = ToJson();
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot write the trace"));
-    f.write(json.data(), std::streamsize(json.size()));
-    if (!f) return absl::DataLossError(absl::StrCat(path, ": short write"));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::PermissionDeniedError(absl::StrCat(path, ": cannot write the trace"));
-  }
-  return absl::OkStatus();
+  // Whole or not at all (a part file renamed into place; core/file_io.h).
+  return WriteFileWhole(path, ToJson());
 }
 
 }  // namespace feedline

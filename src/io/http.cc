@@ -24,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
+#include "core/env.h"
 #include "core/file_io.h"
 #include "io/http_multi.h"
 #include "io/list_file.h"
@@ -112,11 +113,6 @@ bool IsHttpUrl(const std::string& path) {
 bool IsS3Url(const std::string& path) { return absl::StartsWith(path, "s3://"); }
 
 namespace {
-
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr ? std::string(v) : std::string();
-}
 
 // `key = value` lines of section `section` of an INI file (~/.aws/credentials, ~/.aws/config).
 std::map<std::string, std::string> IniSection(const std::string& path, const std::string& section) {

@@ -20,16 +20,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "core/env.h"
 #include "core/file_io.h"
 #include "core/fnv.h"
 
 namespace feedline {
 namespace {
-
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr ? std::string(v) : std::string();
-}
 
 bool Exists(const std::string& path) { return ::access(path.c_str(), R_OK) == 0; }
 
