@@ -17,7 +17,6 @@
 #define FEEDLINE_SRC_ENGINE_EPOCH_RUN_H_
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>

@@ -32,16 +32,16 @@ int64_t PyRound64(double v) {
 int PyRound(double v) { return static_cast<int>(PyRound64(v)); }
 
 // Resamples `src` to exactly `dst`'s size, one filter per axis direction:
-//  * shrinking by more than kAreaAbove: area averaging (antialiased, as PIL's filters are);
+//  * shrinking by more than kBilinearShrinkMax (decoder.h): area averaging (antialiased, as
+//    PIL's filters are);
 //  * shrinking by less, or enlarging: bilinear, 5-7x faster than OpenCV's area averaging at
 //    fractional ratios. The decoder's DCT scaling (eighths) leaves the crop less than 8/7 larger
-//    than the output in the common case, where bilinear aliases no more than PIL's triangle
-//    filter blurs; measured against torchvision in tests/python/test_eval.py.
+//    than the output, or up to kBilinearShrinkMax where it decodes at 8/8 instead of 6/8 or 7/8;
+//    there bilinear aliases no more than PIL's triangle filter blurs (measured against
+//    torchvision in tests/python/test_eval.py and test_train_transform.py).
 // When the axes disagree (one shrinks a lot, the other not), x then y in two passes.
-constexpr double kAreaAbove = kBilinearShrinkMax;
-
 int FilterFor(int from, int to) {
-  return double(from) > kAreaAbove * double(to) ? cv::INTER_AREA : cv::INTER_LINEAR;
+  return double(from) > kBilinearShrinkMax * double(to) ? cv::INTER_AREA : cv::INTER_LINEAR;
 }
 
 void Resample(const cv::Mat& src, cv::Mat& dst, std::vector<uint8_t>* tmp_storage) {
