@@ -5,7 +5,9 @@
 # every DLPack stream value, cuda:N refusal, no leak over many epochs, a batch after its loader,
 # exit with a live tensor, fork with a live loader, copy hidden behind a training step and H2D
 # against a plain pinned copy: each a pass/fail), compute-sanitizer (memcheck, synccheck) on a
-# small run, a short `feedline-bench --device cuda` and `cuobjdump` (sm_90 code present). Each
+# small run, a short `feedline-bench --device cuda`, `cuobjdump` (sm_90 code present), and last the
+# LibTorch adapter built against the machine's CUDA LibTorch and checked on the GPU
+# (tests/gpu/torch_cuda_check.cc). Each
 # step has a time limit; a failed step does not stop the others; everything is logged unbuffered to
 # $OUT/gpu_check.log and the figures to $OUT/gpu_check.json as they come. Under 8 minutes.
 # Exit status: 0 only if every step passed.
@@ -35,6 +37,10 @@ step() {  # step NAME SECONDS COMMAND...: runs it under a time limit, records a 
 if [[ ${1:-} == --dry-run ]]; then
   step "gpu_check (dry run)" 300 env PYTHONPATH="$PWD/build/python" /usr/bin/python3 \
     tests/gpu/gpu_check.py --dry-run --out "$OUT/gpu_check.json"
+  if [[ -x build/tests/gpu/feedline_torch_cuda_check ]]; then  # built with the LibTorch adapter
+    step "LibTorch check (dry run)" 120 build/tests/gpu/feedline_torch_cuda_check \
+      --out "$OUT/torch_cuda_check.json"
+  fi
   (( ${#failed[@]} == 0 )) || { echo "FAILED: ${failed[*]}"; exit 1; }
   echo "dry run passed"; exit 0
 fi
@@ -63,6 +69,14 @@ for tool in memcheck synccheck; do
 done
 step "feedline-bench --device cuda" 90 build-gpu/bench/feedline-bench --device cuda --epochs 2 \
   --quiet --json "$OUT/bench_cuda.json"
+# The LibTorch adapter against this machine's CUDA LibTorch (torch's own CMake package), run on
+# the GPU: its batches against the CPU path's, the current c10 stream, the current device, cuda:1.
+TORCH_PREFIX=$($PY -c "import torch.utils; print(torch.utils.cmake_prefix_path)")
+step "configure with LibTorch" 120 cmake -S . -B build-gpu -DFEEDLINE_BUILD_TORCH=ON \
+  -DCMAKE_PREFIX_PATH="$TORCH_PREFIX"
+step "build LibTorch check" 240 cmake --build build-gpu -j"$(nproc)" --target feedline_torch_cuda_check
+step "LibTorch GPU check" 120 build-gpu/tests/gpu/feedline_torch_cuda_check --expect-gpu \
+  --out "$OUT/torch_cuda_check.json"
 echo "total $(( $(date +%s) - START )) s"
 (( ${#failed[@]} == 0 )) || { echo "FAILED: ${failed[*]}"; exit 1; }
 echo "all GPU steps passed"
