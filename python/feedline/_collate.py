@@ -124,38 +124,42 @@ def _leaf_kind(x):
     return None
 
 
+def _infer(x, path, in_sequence, fields, objects):  # a module function: see _rebuild
+    kind = _leaf_kind(x)
+    if kind == "object":
+        objects.append(Obj(len(objects), path, (str, bytes), in_sequence))
+        return objects[-1]
+    if kind is not None:
+        one = torch.utils.data.default_collate([x])  # what torch makes of it, exactly
+        if not isinstance(one, torch.Tensor) or one.dtype not in _DTYPES:
+            raise _Unsupported(path)
+        if kind == "tensor" and (x.is_sparse or x.device.type != "cpu"):
+            raise _Unsupported(path)
+        fields.append(Field(len(fields), path, kind, one.dtype, one.shape[1:]))
+        return fields[-1]
+    if isinstance(x, np.generic):  # np.object_ scalars and the like
+        raise _Unsupported(path)
+    if isinstance(x, collections.abc.Mapping):
+        keys = list(x)
+        return Node("map", type(x), keys,
+                    [_infer(x[k], path + (k,), False, fields, objects) for k in keys], path)
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return Node("ntuple", type(x), None,
+                    [_infer(v, path + (i,), True, fields, objects) for i, v in enumerate(x)],
+                    path)
+    if isinstance(x, collections.abc.Sequence):
+        return Node("tuple" if isinstance(x, tuple) else "list", type(x), None,
+                    [_infer(v, path + (i,), True, fields, objects) for i, v in enumerate(x)],
+                    path)
+    raise _Unsupported(path)
+
+
 def infer(sample):
     """The Schema of `sample`, or None when it needs torch's collate in Python."""
     fields, objects = [], []
 
-    def walk(x, path, in_sequence=False):
-        kind = _leaf_kind(x)
-        if kind == "object":
-            objects.append(Obj(len(objects), path, (str, bytes), in_sequence))
-            return objects[-1]
-        if kind is not None:
-            one = torch.utils.data.default_collate([x])  # what torch makes of it, exactly
-            if not isinstance(one, torch.Tensor) or one.dtype not in _DTYPES:
-                raise _Unsupported(path)
-            if kind == "tensor" and (x.is_sparse or x.device.type != "cpu"):
-                raise _Unsupported(path)
-            fields.append(Field(len(fields), path, kind, one.dtype, one.shape[1:]))
-            return fields[-1]
-        if isinstance(x, np.generic):  # np.object_ scalars and the like
-            raise _Unsupported(path)
-        if isinstance(x, collections.abc.Mapping):
-            keys = list(x)
-            return Node("map", type(x), keys, [walk(x[k], path + (k,)) for k in keys], path)
-        if isinstance(x, tuple) and hasattr(x, "_fields"):
-            return Node("ntuple", type(x), None,
-                        [walk(v, path + (i,), True) for i, v in enumerate(x)], path)
-        if isinstance(x, collections.abc.Sequence):
-            return Node("tuple" if isinstance(x, tuple) else "list", type(x), None,
-                        [walk(v, path + (i,), True) for i, v in enumerate(x)], path)
-        raise _Unsupported(path)
-
     try:
-        root = walk(sample, ())
+        root = _infer(sample, (), False, fields, objects)
     except (_Unsupported, TypeError, RuntimeError):
         return None
     if not fields:  # nothing for the slot: objects only
@@ -333,31 +337,7 @@ def flatten(sample, schema, check_shapes=True):
     objects as uint8 when there are any)."""
     leaves = [None] * len(schema.fields)
     objs = [None] * len(schema.objects)
-
-    def walk(x, node):
-        if isinstance(node, Field):
-            leaves[node.index] = _to_numpy(x, node, check_shapes)
-        elif isinstance(node, Obj):
-            if not isinstance(x, node.types):
-                raise SampleMismatch(f"{_name(node.path)}: a {type(x).__name__}, the first "
-                                     "sample has a string")
-            objs[node.index] = x
-        elif node.kind == "map":
-            if not isinstance(x, collections.abc.Mapping):
-                raise SampleMismatch(f"{_name(node.path)}: a {type(x).__name__}, the first "
-                                     "sample has a mapping")
-            for k, child in zip(node.keys, node.children):
-                if k not in x:
-                    raise SampleMismatch(f"{_name(node.path)}: no key {k!r}")
-                walk(x[k], child)
-        else:
-            if not isinstance(x, collections.abc.Sequence) or len(x) != len(node.children):
-                raise SampleMismatch("each element in list of batch should be of equal size "
-                                     f"({_name(node.path)})")
-            for v, child in zip(x, node.children):
-                walk(v, child)
-
-    walk(sample, schema.root)
+    _flatten(sample, schema.root, leaves, objs, check_shapes)
     if schema.objects:
         blob = pickle.dumps(objs, protocol=pickle.HIGHEST_PROTOCOL)
         if len(blob) > OBJECT_BYTES:
@@ -365,6 +345,30 @@ def flatten(sample, schema, check_shapes=True):
                                  f"feedline's {OBJECT_BYTES} per sample: pass collate_fn=")
         leaves.append(np.frombuffer(blob, np.uint8))
     return leaves
+
+
+def _flatten(x, node, leaves, objs, check_shapes):  # a module function: see _rebuild
+    if isinstance(node, Field):
+        leaves[node.index] = _to_numpy(x, node, check_shapes)
+    elif isinstance(node, Obj):
+        if not isinstance(x, node.types):
+            raise SampleMismatch(f"{_name(node.path)}: a {type(x).__name__}, the first "
+                                 "sample has a string")
+        objs[node.index] = x
+    elif node.kind == "map":
+        if not isinstance(x, collections.abc.Mapping):
+            raise SampleMismatch(f"{_name(node.path)}: a {type(x).__name__}, the first "
+                                 "sample has a mapping")
+        for k, child in zip(node.keys, node.children):
+            if k not in x:
+                raise SampleMismatch(f"{_name(node.path)}: no key {k!r}")
+            _flatten(x[k], child, leaves, objs, check_shapes)
+    else:
+        if not isinstance(x, collections.abc.Sequence) or len(x) != len(node.children):
+            raise SampleMismatch("each element in list of batch should be of equal size "
+                                 f"({_name(node.path)})")
+        for v, child in zip(x, node.children):
+            _flatten(v, child, leaves, objs, check_shapes)
 
 
 def as_field_dtype(t, f):
@@ -433,32 +437,37 @@ def rebuild(schema, columns, objects, lengths=None):
     tensors, `objects` a list (per sample) of the object leaves, `lengths` the padded fields'
     [B] lengths by field index (under `<key>_lengths` in their mapping, else beside the padded
     tensor as a (padded, lengths) pair)."""
+    return _rebuild(schema.root, columns, objects, lengths)
 
-    def walk(node):
-        if isinstance(node, Field):
-            if node.variable and node.lengths_key is None:
-                return (columns[node.index], lengths[node.index])
-            return columns[node.index]
-        if isinstance(node, Obj):
-            values = [o[node.index] for o in objects]
-            return tuple(values) if node.as_tuple else values
-        values = [walk(c) for c in node.children]
-        if node.kind == "map":
-            d = {k: v for k, v in zip(node.keys, values)}
-            for c in node.children:
-                if isinstance(c, Field) and c.lengths_key is not None:
-                    d[c.lengths_key] = lengths[c.index]
-            try:
-                return node.type(d)
-            except TypeError:
-                return d
-        if node.kind == "ntuple":
-            return node.type(*values)
-        if node.kind == "tuple":
-            return values
+
+# The recursive walks are module functions, not closures: a closure that calls itself is a
+# reference cycle (function -> cell -> function) that keeps what it captured alive until
+# Python's cycle collector runs. For a batch that is its tensors, so their slots: the ring made
+# a new slot for every batch until then (hundreds of MB with worker processes, where the main
+# thread allocates too few objects for the collector to run often).
+def _rebuild(node, columns, objects, lengths):
+    if isinstance(node, Field):
+        if node.variable and node.lengths_key is None:
+            return (columns[node.index], lengths[node.index])
+        return columns[node.index]
+    if isinstance(node, Obj):
+        values = [o[node.index] for o in objects]
+        return tuple(values) if node.as_tuple else values
+    values = [_rebuild(c, columns, objects, lengths) for c in node.children]
+    if node.kind == "map":
+        d = {k: v for k, v in zip(node.keys, values)}
+        for c in node.children:
+            if isinstance(c, Field) and c.lengths_key is not None:
+                d[c.lengths_key] = lengths[c.index]
         try:
-            return node.type(values)
+            return node.type(d)
         except TypeError:
-            return values
-
-    return walk(schema.root)
+            return d
+    if node.kind == "ntuple":
+        return node.type(*values)
+    if node.kind == "tuple":
+        return values
+    try:
+        return node.type(values)
+    except TypeError:
+        return values
