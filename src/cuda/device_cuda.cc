@@ -1,5 +1,6 @@
 // The CUDA implementation of src/cuda/device.h (built when CMake finds the CUDA toolkit).
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -94,7 +95,9 @@ class CudaCopyStage;
 // a device batch dropped by the training loop after its loader is gone is torn down there
 // (cudaFree synchronises the device), not on the loop's thread. Started on first use; a forked
 // child makes its own (fresh queue and lock: the parent's reaper may have held its lock at the
-// fork); never joined (at exit the process frees the device anyway).
+// fork); never joined (at exit the process frees the device anyway). The lock that guards the
+// start is held across fork() (pthread_atfork): another thread inside Get() at the fork would
+// otherwise leave the child's copy locked for good.
 class Reaper {
  public:
   static void Run(std::function<void()> job) {
@@ -110,11 +113,20 @@ class Reaper {
     std::condition_variable cv;
     std::deque<std::function<void()>> jobs;
   };
-  static Queue* Get() {
+  static std::mutex& InitMutex() {
     static std::mutex* init = new std::mutex();
+    return *init;
+  }
+  static int RegisterForkHandlers() {
+    return pthread_atfork([] { InitMutex().lock(); }, [] { InitMutex().unlock(); },
+                          [] { InitMutex().unlock(); });
+  }
+  static Queue* Get() {
+    static const int registered = RegisterForkHandlers();
+    (void)registered;
     static Queue* queue = nullptr;
     static pid_t owner = 0;
-    std::lock_guard<std::mutex> lock(*init);
+    std::lock_guard<std::mutex> lock(InitMutex());
     if (owner != ::getpid()) {
       owner = ::getpid();
       queue = new Queue();
