@@ -249,6 +249,7 @@ absl::StatusOr<TextCompareResult> RunTextComparison(const TextCompareOptions& o)
     // Whole passes (each thread its share of the documents) until a third of a contender's time.
     std::vector<std::thread> threads;
     std::vector<int64_t> counted(size_t(Cores()), 0);
+    const double cpu1 = CpuSeconds();
     const Clock::time_point t1 = Clock::now();
     for (int c = 0; c < Cores(); ++c) {
       threads.emplace_back([&, c] {
@@ -266,6 +267,8 @@ absl::StatusOr<TextCompareResult> RunTextComparison(const TextCompareOptions& o)
     int64_t all = 0;
     for (int64_t n : counted) all += n;
     r.limit_all_threads = double(all) / seconds;
+    r.all_threads_cpu_us_per_token =
+        (CpuSeconds() - cpu1) * 1e6 / double(std::max<int64_t>(all, 1));
   }
 
   auto document_loader = [&](bool ragged,
@@ -348,8 +351,8 @@ absl::StatusOr<TextCompareResult> RunTextComparison(const TextCompareOptions& o)
               limits.size(), absl::StrJoin(limits, " ", [](std::string* out, double l) {
                                absl::StrAppend(out, absl::StrFormat("%.2f", l * Cores() / 1e6));
                              }).c_str());
-  std::printf("  %-18s %8d %12.2f %14s %11s %10s\n", "(all cores at once)", Cores(),
-              r.limit_all_threads / 1e6, "-", "-", "-");
+  std::printf("  %-18s %8d %12.2f %14.3f %11s %10s\n", "(all cores at once)", Cores(),
+              r.limit_all_threads / 1e6, r.all_threads_cpu_us_per_token, "-", "-");
   for (const TextContender& c : r.contenders) {
     std::printf(
         "  %-18s %8s %12.2f %14.3f %10.1f%% %10.0f%s\n", c.name.c_str(),
@@ -376,6 +379,7 @@ void WriteTextJson(const TextCompareResult& r, JsonWriter& json) {
   json.Key("tokenizer_limit_one_thread_tokens_per_s").Number(r.limit_one_thread);
   json.Key("tokenizer_limit_tokens_per_s").Number(r.limit);
   json.Key("tokenizer_all_threads_tokens_per_s").Number(r.limit_all_threads);
+  json.Key("tokenizer_all_threads_cpu_us_per_token").Number(r.all_threads_cpu_us_per_token);
   json.Key("contenders").BeginArray();
   for (const TextContender& c : r.contenders) {
     json.BeginObject(true);

@@ -43,10 +43,11 @@ struct TextContender {
 };
 
 struct TextCompareResult {
-  int64_t documents = 0, tokens = 0;       // the corpus (tokens: without BOS/EOS)
-  double limit_one_thread = 0, limit = 0;  // tokens/s, the mean of the measurements
-  double limit_all_threads = 0;            // every core encoding at once
-  std::vector<TextContender> contenders;   // feedline's, then torch's
+  int64_t documents = 0, tokens = 0;        // the corpus (tokens: without BOS/EOS)
+  double limit_one_thread = 0, limit = 0;   // tokens/s, the mean of the measurements
+  double limit_all_threads = 0;             // every core encoding at once
+  double all_threads_cpu_us_per_token = 0;  // and the CPU each token took then
+  std::vector<TextContender> contenders;    // feedline's, then torch's
   TextContender best_torch;
   double padded_vs_torch = 0, padded_vs_limit = 0;
 };
