@@ -79,6 +79,26 @@ def test_ids_equal_python_sentencepiece(corpus, add_bos, add_eos, max_length):
         assert got[i] == want[:max_length], i
 
 
+def test_ids_stay_exact_around_a_huge_document(corpus, tmp_path):
+    """Each worker thread reuses one SentencePiece message from one document to the next, and
+    drops it after a document of more than 65,536 pieces: nothing carries over, in either
+    order, on one thread (every document after the other) or two."""
+    sp, docs = corpus["sp"], corpus["docs"]
+    huge = " ".join(docs[:400] * 5)
+    assert len(sp.encode(huge)) > 65536
+    mixed = docs[:30] + [huge] + docs[30:60] + [huge[: len(huge) // 3]] + docs[60:90]
+    path = tmp_path / "mixed.txt"
+    path.write_text("\n".join(mixed) + "\n", encoding="utf-8")
+    for workers in (1, 2):
+        loader = feedline.TextLoader(str(path), tokenizer=corpus["model"], batch_size=4,
+                                     max_length=1 << 18, shuffle=False, workers=workers,
+                                     return_index=True)
+        got = _collect(loader)
+        assert sorted(got) == list(range(len(mixed)))
+        for i, doc in enumerate(mixed):
+            assert got[i] == sp.encode(doc), (workers, i)
+
+
 def test_json_lines_and_bad_lines(corpus, tmp_path):
     path = tmp_path / "docs.jsonl"
     lines = [json.dumps({"id": i, "text": d}, ensure_ascii=i % 2 == 0)
