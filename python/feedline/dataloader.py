@@ -272,7 +272,7 @@ class DataLoader:
         self._procs = {}
         self._results = {}
         self._keys = []
-        self._iterator = None
+        self._iterator_ref = None  # the current epoch's iterator, weakly: see _iterator
         self._epochs_started = 0
         self._resume = None
         self._epoch_state = None
@@ -301,10 +301,23 @@ class DataLoader:
         """'thread', 'process' or 'main' (num_workers=0), once an epoch has started."""
         return self._executor
 
+    # The loader refers to its iterator weakly: the iterator refers to the loader, and a strong
+    # reference back made a cycle that only Python's cycle collector could free, so a dropped
+    # loader kept its slots, threads and worker processes until the collector next ran.
+    @property
+    def _iterator(self):
+        ref = self._iterator_ref
+        return ref() if ref is not None else None
+
+    @_iterator.setter
+    def _iterator(self, it):
+        self._iterator_ref = weakref.ref(it) if it is not None else None
+
     # --- iteration ------------------------------------------------------------------------
     def __iter__(self):
-        if self._iterator is not None:
-            self._iterator._cancel("a newer iter(loader) started another epoch")
+        previous = self._iterator
+        if previous is not None:
+            previous._cancel("a newer iter(loader) started another epoch")
             self._iterator = None
         rng_state = torch.get_rng_state()
         gen_state = self.generator.get_state() if self.generator is not None else None
@@ -712,8 +725,9 @@ class DataLoader:
 
     def close(self):
         """Stops the epoch in progress and the worker processes (also done at exit)."""
-        if self._iterator is not None:
-            self._iterator._cancel("the loader was closed")
+        it = self._iterator
+        if it is not None:
+            it._cancel("the loader was closed")
             self._iterator = None
         if self._transform is not None:
             self._transform.close()

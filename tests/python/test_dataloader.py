@@ -386,6 +386,41 @@ def test_a_dropped_batch_frees_its_slot_without_the_cycle_collector(executor):
         gc.enable()
 
 
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_a_dropped_loader_is_freed_at_once_with_its_workers(executor):
+    """The loader and its iterator do not keep each other alive: dropping both frees the loader
+    by reference counting (the collector is off here), and its worker processes exit."""
+    import gc
+    import weakref
+    gc.collect()
+    gc.disable()
+    try:
+        loader = feedline.DataLoader(Mixed(64), batch_size=4, num_workers=2, executor=executor)
+        it = iter(loader)
+        next(it)
+        pids = [p.pid for p in loader._procs.values()]
+        assert (executor == "process") == bool(pids)
+        ref = weakref.ref(loader)
+        del loader
+        assert ref() is not None  # the iterator still uses it
+        del it
+        assert ref() is None, "a dropped loader waits for the cycle collector"
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(p) for p in pids), "its worker processes outlive it"
+    finally:
+        gc.enable()
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_a_second_iter_stops_the_first_loudly():
     loader = feedline.DataLoader(Mixed(), batch_size=4, num_workers=2)
     first = iter(loader)
