@@ -21,7 +21,11 @@
 namespace py = pybind11;
 
 namespace feedline::python {
+
 namespace {
+
+// Samples up to this size are copied into the slot without releasing the GIL (ApplyThread).
+constexpr size_t kCopyWithGilBytes = 256 << 10;
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -184,14 +188,24 @@ absl::Status PyTransform::ApplyThread(int64_t position, SampleWriter& out) const
       expect *= b.shape[size_t(d)];
     }
   }
+  auto copy = [&]() -> absl::Status {
+    for (int f = 0; f < schema_.size(); ++f) {
+      const py::buffer_info& b = infos[size_t(f)];
+      std::vector<int64_t> shape(b.shape.begin(), b.shape.end());
+      absl::Status st = out.Write(f, shape, b.ptr);
+      if (!st.ok()) return Failed(position, std::string(st.message()));
+    }
+    return absl::OkStatus();
+  };
+  // A small sample is copied with the GIL held: releasing it for the copy costs a second
+  // acquisition (the buffers must be released with it), and under contention an acquisition is
+  // a hand-off between threads (futex wake-ups, context switches) dearer than copying
+  // kCopyWithGilBytes.
+  size_t bytes = 0;
+  for (const py::buffer_info& b : infos) bytes += size_t(b.size) * size_t(b.itemsize);
+  if (bytes <= kCopyWithGilBytes) return copy();
   py::gil_scoped_release nogil;
-  for (int f = 0; f < schema_.size(); ++f) {
-    const py::buffer_info& b = infos[size_t(f)];
-    std::vector<int64_t> shape(b.shape.begin(), b.shape.end());
-    absl::Status st = out.Write(f, shape, b.ptr);
-    if (!st.ok()) return Failed(position, std::string(st.message()));
-  }
-  return absl::OkStatus();  // `nogil` ends first: the buffer_infos are released with the GIL
+  return copy();  // `nogil` ends first: the buffer_infos are released with the GIL
 }
 
 absl::Status PyTransform::WriteFields(const uint8_t* p, size_t n, SampleWriter& out) const {
