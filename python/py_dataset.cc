@@ -109,7 +109,32 @@ PyTransform::~PyTransform() {
   }
 }
 
-absl::Status PyTransform::Apply(const Record&, const SampleContext& context, WorkerState*,
+struct PyTransform::ThreadWorker : SampleTransform::WorkerState {
+  ThreadWorker(const PyTransform* t, int i) : owner(t), id(i) {}
+  ~ThreadWorker() override { owner->ReturnWorkerId(id); }
+  const PyTransform* owner;
+  int id;
+};
+
+std::unique_ptr<SampleTransform::WorkerState> PyTransform::NewWorkerState() const {
+  return std::make_unique<ThreadWorker>(this, TakeWorkerId());
+}
+
+int PyTransform::TakeWorkerId() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t i = 0;
+  while (i < worker_ids_.size() && worker_ids_[i]) ++i;
+  if (i == worker_ids_.size()) worker_ids_.push_back(false);
+  worker_ids_[i] = true;
+  return int(i);
+}
+
+void PyTransform::ReturnWorkerId(int id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (id >= 0 && size_t(id) < worker_ids_.size()) worker_ids_[size_t(id)] = false;
+}
+
+absl::Status PyTransform::Apply(const Record&, const SampleContext& context, WorkerState* state,
                                 SampleWriter& out) const {
   if (closed_.load()) return absl::CancelledError("the loader is closed");
   const int64_t position = context.index();
@@ -119,7 +144,10 @@ absl::Status PyTransform::Apply(const Record&, const SampleContext& context, Wor
     std::lock_guard<std::mutex> lock(mu_);
     use_procs = !procs_.empty();
   }
-  st = use_procs ? ApplyProcess(position, out) : ApplyThread(position, out);
+  // A sample made off the worker threads (a replacement on the consumer's thread) is worker 0's.
+  const auto* worker = dynamic_cast<const ThreadWorker*>(state);
+  st = use_procs ? ApplyProcess(position, out)
+                 : ApplyThread(position, worker != nullptr ? worker->id : 0, out);
   if (st.ok()) samples_.fetch_add(1, std::memory_order_relaxed);
   return st;
 }
@@ -140,7 +168,7 @@ absl::Status PyTransform::Failed(int64_t position, const std::string& text) cons
   return st;
 }
 
-absl::Status PyTransform::ApplyThread(int64_t position, SampleWriter& out) const {
+absl::Status PyTransform::ApplyThread(int64_t position, int worker, SampleWriter& out) const {
   if (Py_IsInitialized() == 0 || _Py_IsFinalizing()) {
     return absl::CancelledError("the interpreter is shutting down");
   }
@@ -150,7 +178,7 @@ absl::Status PyTransform::ApplyThread(int64_t position, SampleWriter& out) const
   gil_wait_ns_.fetch_add(t1 - t0, std::memory_order_relaxed);
   py::object r;
   try {
-    r = fetch_(position);
+    r = fetch_(position, worker);
   } catch (py::error_already_set& e) {  // fetch reports the dataset's errors itself: a bug here
     call_ns_.fetch_add(NowNs() - t1, std::memory_order_relaxed);
     return Failed(position,

@@ -54,6 +54,10 @@ class PyTransform : public SampleTransform {
   ~PyTransform() override;
 
   const Schema& schema() const override { return schema_; }
+  // Each worker thread takes the lowest free worker id (0, 1, ...) for its life and passes it
+  // to `fetch(position, worker)`: get_worker_info().id and worker_init_fn see the same ids in
+  // every epoch, below the number of threads, as torch's workers do.
+  std::unique_ptr<WorkerState> NewWorkerState() const override;
   absl::Status Apply(const Record& record, const SampleContext& context, WorkerState* state,
                      SampleWriter& out) const override;
 
@@ -86,7 +90,10 @@ class PyTransform : public SampleTransform {
     bool busy = false;
     bool alive = false;
   };
-  absl::Status ApplyThread(int64_t position, SampleWriter& out) const;
+  struct ThreadWorker;  // a worker thread's id (NewWorkerState)
+  int TakeWorkerId() const;
+  void ReturnWorkerId(int id) const;
+  absl::Status ApplyThread(int64_t position, int worker, SampleWriter& out) const;
   absl::Status ApplyProcess(int64_t position, SampleWriter& out) const;
   // Parses a sample's payload into the slot.
   absl::Status WriteFields(const uint8_t* p, size_t n, SampleWriter& out) const;
@@ -99,7 +106,7 @@ class PyTransform : public SampleTransform {
 
   Schema schema_;
   bool batch_mode_;
-  pybind11::object fetch_;    // threads: fetch(position) -> list of buffers | str | None
+  pybind11::object fetch_;    // threads: fetch(position, worker) -> list of buffers | str | None
   pybind11::object respawn_;  // processes
 
   mutable std::mutex mu_;
@@ -107,6 +114,7 @@ class PyTransform : public SampleTransform {
   mutable std::vector<Proc> procs_;
   std::shared_ptr<const std::vector<int64_t>> keys_, offsets_;
   mutable std::map<int64_t, std::string> errors_, results_;
+  mutable std::vector<bool> worker_ids_;  // taken ids (mu_)
   std::atomic<double> timeout_s_{0};
   std::atomic<bool> closed_{false};
 

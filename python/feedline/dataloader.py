@@ -60,7 +60,6 @@ def _close_all():  # before the interpreter goes: no engine thread may wait for 
 # get_worker_info() inside thread workers: torch's function reads one module global, so the
 # thread executor answers per thread (None outside feedline's threads, as in the main process).
 _tls = threading.local()
-_thread_ids = itertools.count()
 _torch_get_worker_info = tud.get_worker_info
 
 
@@ -270,6 +269,7 @@ class DataLoader:
         self._executor = None
         self._executor_reason = ""
         self._procs = {}
+        self._thread_workers = {}  # thread executor: worker id -> its WorkerInfo (_fetch)
         self._results = {}
         self._keys = []
         self._iterator_ref = None  # the current epoch's iterator, weakly: see _iterator
@@ -655,12 +655,25 @@ class DataLoader:
         return "differs" not in together
 
     # Thread executor: called by the engine's worker threads, with the GIL.
-    def _fetch(self, position):
-        info = getattr(_tls, "info", None)
+    def _fetch(self, position, worker=0):
+        # `worker`: the engine thread's id, 0..threads-1, the same in every epoch. Python's
+        # thread-local data does not outlive a GIL hold on the engine's threads (pybind11 makes
+        # a thread state per acquisition), so the WorkerInfo is kept here and set each time. An
+        # id's first sample runs worker_init_fn, once for the loader's life (persistent workers).
+        info = self._thread_workers.get(worker)
         if info is None:
-            _tls.info = info = tud._utils.worker.WorkerInfo(
-                id=next(_thread_ids), num_workers=_cpus(), seed=torch.initial_seed(),
+            info = tud._utils.worker.WorkerInfo(
+                id=worker, num_workers=max(_cpus(), worker + 1), seed=torch.initial_seed(),
                 dataset=self.dataset)
+            _tls.info = info
+            if self.worker_init_fn is not None:
+                try:
+                    self.worker_init_fn(worker)
+                except Exception as e:  # noqa: BLE001 (tried again at the id's next sample)
+                    return _worker.error_text(e, f"worker_init_fn({worker})",
+                                              "a feedline worker thread")
+            self._thread_workers[worker] = info
+        _tls.info = info
         if self._batch_mode:
             keys = self._keys[position]
             what = f"the batch of dataset{keys}"
