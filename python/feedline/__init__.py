@@ -865,6 +865,7 @@ class _FieldsIterator(_EpochIterator):
         self._torch = torch
         self._padded = padded  # a padded field: "lengths" and "attention_mask" from its lengths
         self._drop = drop  # views the dicts leave out
+        self._arange = None  # 0, 1, ... kept for the masks (a slice costs less than arange)
 
     def __next__(self):
         self._check()
@@ -881,7 +882,9 @@ class _FieldsIterator(_EpochIterator):
         if self._padded is not None:
             lengths = out.pop(self._padded + "_lengths")
             width = out[self._padded].shape[1]
-            out["attention_mask"] = (self._torch.arange(width)[None, :] < lengths[:, None]).long()
+            if self._arange is None or self._arange.shape[0] < width:
+                self._arange = self._torch.arange(max(2 * width, 256))
+            out["attention_mask"] = (self._arange[:width] < lengths.unsqueeze(1)).long()
             out["lengths"] = lengths
         if self._return_index:
             out["index"] = self._from_dlpack(indices)
