@@ -93,9 +93,14 @@ struct Epoch {
 };
 
 // One epoch of `loader`, each tensor copied to the CPU (a GPU copy waits on the current stream).
-Epoch Collect(feedline::torch::DataLoader& loader) {
+// With `on_device`: whether every batch's data and target were on CUDA device `device`.
+Epoch Collect(feedline::torch::DataLoader& loader, int device = -1, bool* on_device = nullptr) {
   Epoch e;
   for (auto& b : loader) {
+    if (on_device != nullptr) {
+      *on_device = *on_device && b.data.is_cuda() && b.target.is_cuda() &&
+                   b.data.device().index() == device && b.target.device().index() == device;
+    }
     e.data.push_back(b.data.to(torch::kCPU).clone());
     e.target.push_back(b.target.to(torch::kCPU).clone());
     e.index.push_back(b.index.to(torch::kCPU).clone());
@@ -210,15 +215,8 @@ int main(int argc, char** argv) {
         auto loader =
             feedline::torch::make_data_loader(data, Eval(c.dtype, c.layout).device("cuda"));
         loader->set_cuda_stream(c10::cuda::getCurrentCUDAStream().stream());
-        Epoch gpu;
         bool on_device = true;
-        for (auto& b : *loader) {
-          on_device &= b.data.is_cuda() && b.data.device().index() == 0 && b.target.is_cuda();
-          gpu.data.push_back(b.data.to(torch::kCPU));
-          gpu.target.push_back(b.target.to(torch::kCPU));
-          gpu.index.push_back(b.index.to(torch::kCPU));
-        }
-        const bool same = Same(reference[c.name], gpu, detail);
+        const bool same = Same(reference[c.name], Collect(*loader, 0, &on_device), detail);
         if (!on_device) *detail += "; a batch not on cuda:0";
         return same && on_device;
       });
@@ -263,12 +261,7 @@ int main(int argc, char** argv) {
               {
                 c10::cuda::CUDAStreamGuard g1(c10::cuda::getStreamFromPool(false, 1));
                 loader->set_cuda_stream(c10::cuda::getCurrentCUDAStream(1).stream());
-                for (auto& b : *loader) {
-                  on_1 &= b.data.device().index() == 1;
-                  gpu.data.push_back(b.data.to(torch::kCPU));
-                  gpu.target.push_back(b.target.to(torch::kCPU));
-                  gpu.index.push_back(b.index.to(torch::kCPU));
-                }
+                gpu = Collect(*loader, 1, &on_1);
               }
               const bool same = Same(reference["uint8_NCHW"], gpu, detail);
               const int now = c10::cuda::current_device();
