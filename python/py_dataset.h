@@ -90,10 +90,10 @@ class PyTransform : public SampleTransform {
     bool busy = false;
     bool alive = false;
   };
-  struct ThreadWorker;  // a worker thread's id (NewWorkerState)
+  struct ThreadWorker;  // a worker thread's id and Python thread state (NewWorkerState)
   int TakeWorkerId() const;
   void ReturnWorkerId(int id) const;
-  absl::Status ApplyThread(int64_t position, int worker, SampleWriter& out) const;
+  absl::Status ApplyThread(int64_t position, ThreadWorker* state, SampleWriter& out) const;
   absl::Status ApplyProcess(int64_t position, SampleWriter& out) const;
   // Parses a sample's payload into the slot.
   absl::Status WriteFields(const uint8_t* p, size_t n, SampleWriter& out) const;

@@ -656,10 +656,10 @@ class DataLoader:
 
     # Thread executor: called by the engine's worker threads, with the GIL.
     def _fetch(self, position, worker=0):
-        # `worker`: the engine thread's id, 0..threads-1, the same in every epoch. Python's
-        # thread-local data does not outlive a GIL hold on the engine's threads (pybind11 makes
-        # a thread state per acquisition), so the WorkerInfo is kept here and set each time. An
-        # id's first sample runs worker_init_fn, once for the loader's life (persistent workers).
+        # `worker`: the engine thread's id, 0..threads-1, the same in every epoch. The engine's
+        # threads (and their Python thread states, so their thread-local data) are made anew at
+        # each epoch, so the WorkerInfo is kept here by id and set each time. An id's first
+        # sample runs worker_init_fn, once for the loader's life (persistent workers).
         info = self._thread_workers.get(worker)
         if info is None:
             info = tud._utils.worker.WorkerInfo(
