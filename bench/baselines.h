@@ -31,6 +31,7 @@ struct DecodeLimit {
   int cores = 1;
   double single_thread_images_per_s() const { return seconds > 0 ? double(images) / seconds : 0; }
   double limit_images_per_s() const { return cores * single_thread_images_per_s(); }
+  double images_per_s() const { return seconds > 0 ? double(images) / seconds : 0; }
 };
 
 // Reads every file once (into a small reused buffer), so that the page cache holds them before
@@ -43,6 +44,13 @@ absl::StatusOr<int64_t> WarmPageCache(const std::vector<std::string>& files);
 // `eighths` < 8 decodes at that scale (1 = 1/8: the floor).
 absl::StatusOr<DecodeLimit> MeasureDecodeLimit(const std::vector<std::string>& files, int cores,
                                                int eighths = 8);
+
+// The same decodes on `cores` threads at once, each decoding every file (after its own warm-up):
+// what the machine gives when all its cores decode, as a loader's workers do. On a VM whose
+// cores slow each other down (shared caches, memory bandwidth, a host's sibling threads) this is
+// below cores x one thread. `images` counts every thread's; `thread_cpu_seconds` is their sum.
+absl::StatusOr<DecodeLimit> MeasureDecodeAllCores(const std::vector<std::string>& files, int cores,
+                                                  int eighths = 8);
 
 // The pipeline-overhead data set: `distinct` 8 x 8 JPEGs and a list file naming them over and
 // over, `samples` lines in all, in `dir` (made once; a complete set there is reused). Returns

@@ -325,6 +325,16 @@ absl::StatusOr<CompareResult> RunComparison(const CompareOptions& o) {
       "  at 1/8 scale (DC-only IDCT, the entropy-decoding floor): %.1f images/s on one "
       "thread, x %d cores = %.1f images/s\n",
       r.floor.single_thread_images_per_s(), r.cores, r.floor.limit_images_per_s());
+  absl::StatusOr<DecodeLimit> floor_all = MeasureDecodeAllCores(files, r.cores, /*eighths=*/1);
+  if (!floor_all.ok()) return floor_all.status();
+  r.floor_all_cores = *floor_all;
+  std::printf(
+      "  at 1/8 scale on %d threads at once: %.1f images/s (%.3f ms CPU per image, against "
+      "%.3f on one thread alone)\n",
+      r.cores, r.floor_all_cores.images_per_s(),
+      1e3 * r.floor_all_cores.thread_cpu_seconds /
+          double(std::max<int64_t>(1, r.floor_all_cores.images)),
+      1e3 * r.floor.thread_cpu_seconds / double(std::max<int64_t>(1, r.floor.images)));
 
   std::printf("\n[5/5] pipeline overhead: feedline on pre-decoded samples (%s)\n",
               o.tiny_list.c_str());
@@ -392,6 +402,14 @@ void PrintComparison(const CompareResult& r) {
               absl::StrFormat("%.1f %s", floor, plus(floor)).c_str(),
               r.floor.images > 0 ? r.floor.thread_cpu_seconds / double(r.floor.images) : 0.0,
               "(CPU: one 1/8-scale decode)", "");
+  const double floor_all = r.floor_all_cores.images_per_s();
+  std::printf("  %-40s %18s %13.6f  %-40s %6s\n",
+              absl::StrFormat("1/8-scale floor (%d threads at once)", r.cores).c_str(),
+              absl::StrFormat("%.1f %s", floor_all, plus(floor_all)).c_str(),
+              r.floor_all_cores.images > 0
+                  ? r.floor_all_cores.thread_cpu_seconds / double(r.floor_all_cores.images)
+                  : 0.0,
+              "(CPU: one 1/8-scale decode, all cores busy)", "");
   const feedline::Stats& st = r.feedline_cpp_stats;
   std::printf(
       "  feedline from C++ ended at workers %d, prefetch %d, io_depth %d; bottleneck: "
@@ -437,6 +455,12 @@ void PrintComparison(const CompareResult& r) {
       absl::StrJoin(r.floor_checks, ", ", [](std::string* out, double f) {
         absl::StrAppend(out, absl::StrFormat("%.0f", f));
       }).c_str());
+  const double floor_all_now = r.floor_all_cores.images_per_s();
+  std::printf(
+      "    against the floor measured on all %d cores at once (%.0f images/s): from Python "
+      "%.3fx, from C++ %.3fx\n",
+      r.cores, floor_all_now, floor_all_now > 0 ? r.feedline_py.images_per_s / floor_all_now : 0,
+      floor_all_now > 0 ? r.feedline_cpp.images_per_s / floor_all_now : 0);
   std::printf(
       "  feedline peak memory / the peer's total:        %6.3fx (<= %.1f): %s  "
       "(from Python: %.3fx: %s)\n",
@@ -529,6 +553,12 @@ void WriteCompareJson(const CompareResult& r, JsonWriter& json) {
   json.Key("thread_cpu_seconds").Number(r.floor.thread_cpu_seconds);
   json.Key("single_thread_images_per_s").Number(r.floor.single_thread_images_per_s());
   json.Key("images_per_s").Number(r.floor.limit_images_per_s());
+  json.Key("all_cores_at_once").BeginObject();
+  json.Key("images").Integer(r.floor_all_cores.images);
+  json.Key("seconds").Number(r.floor_all_cores.seconds);
+  json.Key("thread_cpu_seconds").Number(r.floor_all_cores.thread_cpu_seconds);
+  json.Key("images_per_s").Number(r.floor_all_cores.images_per_s());
+  json.EndObject();
   json.EndObject();
   WritePipelineOverheadJson(r.overhead, json);
   json.Key("ratios").BeginObject();
@@ -545,6 +575,9 @@ void WriteCompareJson(const CompareResult& r, JsonWriter& json) {
         r.floor_mean > 0 ? r.feedline_py.images_per_s / r.floor_mean : 0, kFloorTarget, true);
   Ratio(json, "feedline_cpp_vs_eighth_scale_floor",
         r.floor_mean > 0 ? r.feedline_cpp.images_per_s / r.floor_mean : 0, kFloorTarget, true);
+  const double floor_all = r.floor_all_cores.images_per_s();
+  json.Key("feedline_python_vs_eighth_scale_floor_all_cores_at_once")
+      .Number(floor_all > 0 ? r.feedline_py.images_per_s / floor_all : 0);
   json.Key("eighth_scale_floor_checks_images_per_s").BeginArray();
   for (double f : r.floor_checks) json.Number(f);
   json.EndArray();

@@ -111,6 +111,9 @@ struct CompareResult {
   // 10-30% within a run, and the one measurement at [4/5] alone moved the ratio by 0.1.
   std::vector<double> floor_checks;
   double floor_mean = 0;
+  // The floor with every core decoding at once (MeasureDecodeAllCores): the machine's own
+  // limit, beside the target's cores x one thread.
+  DecodeLimit floor_all_cores;
   PipelineOverhead overhead;
   double seconds = 0;
   const Contender& peer() const { return peer_trials[peer_best]; }
