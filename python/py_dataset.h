@@ -119,8 +119,10 @@ class PyTransform : public SampleTransform {
   std::atomic<bool> closed_{false};
 
   // Stats.
-  mutable std::atomic<int64_t> samples_{0}, gil_wait_ns_{0}, call_ns_{0}, deaths_{0}, retries_{0},
-      timeouts_{0};
+  // Worker threads: gil_wait_ns_ waiting to take the GIL for a sample, call_ns_ in the dataset's
+  // code (wall), off_cpu_ns_ the part of it off a CPU (the GIL taken back, I/O, a core).
+  mutable std::atomic<int64_t> samples_{0}, gil_wait_ns_{0}, call_ns_{0}, off_cpu_ns_{0},
+      deaths_{0}, retries_{0}, timeouts_{0};
 };
 
 }  // namespace feedline::python

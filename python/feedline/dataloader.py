@@ -557,11 +557,15 @@ class DataLoader:
                                      f"{wait:.0%}; one thread loads {one:.0f}/s, so the calling "
                                      "thread does (as num_workers=0)")
                 return
+        # Waiting: to take the GIL for a sample, and inside the dataset's code off a CPU (to
+        # take the GIL back after a C call released it, mostly; I/O waits count too, but a
+        # dataset that mostly waits for I/O was given threads by the probe and stays there).
         call, gil = py.get("call_s", 0.0), py.get("gil_wait_s", 0.0)
-        if self._executor == "thread" and call > 0 and gil / call > 0.3 and all(
+        waiting = (gil + py.get("off_cpu_s", 0.0)) / max(gil + call, 1e-9)
+        if self._executor == "thread" and call > 0 and waiting > 0.3 and all(
                 isinstance(k, int) for k in self._flat_keys[:64]) and _cpus() >= 2:
             self._switch("process", f"revisited after epoch 1: {was}, waiting for the GIL "
-                                    f"{gil / call:.0%} of their time; processes each have one")
+                                    f"{waiting:.0%} of their time; processes each have one")
 
     def _inline_rate(self):
         """Samples/s of the calling thread loading and collating whole batches as num_workers=0
@@ -784,7 +788,10 @@ class DataLoader:
         self._resume = state if "batches_done" in state else None
 
     def stats(self):
-        """The engine's figures, and a "python" stage: the executor chosen and why, GIL wait."""
+        """The engine's figures, and a "python" stage: the executor chosen and why; for worker
+        threads the time they waited to take the GIL for a sample (gil_wait_s), spent in the
+        dataset's code (call_s) and, of that, off a CPU (off_cpu_s: taking the GIL back after a
+        C call released it, I/O, waiting for a core)."""
         out = self._loader.stats() if self._loader is not None else {}
         py = {"executor": self._executor or ("main" if self.num_workers == 0 else None),
               "reason": self._executor_reason if self.num_workers != 0 else "num_workers=0",

@@ -773,6 +773,66 @@ def test_an_automatic_choice_is_revisited_after_the_first_epoch():
     assert not any(p.is_alive() for p in loader._procs.values())
 
 
+class TurnsGilBound(tud.Dataset):
+    """numpy work that releases the GIL (~1 ms per sample) until `holding` is set, then the same
+    time in pure Python, which holds it."""
+
+    def __init__(self):
+        self.holding = False
+        self.a = np.random.default_rng(0).random(400_000)
+
+    def __len__(self):
+        return 1200
+
+    def __getitem__(self, i):
+        if self.holding:
+            end = time.perf_counter() + 0.001
+            while time.perf_counter() < end:
+                pass
+        else:
+            for _ in range(4):
+                np.sqrt(self.a).sum()
+        return torch.tensor([i])
+
+
+def test_threads_that_wait_for_the_gil_move_to_processes_at_the_revisit():
+    """A dataset that turns GIL-bound after the probe chose threads: its worker threads wait,
+    to take the GIL for a sample and inside the dataset's code, and the revisit moves it to
+    processes."""
+    ds = TurnsGilBound()
+    loader = feedline.DataLoader(ds, batch_size=40, num_workers=2, workers=2)
+    it = iter(loader)  # the probe runs here
+    assert loader.stats()["python"]["executor"] == "thread", loader.stats()["python"]
+    ds.holding = True  # the worker threads share the dataset: from now on they take turns
+    first = torch.cat(list(it)).flatten().tolist()
+    py = loader.stats()["python"]
+    assert py["gil_wait_s"] + py["off_cpu_s"] > 0.3 * (py["gil_wait_s"] + py["call_s"]), py
+    second = torch.cat(list(loader)).flatten().tolist()
+    now = loader.stats()["python"]
+    assert first == second == list(range(len(ds)))
+    assert now["executor"] == "process" and now["reason"].startswith("revisited after epoch 1") \
+        and "waiting for the GIL" in now["reason"], now
+
+
+def test_off_cpu_time_counts_waits_inside_the_dataset():
+    """The GIL-bound time that only the old figure missed: waits inside the dataset's code (PIL
+    releases the GIL to decode and takes it back; here a sleep). With two threads on PIL's
+    ImageFolder they are ~7% of the call time, against ~0.4% waited before samples."""
+    class Sleeps(tud.Dataset):
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            time.sleep(0.005)  # off a CPU, GIL released
+            return torch.tensor([i])
+
+    loader = feedline.DataLoader(Sleeps(), batch_size=8, num_workers=2, executor="thread")
+    assert torch.cat(list(loader)).flatten().tolist() == list(range(40))
+    py = loader.stats()["python"]
+    assert py["call_s"] >= 40 * 0.005 and py["off_cpu_s"] >= 0.8 * 40 * 0.005, py
+    assert py["off_cpu_s"] <= py["call_s"], py
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
 def test_device_cuda_goes_through_the_copy_stage_and_fails_clearly_without_a_gpu():
     loader = feedline.DataLoader(Mixed(), batch_size=4, num_workers=2, device="cuda")
