@@ -21,6 +21,15 @@
 
 namespace feedline {
 
+struct EpochCore;
+
+namespace internal {
+// The epoch whose reader or worker thread this is (null on every other thread). User code runs
+// on those threads (a transform, a data set's Read, a Python data set and its garbage
+// collections), and may drop the Epoch there: it must not then be joined by itself (~Epoch).
+inline thread_local const EpochCore* worker_of = nullptr;
+}  // namespace internal
+
 struct EpochCore {
   EpochCore(std::shared_ptr<LoaderShared> s, int64_t e)
       : shared(std::move(s)),

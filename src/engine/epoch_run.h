@@ -69,6 +69,8 @@ class EpochRun {
   // its locks and condition variables may be held or waited on by them. Such a run must be
   // leaked, never touched or destroyed (glibc's pthread_cond_destroy would wait forever).
   bool forked() const;
+  // True on one of this run's reader or worker threads.
+  bool on_own_thread() const { return internal::worker_of == &core_; }
 
  private:
   void Shutdown();

@@ -196,7 +196,19 @@ Stats LoaderShared::Snapshot() {
 
 Epoch::Epoch(std::unique_ptr<EpochRun> run) : run_(std::move(run)) {}
 Epoch::~Epoch() {
-  if (run_ && run_->forked()) (void)run_.release();  // deliberately leaked: see forked()
+  if (run_ == nullptr) return;
+  if (run_->forked()) {
+    (void)run_.release();  // deliberately leaked: see forked()
+    return;
+  }
+  if (run_->on_own_thread()) {
+    // Dropped by user code on one of the epoch's own threads (a Python garbage collection in a
+    // data set's __getitem__ freeing an abandoned iterator): joining the threads here would
+    // join this one. The run is cancelled now and destroyed by a thread of its own, which
+    // joins this one once it has returned from the user's code.
+    run_->Cancel();
+    std::thread([run = std::move(run_)]() mutable { run.reset(); }).detach();
+  }
 }
 absl::StatusOr<Batch> Epoch::Next() { return run_->Next(); }
 absl::StatusOr<Batch> Epoch::Next(const std::function<absl::Status()>& interrupted,

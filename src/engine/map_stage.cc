@@ -60,6 +60,7 @@ void MapStage::Stop(std::vector<std::thread>* join) {
 }
 
 void MapStage::WorkerLoop(int id) {
+  internal::worker_of = core_;
   LoaderShared& sh = *core_->shared;
   pthread_setname_np(pthread_self(), "feedline-map");  // for top, perf, gdb
   TraceTrack* track = sh.trace->Track(absl::StrCat("worker ", id));

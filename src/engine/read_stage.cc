@@ -237,6 +237,7 @@ void ReadStage::ReadInline(ReadEntry* e) {
 }
 
 void ReadStage::ReaderLoop(int id, std::shared_ptr<ReaderState> state) {
+  internal::worker_of = core_;
   LoaderShared& sh = *core_->shared;
   pthread_setname_np(pthread_self(), "feedline-read");  // for top, perf, gdb
   TraceTrack* track = sh.trace->Track(absl::StrCat("reader ", id));
@@ -261,6 +262,7 @@ void ReadStage::ReaderLoop(int id, std::shared_ptr<ReaderState> state) {
 }
 
 void ReadStage::RetryLoop(std::shared_ptr<ReaderState> state) {
+  internal::worker_of = core_;
   TraceTrack* track = core_->shared->trace->Track("retry reader");
   while (true) {
     ReadItem* item = nullptr;

@@ -492,6 +492,45 @@ def test_thread_workers_keep_their_thread_local_data_between_samples():
     assert 1 <= data.opens <= 2 * 8, data.opens
 
 
+_GC_IN_WORKER = """
+import gc, sys, time
+import torch, torch.utils.data as tud
+import feedline
+
+class CollectsGarbage(tud.Dataset):
+    def __len__(self):
+        return 1000
+
+    def __getitem__(self, i):
+        gc.collect(1)  # as allocations in a dataset's code trigger it, on the worker thread
+        return torch.tensor([i])
+
+loader = feedline.DataLoader(CollectsGarbage(), batch_size=4, num_workers=2,
+                             executor="thread")
+for _ in range(10):
+    it = iter(loader)
+    next(it)
+    cycle = [it]
+    cycle.append(cycle)  # the abandoned iterator is freed by the next collection
+    del it, cycle
+    time.sleep(0.05)
+print("batches", sum(1 for _ in loader))
+"""
+
+
+def test_an_iterator_freed_by_a_collection_in_a_worker_does_not_kill_the_process():
+    """An abandoned iterator in a reference cycle is freed by whichever thread runs the cycle
+    collector: often a worker thread inside the dataset's code. Its epoch was then destroyed
+    there, joining its own thread: std::terminate, the process aborted. (Worker processes run
+    their collections in their own process: threads only.)"""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", _GC_IN_WORKER], capture_output=True,
+                       text=True, timeout=300, env=dict(os.environ))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "batches 250" in r.stdout, r.stdout
+
+
 def test_a_second_iter_stops_the_first_loudly():
     loader = feedline.DataLoader(Mixed(), batch_size=4, num_workers=2)
     first = iter(loader)

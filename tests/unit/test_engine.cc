@@ -708,6 +708,64 @@ class Bytes final : public SampleTransform {
 
 }  // namespace
 
+namespace {
+
+// Drops the Epoch held in `*epoch` from inside Apply, on the worker thread, while `armed`: as a
+// Python data set does when a garbage collection in its __getitem__ frees an abandoned iterator.
+class DropsItsEpoch final : public SampleTransform {
+ public:
+  const Schema& schema() const override { return schema_; }
+  absl::Status Apply(const Record&, const SampleContext& ctx, WorkerState*,
+                     SampleWriter& out) const override {
+    *out.Fixed<int64_t>(0) = ctx.index();
+    if (armed.load()) {
+      // The epoch is assigned once StartEpoch has returned (its workers start inside it).
+      for (int i = 0; i < 10000 && !ready.load(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      bool first = false;
+      if (ready.load() && dropping.compare_exchange_strong(first, true)) {
+        epoch->reset();  // ~Epoch on this worker thread
+        dropped.store(true);
+      }
+    }
+    return absl::OkStatus();
+  }
+  std::unique_ptr<feedline::Epoch>* epoch = nullptr;
+  mutable std::atomic<bool> armed{false}, ready{false}, dropping{false}, dropped{false};
+
+ private:
+  Schema schema_{Field("i", DType::kInt64, {})};
+};
+
+}  // namespace
+
+TEST_CASE("an epoch dropped on its own worker thread is stopped, not joined by that thread",
+          "[engine]") {
+  // Joining its threads there joined the calling one: std::terminate. The run is now cancelled
+  // and destroyed by a thread of its own; the loader goes on with the next epoch.
+  auto transform = std::make_shared<DropsItsEpoch>();
+  auto loader = Make(std::make_shared<Computed>(2000), transform,
+                     LoaderOptions().batch_size(4).workers(2).shuffle(false));
+  std::unique_ptr<feedline::Epoch> epoch;
+  transform->epoch = &epoch;
+  transform->armed.store(true);
+  epoch = loader->StartEpoch();  // this thread never touches the epoch again
+  transform->ready.store(true);
+  for (int i = 0; i < 10000 && !transform->dropped.load(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(transform->dropped.load());
+  REQUIRE(epoch == nullptr);
+  transform->armed.store(false);
+  int64_t n = 0;
+  for (auto& b : *loader) {
+    REQUIRE(b.ok());
+    n += b->size();
+  }
+  REQUIRE(n == 2000);
+}
+
 TEST_CASE("in-memory data sets: the workers read; same bytes, read errors replaced", "[engine]") {
   auto docs = std::make_shared<InMemory>(300);
   auto transform = std::make_shared<Bytes>();
