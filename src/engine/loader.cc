@@ -208,10 +208,11 @@ Epoch::~Epoch() {
     // join this one. The run is cancelled now and destroyed by a thread of its own, which
     // joins this one once it has returned from the user's code.
     run_->Cancel();
+    EpochRun* run = run_.release();
     try {
-      std::thread([run = std::move(run_)]() mutable { run.reset(); }).detach();
+      std::thread([run] { delete run; }).detach();
     } catch (const std::system_error&) {
-      (void)run_.release();  // no thread to be had: leaked (cancelled) rather than a crash
+      // No thread to be had: the cancelled run is leaked rather than the process ended.
     }
   }
 }
