@@ -42,6 +42,59 @@ int64_t ThreadCpuNs() {
   return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
+// Three interleaved channels of `n` pixels (RGBRGB...) into three planes: a CHW view of an HWC
+// image (torchvision's PILToTensor returns one), copied without torch's element-wise strided
+// copy (~50 us for 224x224x3 against ~5 with AVX2, ~23 with SSE2).
+__attribute__((target_clones("avx2", "default"))) void Deinterleave3(const uint8_t* src,
+                                                                     uint8_t* d0, uint8_t* d1,
+                                                                     uint8_t* d2, int64_t n) {
+  for (int64_t x = 0; x < n; ++x) {
+    d0[x] = src[3 * x];
+    d1[x] = src[3 * x + 1];
+    d2[x] = src[3 * x + 2];
+  }
+}
+
+// Copies an array of `shape` with non-negative byte `strides` into contiguous `dst`.
+void StridedCopy(const uint8_t* src, const std::vector<int64_t>& shape,
+                 const std::vector<int64_t>& strides, int64_t itemsize, uint8_t* dst) {
+  const int nd = int(shape.size());
+  int64_t total = 1;
+  for (int64_t d : shape) total *= d;
+  if (total == 0) return;
+  // A CHW view of an HWC byte image: its rows deinterleaved into the planes.
+  if (nd == 3 && itemsize == 1 && shape[0] == 3 && strides[0] == 1 && strides[2] == 3) {
+    const int64_t h = shape[1], w = shape[2];
+    for (int64_t y = 0; y < h; ++y) {
+      Deinterleave3(src + y * strides[1], dst + y * w, dst + (h + y) * w, dst + (2 * h + y) * w, w);
+    }
+    return;
+  }
+  // The innermost dimension: a contiguous run or an element-wise gather; an odometer over the
+  // others.
+  const int64_t inner = nd > 0 ? shape[size_t(nd - 1)] : 1;
+  const int64_t inner_stride = nd > 0 ? strides[size_t(nd - 1)] : itemsize;
+  const size_t run = size_t(inner * itemsize);
+  std::vector<int64_t> at(size_t(std::max(nd - 1, 0)), 0);
+  for (int64_t done = 0; done < total; done += inner) {
+    int64_t off = 0;
+    for (int d = 0; d + 1 < nd; ++d) off += at[size_t(d)] * strides[size_t(d)];
+    const uint8_t* p = src + off;
+    if (inner_stride == itemsize) {
+      std::memcpy(dst, p, run);
+    } else {
+      for (int64_t x = 0; x < inner; ++x) {
+        std::memcpy(dst + x * itemsize, p + x * inner_stride, size_t(itemsize));
+      }
+    }
+    dst += run;
+    for (int d = nd - 2; d >= 0; --d) {
+      if (++at[size_t(d)] < shape[size_t(d)]) break;
+      at[size_t(d)] = 0;
+    }
+  }
+}
+
 class Positions : public Dataset {
  public:
   Positions(int64_t n, uint64_t fingerprint) : n_(n), fingerprint_(fingerprint) {}
@@ -279,20 +332,39 @@ absl::Status PyTransform::ApplyThread(int64_t position, ThreadWorker* state,
                     absl::StrCat("feedline: field ", field.name(), ": element size ", b.itemsize,
                                  ", the schema's is ", ElementSize(field.dtype())));
     }
-    int64_t expect = b.itemsize;  // C-contiguous?
-    for (int d = int(b.ndim) - 1; d >= 0; --d) {
-      if (b.shape[size_t(d)] > 1 && b.strides[size_t(d)] != expect) {
-        return Failed(position,
-                      absl::StrCat("feedline: field ", field.name(), ": not a contiguous array"));
+    // Strided arrays (a permuted tensor's view) are copied by StridedCopy; negative strides
+    // do not come from torch.
+    for (int d = 0; d < int(b.ndim); ++d) {
+      if (b.strides[size_t(d)] < 0) {
+        return Failed(position, absl::StrCat("feedline: field ", field.name(),
+                                             ": an array with negative strides"));
       }
-      expect *= b.shape[size_t(d)];
     }
   }
+  auto contiguous = [](const py::buffer_info& b) {
+    int64_t expect = b.itemsize;
+    for (int d = int(b.ndim) - 1; d >= 0; --d) {
+      if (b.shape[size_t(d)] > 1 && b.strides[size_t(d)] != expect) return false;
+      expect *= b.shape[size_t(d)];
+    }
+    return true;
+  };
   auto copy = [&]() -> absl::Status {
     for (int f = 0; f < schema_.size(); ++f) {
       const py::buffer_info& b = infos[size_t(f)];
       std::vector<int64_t> shape(b.shape.begin(), b.shape.end());
-      absl::Status st = out.Write(f, shape, b.ptr);
+      absl::Status st;
+      if (contiguous(b)) {
+        st = out.Write(f, shape, b.ptr);
+      } else {
+        absl::StatusOr<void*> dst = out.Shaped(f, shape);
+        st = dst.status();
+        if (st.ok()) {
+          StridedCopy(static_cast<const uint8_t*>(b.ptr), shape,
+                      std::vector<int64_t>(b.strides.begin(), b.strides.end()), b.itemsize,
+                      static_cast<uint8_t*>(*dst));
+        }
+      }
       if (!st.ok()) return Failed(position, std::string(st.message()));
     }
     return absl::OkStatus();

@@ -282,7 +282,7 @@ def _parent(root, path):
     return node if isinstance(node, Node) else None
 
 
-def _to_numpy(x, f, check_shapes=True):
+def _to_numpy(x, f, check_shapes=True, contiguous=True):
     if f.kind == "tensor":
         if not isinstance(x, torch.Tensor):
             raise SampleMismatch(f"{_name(f.path)}: a {type(x).__name__}, the first sample has "
@@ -295,7 +295,9 @@ def _to_numpy(x, f, check_shapes=True):
             t = t.cpu()
         if f.dtype == torch.bfloat16:
             t = t.view(torch.int16)
-        a = t.contiguous().numpy()
+        # contiguous=False: a strided view as it is (the thread executor's C++ copy reads the
+        # strides: PILToTensor's CHW view of an HWC image costs one pass, not two).
+        a = (t.contiguous() if contiguous else t).numpy()
     elif f.kind == "ndarray":
         if not isinstance(x, np.ndarray):
             raise SampleMismatch(f"{_name(f.path)}: a {type(x).__name__}, the first sample has "
@@ -332,12 +334,12 @@ def _check_shape(a, f):
         "(torch's default_collate cannot stack them either; pass pad=True or collate_fn=)")
 
 
-def flatten(sample, schema, check_shapes=True):
-    """The sample's slot columns (contiguous numpy arrays, in field order, then the pickled
-    objects as uint8 when there are any)."""
+def flatten(sample, schema, check_shapes=True, contiguous=True):
+    """The sample's slot columns (numpy arrays, in field order, then the pickled objects as
+    uint8 when there are any): contiguous, or tensors' strided views when not `contiguous`."""
     leaves = [None] * len(schema.fields)
     objs = [None] * len(schema.objects)
-    _flatten(sample, schema.root, leaves, objs, check_shapes)
+    _flatten(sample, schema.root, leaves, objs, check_shapes, contiguous)
     if schema.objects:
         blob = pickle.dumps(objs, protocol=pickle.HIGHEST_PROTOCOL)
         if len(blob) > OBJECT_BYTES:
@@ -347,9 +349,9 @@ def flatten(sample, schema, check_shapes=True):
     return leaves
 
 
-def _flatten(x, node, leaves, objs, check_shapes):  # a module function: see _rebuild
+def _flatten(x, node, leaves, objs, check_shapes, contiguous=True):  # module function: _rebuild
     if isinstance(node, Field):
-        leaves[node.index] = _to_numpy(x, node, check_shapes)
+        leaves[node.index] = _to_numpy(x, node, check_shapes, contiguous)
     elif isinstance(node, Obj):
         if not isinstance(x, node.types):
             raise SampleMismatch(f"{_name(node.path)}: a {type(x).__name__}, the first "
@@ -362,13 +364,13 @@ def _flatten(x, node, leaves, objs, check_shapes):  # a module function: see _re
         for k, child in zip(node.keys, node.children):
             if k not in x:
                 raise SampleMismatch(f"{_name(node.path)}: no key {k!r}")
-            _flatten(x[k], child, leaves, objs, check_shapes)
+            _flatten(x[k], child, leaves, objs, check_shapes, contiguous)
     else:
         if not isinstance(x, collections.abc.Sequence) or len(x) != len(node.children):
             raise SampleMismatch("each element in list of batch should be of equal size "
                                  f"({_name(node.path)})")
         for v, child in zip(x, node.children):
-            _flatten(v, child, leaves, objs, check_shapes)
+            _flatten(v, child, leaves, objs, check_shapes, contiguous)
 
 
 def as_field_dtype(t, f):

@@ -692,7 +692,7 @@ class DataLoader:
             return None
         key = self._keys[position]
         try:
-            return _collate.flatten(self.dataset[key], self._schema)
+            return _collate.flatten(self.dataset[key], self._schema, contiguous=False)
         except Exception as e:  # noqa: BLE001
             return _worker.error_text(e, f"dataset[{key}]", "a feedline worker thread")
 

@@ -460,6 +460,38 @@ def test_worker_ids_and_worker_init_fn_as_torchs_workers(executor, tmp_path):
     assert used <= set(inits) <= {0, 1}
 
 
+class StridedViews(tud.Dataset):
+    """Tensors that are views with strides, as transforms return them: PILToTensor's CHW view of
+    an HWC image, a transpose, a strided slice, an expanded row, a bfloat16 permute."""
+
+    def __len__(self):
+        return 23
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        hwc = torch.randint(0, 256, (5, 7, 3), dtype=torch.uint8, generator=g)
+        m = torch.randn(6, 4, generator=g)
+        return {"chw": hwc.permute(2, 0, 1), "t": m.t(), "every_other": m[::2, 1:],
+                "expanded": (torch.arange(4, dtype=torch.int16) + i).expand(3, 4),
+                "half": torch.randn(2, 3, generator=g).to(torch.bfloat16).t(),
+                "wide": torch.randn(3, 8, 16, generator=g).permute(1, 2, 0), "i": i}
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_strided_views_give_torchs_batches(executor):
+    """Thread workers copy strided tensors into the slot themselves (no contiguous() copy
+    first); the batches are torch's, byte for byte."""
+    data = StridedViews()
+    sample = data[0]
+    assert not any(sample[k].is_contiguous() for k in ("chw", "t", "every_other", "expanded",
+                                                         "half", "wide"))
+    got = list(feedline.DataLoader(data, batch_size=5, num_workers=2, executor=executor))
+    ref = list(tud.DataLoader(data, batch_size=5, num_workers=0))
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref):
+        assert_same(a, b)
+
+
 class PerThreadHandle(tud.Dataset):
     """Opens a costly handle (a file, a database connection) once per thread, in a
     threading.local, as datasets read from LMDB or HDF5 do; counts the opens."""
