@@ -88,65 +88,21 @@ absl::StatusOr<int64_t> DecodeFull(tjhandle tj, const std::string& jpeg, const s
   return int64_t{w} * h;
 }
 
-}  // namespace
-
-absl::StatusOr<int64_t> WarmPageCache(const std::vector<std::string>& files) {
-  std::string buffer;
-  int64_t bytes = 0;
-  for (const std::string& f : files) {
-    if (absl::Status s = ReadFile(f, &buffer); !s.ok()) return s;
-    bytes += int64_t(buffer.size());
-  }
-  return bytes;
-}
-
-absl::StatusOr<DecodeLimit> MeasureDecodeLimit(const std::vector<std::string>& files, int cores,
-                                               int eighths) {
+// Reads `files` into memory, then `threads` threads at once each decode a few of them untimed
+// (warm-up: the decoder's tables, the output buffer, the caches) and then every file once,
+// timed together (each starting at its own place in the list: not all on the same file).
+absl::StatusOr<DecodeLimit> TimeDecodes(const std::vector<std::string>& files, int cores,
+                                        int threads, int eighths) {
   if (files.empty()) return absl::InvalidArgumentError("decode limit: no files");
   std::vector<std::string> data(files.size());
   DecodeLimit limit;
   limit.cores = cores;
+  limit.threads = std::max(threads, 1);
   for (size_t i = 0; i < files.size(); ++i) {
     if (absl::Status s = ReadFile(files[i], &data[i]); !s.ok()) return s;
     limit.bytes += int64_t(data[i].size());
   }
-  TjHandle tj(tjInitDecompress());
-  if (tj == nullptr) return absl::InternalError("tjInitDecompress failed");
-  std::vector<uint8_t> rgb;
-  // Warm-up: the decoder's tables, the output buffer, the caches.
-  const size_t warmup = std::min<size_t>(files.size(), 16);
-  for (size_t i = 0; i < warmup; ++i) {
-    if (absl::StatusOr<int64_t> px = DecodeFull(tj.get(), data[i], files[i], &rgb, eighths);
-        !px.ok()) {
-      return px.status();
-    }
-  }
-  const Clock::time_point start = Clock::now();
-  const double cpu_start = ThreadCpuSeconds();
-  int64_t pixels = 0;
-  for (size_t i = 0; i < files.size(); ++i) {
-    absl::StatusOr<int64_t> px = DecodeFull(tj.get(), data[i], files[i], &rgb, eighths);
-    if (!px.ok()) return px.status();
-    pixels += *px;
-  }
-  limit.seconds = SecondsSince(start);
-  limit.thread_cpu_seconds = ThreadCpuSeconds() - cpu_start;
-  limit.images = int64_t(files.size());
-  limit.megapixels = double(pixels) * 1e-6;
-  return limit;
-}
-
-absl::StatusOr<DecodeLimit> MeasureDecodeAllCores(const std::vector<std::string>& files, int cores,
-                                                  int eighths) {
-  if (files.empty()) return absl::InvalidArgumentError("decode limit: no files");
-  std::vector<std::string> data(files.size());
-  DecodeLimit limit;
-  limit.cores = cores;
-  for (size_t i = 0; i < files.size(); ++i) {
-    if (absl::Status s = ReadFile(files[i], &data[i]); !s.ok()) return s;
-    limit.bytes += int64_t(data[i].size());
-  }
-  const int n = std::max(cores, 1);
+  const int n = limit.threads;
   std::vector<absl::Status> status(size_t(n), absl::OkStatus());
   std::vector<double> cpu(size_t(n), 0.0);
   std::vector<int64_t> pixels(size_t(n), 0);
@@ -154,9 +110,9 @@ absl::StatusOr<DecodeLimit> MeasureDecodeAllCores(const std::vector<std::string>
   std::condition_variable cv;
   int warm = 0;  // threads done warming up; the timed loops start together
   Clock::time_point start;
-  std::vector<std::thread> threads;
+  std::vector<std::thread> pool;
   for (int t = 0; t < n; ++t) {
-    threads.emplace_back([&, t] {
+    pool.emplace_back([&, t] {
       TjHandle tj(tjInitDecompress());
       std::vector<uint8_t> rgb;
       absl::Status st =
@@ -173,7 +129,6 @@ absl::StatusOr<DecodeLimit> MeasureDecodeAllCores(const std::vector<std::string>
         cv.wait(lock, [&] { return warm == n; });
       }
       const double c0 = ThreadCpuSeconds();
-      // Each thread starts at its own place in the list: not all on the same file at once.
       for (size_t k = 0; st.ok() && k < files.size(); ++k) {
         const size_t i = (k + size_t(t) * files.size() / size_t(n)) % files.size();
         absl::StatusOr<int64_t> px = DecodeFull(tj.get(), data[i], files[i], &rgb, eighths);
@@ -187,7 +142,7 @@ absl::StatusOr<DecodeLimit> MeasureDecodeAllCores(const std::vector<std::string>
       status[size_t(t)] = st;
     });
   }
-  for (std::thread& t : threads) t.join();
+  for (std::thread& t : pool) t.join();
   limit.seconds = SecondsSince(start);
   for (int t = 0; t < n; ++t) {
     if (!status[size_t(t)].ok()) return status[size_t(t)];
@@ -196,6 +151,28 @@ absl::StatusOr<DecodeLimit> MeasureDecodeAllCores(const std::vector<std::string>
   }
   limit.images = int64_t(files.size()) * n;
   return limit;
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> WarmPageCache(const std::vector<std::string>& files) {
+  std::string buffer;
+  int64_t bytes = 0;
+  for (const std::string& f : files) {
+    if (absl::Status s = ReadFile(f, &buffer); !s.ok()) return s;
+    bytes += int64_t(buffer.size());
+  }
+  return bytes;
+}
+
+absl::StatusOr<DecodeLimit> MeasureDecodeLimit(const std::vector<std::string>& files, int cores,
+                                               int eighths) {
+  return TimeDecodes(files, cores, /*threads=*/1, eighths);
+}
+
+absl::StatusOr<DecodeLimit> MeasureDecodeAllCores(const std::vector<std::string>& files, int cores,
+                                                  int eighths) {
+  return TimeDecodes(files, cores, /*threads=*/cores, eighths);
 }
 
 absl::StatusOr<std::string> EnsureTinyDataset(const std::string& dir, int distinct,

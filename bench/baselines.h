@@ -23,15 +23,19 @@
 namespace feedline::bench {
 
 struct DecodeLimit {
-  int64_t images = 0;  // decoded in the timed loop
-  int64_t bytes = 0;   // compressed bytes held in memory
-  double seconds = 0;  // wall time of the loop
-  double thread_cpu_seconds = 0;
-  double megapixels = 0;  // decoded
+  int64_t images = 0;             // decoded in the timed loop, by all its threads
+  int64_t bytes = 0;              // compressed bytes held in memory
+  double seconds = 0;             // wall time of the loop
+  double thread_cpu_seconds = 0;  // summed over the threads
+  double megapixels = 0;          // decoded
   int cores = 1;
-  double single_thread_images_per_s() const { return seconds > 0 ? double(images) / seconds : 0; }
-  double limit_images_per_s() const { return cores * single_thread_images_per_s(); }
+  int threads = 1;  // decoding at once
   double images_per_s() const { return seconds > 0 ? double(images) / seconds : 0; }
+  double single_thread_images_per_s() const { return images_per_s() / threads; }
+  double limit_images_per_s() const { return cores * single_thread_images_per_s(); }
+  double cpu_seconds_per_image() const {
+    return images > 0 ? thread_cpu_seconds / double(images) : 0;
+  }
 };
 
 // Reads every file once (into a small reused buffer), so that the page cache holds them before
@@ -48,7 +52,7 @@ absl::StatusOr<DecodeLimit> MeasureDecodeLimit(const std::vector<std::string>& f
 // The same decodes on `cores` threads at once, each decoding every file (after its own warm-up):
 // what the machine gives when all its cores decode, as a loader's workers do. On a VM whose
 // cores slow each other down (shared caches, memory bandwidth, a host's sibling threads) this is
-// below cores x one thread. `images` counts every thread's; `thread_cpu_seconds` is their sum.
+// below cores x one thread.
 absl::StatusOr<DecodeLimit> MeasureDecodeAllCores(const std::vector<std::string>& files, int cores,
                                                   int eighths = 8);
 

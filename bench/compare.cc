@@ -331,10 +331,8 @@ absl::StatusOr<CompareResult> RunComparison(const CompareOptions& o) {
   std::printf(
       "  at 1/8 scale on %d threads at once: %.1f images/s (%.3f ms CPU per image, against "
       "%.3f on one thread alone)\n",
-      r.cores, r.floor_all_cores.images_per_s(),
-      1e3 * r.floor_all_cores.thread_cpu_seconds /
-          double(std::max<int64_t>(1, r.floor_all_cores.images)),
-      1e3 * r.floor.thread_cpu_seconds / double(std::max<int64_t>(1, r.floor.images)));
+      r.cores, r.floor_all_cores.images_per_s(), 1e3 * r.floor_all_cores.cpu_seconds_per_image(),
+      1e3 * r.floor.cpu_seconds_per_image());
 
   std::printf("\n[5/5] pipeline overhead: feedline on pre-decoded samples (%s)\n",
               o.tiny_list.c_str());
@@ -394,21 +392,17 @@ void PrintComparison(const CompareResult& r) {
   std::printf("  %-40s %18s %13.6f  %-40s %6s\n",
               absl::StrFormat("full-decode limit (1 thread x %d cores)", r.cores).c_str(),
               absl::StrFormat("%.1f %s", limit, plus(limit)).c_str(),
-              r.decode.images > 0 ? r.decode.thread_cpu_seconds / double(r.decode.images) : 0.0,
-              "(CPU: one full decode)", "");
+              r.decode.cpu_seconds_per_image(), "(CPU: one full decode)", "");
   const double floor = r.floor.limit_images_per_s();
   std::printf("  %-40s %18s %13.6f  %-40s %6s\n",
               absl::StrFormat("1/8-scale floor (1 thread x %d cores)", r.cores).c_str(),
               absl::StrFormat("%.1f %s", floor, plus(floor)).c_str(),
-              r.floor.images > 0 ? r.floor.thread_cpu_seconds / double(r.floor.images) : 0.0,
-              "(CPU: one 1/8-scale decode)", "");
+              r.floor.cpu_seconds_per_image(), "(CPU: one 1/8-scale decode)", "");
   const double floor_all = r.floor_all_cores.images_per_s();
   std::printf("  %-40s %18s %13.6f  %-40s %6s\n",
               absl::StrFormat("1/8-scale floor (%d threads at once)", r.cores).c_str(),
               absl::StrFormat("%.1f %s", floor_all, plus(floor_all)).c_str(),
-              r.floor_all_cores.images > 0
-                  ? r.floor_all_cores.thread_cpu_seconds / double(r.floor_all_cores.images)
-                  : 0.0,
+              r.floor_all_cores.cpu_seconds_per_image(),
               "(CPU: one 1/8-scale decode, all cores busy)", "");
   const feedline::Stats& st = r.feedline_cpp_stats;
   std::printf(
@@ -455,12 +449,11 @@ void PrintComparison(const CompareResult& r) {
       absl::StrJoin(r.floor_checks, ", ", [](std::string* out, double f) {
         absl::StrAppend(out, absl::StrFormat("%.0f", f));
       }).c_str());
-  const double floor_all_now = r.floor_all_cores.images_per_s();
   std::printf(
       "    against the floor measured on all %d cores at once (%.0f images/s): from Python "
       "%.3fx, from C++ %.3fx\n",
-      r.cores, floor_all_now, floor_all_now > 0 ? r.feedline_py.images_per_s / floor_all_now : 0,
-      floor_all_now > 0 ? r.feedline_cpp.images_per_s / floor_all_now : 0);
+      r.cores, floor_all, floor_all > 0 ? r.feedline_py.images_per_s / floor_all : 0,
+      floor_all > 0 ? r.feedline_cpp.images_per_s / floor_all : 0);
   std::printf(
       "  feedline peak memory / the peer's total:        %6.3fx (<= %.1f): %s  "
       "(from Python: %.3fx: %s)\n",
@@ -624,10 +617,8 @@ void AddComparePlot(const CompareResult& r, SvgFigure& figure) {
       BarItem{"feedline (Python)", 1e3 * r.feedline_py.cpu_seconds_per_image, kPy, "", ""});
   cpu.bars.push_back(
       BarItem{"feedline (C++)", 1e3 * r.feedline_cpp.cpu_seconds_per_image, kCpp, "", ""});
-  cpu.bars.push_back(BarItem{
-      "one full decode",
-      r.decode.images > 0 ? 1e3 * r.decode.thread_cpu_seconds / double(r.decode.images) : 0.0,
-      kLimit, "", ""});
+  cpu.bars.push_back(
+      BarItem{"one full decode", 1e3 * r.decode.cpu_seconds_per_image(), kLimit, "", ""});
   figure.Add(std::move(cpu));
 
   BarPanel memory;
