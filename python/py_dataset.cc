@@ -36,6 +36,7 @@ int64_t NowNs() {
       .count();
 }
 
+// As src/core/clock.h's (the library's private headers are not the adapter's to include).
 int64_t ThreadCpuNs() {
   timespec ts{};
   ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -195,25 +196,24 @@ struct PyTransform::ThreadWorker : SampleTransform::WorkerState {
   PyGILState_STATE gstate{};
 };
 
-namespace {
-
 // Holds the GIL for one sample: with the worker's own thread state when called on its thread
 // (made by PyGILState_Ensure at the first sample and kept: pybind11's acquisitions inside find
 // it), else as PyGILState_Ensure does (the consumer's thread, replacing a failed sample).
-class GilHold {
+class PyTransform::GilHold {
  public:
-  GilHold(PyThreadState** kept, PyGILState_STATE* kept_state) : kept_(kept) {
-    if (kept_ == nullptr) {
+  // `worker`: the calling thread's own ThreadWorker, or null.
+  explicit GilHold(ThreadWorker* worker) : worker_(worker) {
+    if (worker_ == nullptr) {
       own_ = PyGILState_Ensure();
-    } else if (*kept_ != nullptr) {
-      PyEval_RestoreThread(*kept_);
+    } else if (worker_->tstate != nullptr) {
+      PyEval_RestoreThread(worker_->tstate);
     } else {
-      *kept_state = PyGILState_Ensure();
-      *kept_ = PyThreadState_Get();
+      worker_->gstate = PyGILState_Ensure();
+      worker_->tstate = PyThreadState_Get();
     }
   }
   ~GilHold() {
-    if (kept_ == nullptr) {
+    if (worker_ == nullptr) {
       PyGILState_Release(own_);
     } else {
       PyEval_SaveThread();
@@ -223,11 +223,9 @@ class GilHold {
   GilHold& operator=(const GilHold&) = delete;
 
  private:
-  PyThreadState** kept_;
+  ThreadWorker* worker_;
   PyGILState_STATE own_{};
 };
-
-}  // namespace
 
 std::unique_ptr<SampleTransform::WorkerState> PyTransform::NewWorkerState() const {
   return std::make_unique<ThreadWorker>(this, TakeWorkerId());
@@ -288,7 +286,7 @@ absl::Status PyTransform::ApplyThread(int64_t position, ThreadWorker* state,
   const bool own_thread = state != nullptr && state->thread == std::this_thread::get_id();
   const int worker = state != nullptr ? state->id : 0;
   const int64_t t0 = NowNs();
-  GilHold gil(own_thread ? &state->tstate : nullptr, own_thread ? &state->gstate : nullptr);
+  GilHold gil(own_thread ? state : nullptr);
   const int64_t t1 = NowNs();
   gil_wait_ns_.fetch_add(t1 - t0, std::memory_order_relaxed);
   // The call's time off a CPU: waiting to take the GIL back after the dataset's C calls released

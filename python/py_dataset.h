@@ -91,6 +91,7 @@ class PyTransform : public SampleTransform {
     bool alive = false;
   };
   struct ThreadWorker;  // a worker thread's id and Python thread state (NewWorkerState)
+  class GilHold;        // the GIL for one sample, with that thread state (ApplyThread)
   int TakeWorkerId() const;
   void ReturnWorkerId(int id) const;
   absl::Status ApplyThread(int64_t position, ThreadWorker* state, SampleWriter& out) const;
