@@ -14,11 +14,13 @@
 #include <cstring>
 #include <limits>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/types/span.h"
 #include "feedline/error.h"
 
 namespace py = pybind11;
@@ -57,8 +59,8 @@ __attribute__((target_clones("avx2", "default"))) void Deinterleave3(const uint8
 }
 
 // Copies an array of `shape` with non-negative byte `strides` into contiguous `dst`.
-void StridedCopy(const uint8_t* src, const std::vector<int64_t>& shape,
-                 const std::vector<int64_t>& strides, int64_t itemsize, uint8_t* dst) {
+void StridedCopy(const uint8_t* src, absl::Span<const int64_t> shape,
+                 absl::Span<const int64_t> strides, int64_t itemsize, uint8_t* dst) {
   const int nd = int(shape.size());
   int64_t total = 1;
   for (int64_t d : shape) total *= d;
@@ -358,8 +360,8 @@ absl::Status PyTransform::ApplyThread(int64_t position, ThreadWorker* state,
         absl::StatusOr<void*> dst = out.Shaped(f, shape);
         st = dst.status();
         if (st.ok()) {
-          StridedCopy(static_cast<const uint8_t*>(b.ptr), shape,
-                      std::vector<int64_t>(b.strides.begin(), b.strides.end()), b.itemsize,
+          static_assert(std::is_same_v<py::ssize_t, int64_t>, "buffer strides are int64");
+          StridedCopy(static_cast<const uint8_t*>(b.ptr), shape, b.strides, b.itemsize,
                       static_cast<uint8_t*>(*dst));
         }
       }
