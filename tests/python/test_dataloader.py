@@ -525,7 +525,7 @@ def test_thread_workers_keep_their_thread_local_data_between_samples():
 
 
 _GC_IN_WORKER = """
-import gc, sys, time
+import gc, time
 import torch, torch.utils.data as tud
 import feedline
 
