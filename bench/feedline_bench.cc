@@ -670,7 +670,7 @@ int RunTextCompare(const BenchFlags& flags) {
   std::vector<std::string> args = {
       (feedline::bench::ExecutableDir() / "feedline-bench-text").string(),
       "--data-dir",
-      DataSetDir("text-v1").string(),
+      DataSetDir("text-v2").string(),
       "--python",
       *python,
       "--script-dir",

@@ -31,7 +31,10 @@ constexpr int64_t kMaxLength = 2048;
 constexpr int64_t kSeqLen = 2048;
 
 // A long-tailed corpus: word counts log-normal (median 20, a few thousand at most), words drawn
-// Zipf-like from common English, made-up words and some non-ASCII ones.
+// Zipf-like (s = 1, as in English text) from common English, ~200,000 made-up words and some
+// non-ASCII ones, with commas, full stops and capitals after them, and numbers: ~60,000 distinct
+// words in all, so that a word cache meets as many new words as in natural text of this size
+// (version 1 had 580 distinct words: every word was cached after a few documents).
 std::string MakeCorpus() {
   std::mt19937_64 rng(20261203);
   auto uniform = [&rng] { return double(rng() >> 11) * 0x1.0p-53; };
@@ -44,9 +47,9 @@ std::string MakeCorpus() {
       "über", "café", "naïve", "straße", "東京",  "データ", "ünïcödé"};
   const char* syllables[] = {"ka",  "lo", "mi", "ren", "sta", "qu",  "ar", "on",
                              "tel", "vi", "do", "ze",  "pha", "gri", "ul"};
-  for (int i = 0; i < 400; ++i) {
+  for (int i = 0; i < 200000; ++i) {
     std::string w;
-    for (int k = 1 + int(rng() % 3); k > 0; --k) w += syllables[rng() % 15];
+    for (int k = 1 + int(rng() % 4); k > 0; --k) w += syllables[rng() % 15];
     words.push_back(w);
   }
   std::vector<double> cumulative;
@@ -56,12 +59,27 @@ std::string MakeCorpus() {
   for (int d = 0; d < kDocuments; ++d) {
     const double z = std::sqrt(-2 * std::log(1 - uniform())) * std::cos(2 * M_PI * uniform());
     const int n = 1 + int(std::min(3000.0, std::exp(3.0 + 1.0 * z)));
+    bool capital = true;
     for (int k = 0; k < n; ++k) {
-      const double u = uniform() * sum;
-      const size_t w =
-          size_t(std::lower_bound(cumulative.begin(), cumulative.end(), u) - cumulative.begin());
       if (k > 0) out += ' ';
-      out += words[std::min(w, words.size() - 1)];
+      const double kind = uniform();
+      if (kind < 0.01) {
+        out += std::to_string(rng() % 100000);
+      } else {
+        const double u = uniform() * sum;
+        std::string w = words[std::min(
+            size_t(std::lower_bound(cumulative.begin(), cumulative.end(), u) - cumulative.begin()),
+            words.size() - 1)];
+        if (capital && w[0] >= 'a' && w[0] <= 'z') w[0] = char(w[0] - 'a' + 'A');
+        out += w;
+      }
+      capital = false;
+      if (kind > 0.95) {
+        out += ',';
+      } else if (kind > 0.91) {
+        out += '.';
+        capital = true;
+      }
     }
     out += '\n';
   }
@@ -124,10 +142,16 @@ constexpr double kMinMeasuredSeconds = 1.5;
 // Epochs of `run_epoch` (returns {real tokens, slots}); figures over the epochs after the first
 // (at least `epochs - 1` of them, and kMinMeasuredSeconds).
 template <typename RunEpoch>
-TextContender Measure(std::string name, int epochs, RunEpoch run_epoch) {
+TextContender Measure(std::string name, int epochs, const text::Tokenizer& tokenizer,
+                      RunEpoch run_epoch) {
   TextContender c;
   c.name = std::move(name);
-  (void)run_epoch();
+  const text::Tokenizer::Counters start = tokenizer.counters();
+  const Clock::time_point t_first = Clock::now();
+  c.first_epoch_tokens_per_s = double(run_epoch().first) / SecondsSince(t_first);
+  const text::Tokenizer::Counters before = tokenizer.counters();
+  c.first_epoch_words = before.words - start.words;
+  c.first_epoch_cached_words = before.cached_words - start.cached_words;
   const double cpu0 = CpuSeconds();
   const Clock::time_point t0 = Clock::now();
   int64_t tokens = 0, slots = 0;
@@ -141,6 +165,9 @@ TextContender Measure(std::string name, int epochs, RunEpoch run_epoch) {
   c.cpu_us_per_token = (CpuSeconds() - cpu0) * 1e6 / double(std::max<int64_t>(tokens, 1));
   c.efficiency = slots > 0 ? double(tokens) / double(slots) : 0;
   c.peak_bytes = PeakRssBytes();
+  const text::Tokenizer::Counters after = tokenizer.counters();
+  c.words = after.words - before.words;
+  c.cached_words = after.cached_words - before.cached_words;
   return c;
 }
 
@@ -206,8 +233,16 @@ absl::StatusOr<TextCompareResult> RunTextComparison(const TextCompareOptions& o)
   const fs::path dir = o.data_dir;
   if (absl::Status s = EnsureCorpus(dir, o.quiet); !s.ok()) return s;
   const std::string corpus = (dir / "corpus.txt").string(), model = (dir / "m.model").string();
-  absl::StatusOr<std::shared_ptr<const text::Tokenizer>> tokenizer = text::LoadSentencePiece(model);
+  // feedline's tokenizer (with its word cache: loaded anew for each contender, so that each
+  // starts cold), and SentencePiece alone: the limit's.
+  auto cached = [&]() { return text::LoadSentencePiece(model); };
+  absl::StatusOr<std::shared_ptr<const text::Tokenizer>> tokenizer = cached();
   if (!tokenizer.ok()) return tokenizer.status();
+  text::SentencePieceOptions no_cache;
+  no_cache.word_cache = false;
+  absl::StatusOr<std::shared_ptr<const text::Tokenizer>> sentencepiece =
+      text::LoadSentencePiece(model, no_cache);
+  if (!sentencepiece.ok()) return sentencepiece.status();
   TextCompareResult r;
   std::printf(
       "feedline-bench --compare-text: %d documents (long-tailed), SentencePiece model from "
@@ -229,7 +264,7 @@ absl::StatusOr<TextCompareResult> RunTextComparison(const TextCompareOptions& o)
     do {  // whole passes over the corpus, for a third of a contender's time at least
       int64_t pass = 0;
       for (const std::string& d : docs) {
-        if (!(*tokenizer)->Encode(d, &ids).ok()) return absl::InternalError("encode failed");
+        if (!(*sentencepiece)->Encode(d, &ids).ok()) return absl::InternalError("encode failed");
         pass += int64_t(ids.size());
       }
       tokens += pass;
@@ -257,7 +292,7 @@ absl::StatusOr<TextCompareResult> RunTextComparison(const TextCompareOptions& o)
         int64_t n = 0;  // a local: neighbouring counters share a cache line
         do {
           for (size_t i = size_t(c); i < docs.size(); i += size_t(Cores())) {
-            (void)(*tokenizer)->Encode(docs[i], &mine);
+            (void)(*sentencepiece)->Encode(docs[i], &mine);
             n += int64_t(mine.size());
           }
         } while (SecondsSince(t1) < kMinMeasuredSeconds / 3);
@@ -273,12 +308,13 @@ absl::StatusOr<TextCompareResult> RunTextComparison(const TextCompareOptions& o)
         (CpuSeconds() - cpu1) * 1e6 / double(std::max<int64_t>(all, 1));
   }
 
-  auto document_loader = [&](bool ragged,
-                             int64_t batch) -> absl::StatusOr<std::unique_ptr<Loader>> {
+  auto document_loader = [&](bool ragged, int64_t batch,
+                             const std::shared_ptr<const text::Tokenizer>& tok)
+      -> absl::StatusOr<std::unique_ptr<Loader>> {
     auto docs = text::OpenTextLines({corpus, ""});
     if (!docs.ok()) return docs.status();
     text::TokenizeOptions t;
-    t.tokenizer = *tokenizer;
+    t.tokenizer = tok;
     t.max_length = ragged ? 65536 : kMaxLength;
     t.add_eos = ragged;
     t.ragged = ragged;
@@ -287,9 +323,9 @@ absl::StatusOr<TextCompareResult> RunTextComparison(const TextCompareOptions& o)
     return Loader::Create(*docs, *transform, LoaderOptions().batch_size(batch).seed(1));
   };
   {
-    absl::StatusOr<std::unique_ptr<Loader>> loader = document_loader(false, 32);
+    absl::StatusOr<std::unique_ptr<Loader>> loader = document_loader(false, 32, *tokenizer);
     if (!loader.ok()) return loader.status();
-    TextContender c = Measure("feedline padded", o.epochs, [&] {
+    TextContender c = Measure("feedline padded", o.epochs, **tokenizer, [&] {
       int64_t tokens = 0, slots = 0;
       for (auto& b : **loader) {
         if (!b.ok()) continue;
@@ -303,30 +339,36 @@ absl::StatusOr<TextCompareResult> RunTextComparison(const TextCompareOptions& o)
     if (absl::Status s = around(&c); !s.ok()) return s;
     r.contenders.push_back(c);
   }
-  for (text::PackMode mode : {text::PackMode::kConcat, text::PackMode::kBestFit}) {
-    absl::StatusOr<std::unique_ptr<Loader>> docs = document_loader(true, 64);
+  struct Packed {
+    const char* name;
+    text::PackMode mode;
+    std::shared_ptr<const text::Tokenizer> tokenizer;
+  };
+  for (const Packed& k : {Packed{"feedline concat", text::PackMode::kConcat, *cached()},
+                          Packed{"feedline bestfit", text::PackMode::kBestFit, *cached()},
+                          Packed{"concat, no cache", text::PackMode::kConcat, *sentencepiece}}) {
+    absl::StatusOr<std::unique_ptr<Loader>> docs = document_loader(true, 64, k.tokenizer);
     if (!docs.ok()) return docs.status();
     text::PackOptions p;
-    p.mode = mode;
+    p.mode = k.mode;
     p.seq_len = kSeqLen;
     p.batch_size = 8;
     p.pad_id = std::max((*tokenizer)->pad_id(), 0);
     auto packed = text::PackedLoader::Create(*std::move(docs), p);
     if (!packed.ok()) return packed.status();
-    TextContender c = Measure(
-        mode == text::PackMode::kConcat ? "feedline concat" : "feedline bestfit", o.epochs, [&] {
-          int64_t tokens = 0, slots = 0;
-          auto epoch = (*packed)->StartEpoch();
-          for (;;) {
-            absl::StatusOr<Batch> b = epoch->Next();
-            if (!b.ok()) break;
-            const TensorView mask = b->field("attention_mask");
-            const auto* m = static_cast<const int64_t*>(mask.data);
-            for (int64_t i = 0; i < mask.elements(); ++i) tokens += m[i];
-            slots += mask.elements();
-          }
-          return std::make_pair(tokens, slots);
-        });
+    TextContender c = Measure(k.name, o.epochs, *k.tokenizer, [&] {
+      int64_t tokens = 0, slots = 0;
+      auto epoch = (*packed)->StartEpoch();
+      for (;;) {
+        absl::StatusOr<Batch> b = epoch->Next();
+        if (!b.ok()) break;
+        const TensorView mask = b->field("attention_mask");
+        const auto* m = static_cast<const int64_t*>(mask.data);
+        for (int64_t i = 0; i < mask.elements(); ++i) tokens += m[i];
+        slots += mask.elements();
+      }
+      return std::make_pair(tokens, slots);
+    });
     c.workers = (*packed)->documents().stats().workers;
     if (absl::Status s = around(&c); !s.ok()) return s;
     r.contenders.push_back(c);
@@ -365,13 +407,27 @@ absl::StatusOr<TextCompareResult> RunTextComparison(const TextCompareOptions& o)
         double(c.peak_bytes) / (1 << 20),
         c.name == r.best_torch.name && c.workers == r.best_torch.workers ? "  (best torch)" : "");
   }
-  std::printf("  feedline padded: %.2fx the best torch DataLoader, %.2fx the tokenizer limit\n",
-              r.padded_vs_torch, r.padded_vs_limit);
-  for (size_t i = 1; i < 3 && i < r.contenders.size(); ++i) {
-    std::printf("  %s: %.2fx the tokenizer limit, packing efficiency %.1f%% (padded: %.1f%%)\n",
+  auto cache = [](const TextContender& c) {
+    if (c.words == 0) return std::string("; no word cache");
+    return absl::StrFormat(
+        "; word cache: %.1f%% of %d words found (first epoch, the cache cold: %.1f%%, %.2f M "
+        "tokens/s)",
+        100.0 * double(c.cached_words) / double(c.words), c.words,
+        100.0 * double(c.first_epoch_cached_words) /
+            double(std::max<int64_t>(c.first_epoch_words, 1)),
+        c.first_epoch_tokens_per_s / 1e6);
+  };
+  std::printf("  feedline padded: %.2fx the best torch DataLoader, %.2fx the tokenizer limit%s\n",
+              r.padded_vs_torch, r.padded_vs_limit, cache(padded).c_str());
+  for (size_t i = 1; i < r.contenders.size() && r.contenders[i].limit > 0; ++i) {
+    std::printf("  %s: %.2fx the tokenizer limit, packing efficiency %.1f%% (padded: %.1f%%)%s\n",
                 r.contenders[i].name.c_str(), r.contenders[i].ratio_to_limit(),
-                100 * r.contenders[i].efficiency, 100 * padded.efficiency);
+                100 * r.contenders[i].efficiency, 100 * padded.efficiency,
+                cache(r.contenders[i]).c_str());
   }
+  std::printf(
+      "  (the limit is SentencePiece's own encode; feedline's tokenizer looks words up in a cache "
+      "first, with the same ids)\n");
   return r;
 }
 
@@ -394,6 +450,11 @@ void WriteTextJson(const TextCompareResult& r, JsonWriter& json) {
     if (c.limit > 0) {
       json.Key("limit_tokens_per_s").Number(c.limit);
       json.Key("ratio_to_limit").Number(c.ratio_to_limit());
+      json.Key("words").Integer(c.words);
+      json.Key("cached_words").Integer(c.cached_words);
+      json.Key("first_epoch_tokens_per_s").Number(c.first_epoch_tokens_per_s);
+      json.Key("first_epoch_words").Integer(c.first_epoch_words);
+      json.Key("first_epoch_cached_words").Integer(c.first_epoch_cached_words);
     }
     json.EndObject();
   }

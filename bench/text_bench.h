@@ -5,6 +5,8 @@
 //   feedline padded   documents tokenized in feedline's workers, padded per batch (batch 32)
 //   feedline concat   packed rows (seq_len 2048, 8 rows a batch), documents joined with EOS
 //   feedline bestfit  packed rows of whole documents, best fit per window of 1024
+//   concat, no cache  feedline concat with SentencePiece alone (no word cache): the pipeline's
+//                     own efficiency against the limit
 //   torch DataLoader  Python sentencepiece in the workers and a padding collate (batch 32), one
 //                     process per worker count tried (bench/peer_text.py), best kept
 // Each reports real tokens/s, CPU per token, packing efficiency (real tokens / slots) and peak
@@ -40,6 +42,13 @@ struct TextContender {
   // tokens/s, x cores), its ratio's denominator: the machine's speed drifts within a run.
   double limit = 0;
   double ratio_to_limit() const { return limit > 0 ? tokens_per_s / limit : 0; }
+  // feedline's: the words its tokenizer looked up over the measured epochs, and of them the
+  // ones found in its word cache (0 and 0 without the cache).
+  int64_t words = 0, cached_words = 0;
+  // feedline's first epoch (not in the figures above): its tokens/s and words, with the word
+  // cache cold, as a run over a corpus larger than the cache keeps meeting new words.
+  double first_epoch_tokens_per_s = 0;
+  int64_t first_epoch_words = 0, first_epoch_cached_words = 0;
 };
 
 struct TextCompareResult {

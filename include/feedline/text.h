@@ -117,11 +117,28 @@ class Tokenizer {
   virtual int bos_id() const = 0;  // -1 when the model has none
   virtual int eos_id() const = 0;
   virtual int pad_id() const = 0;
+  // What a cache saved (LoadSentencePiece's word cache); zeros for tokenizers without one.
+  struct Counters {
+    bool word_cache = false;   // in use
+    int64_t documents = 0;     // encoded through the cache
+    int64_t words = 0;         // looked up in it
+    int64_t cached_words = 0;  // of them, found
+  };
+  virtual Counters counters() const { return {}; }
+};
+
+struct SentencePieceOptions {
+  // Keep each word's ids in a per-thread cache (bounded: 2^17 words a thread): a word seen
+  // before costs a hash lookup instead of SentencePiece's segmentation. The ids stay exactly
+  // SentencePiece's (the cache is used only with models whose pieces never span whitespace, as
+  // spm_train makes them by default, and checks itself; src/text/word_cache.h says how).
+  bool word_cache = true;
 };
 
 // A SentencePiece model file (the user's, `spm_train`'s .model): ids equal Python
 // `sentencepiece`'s `encode` for the same model.
-absl::StatusOr<std::shared_ptr<const Tokenizer>> LoadSentencePiece(const std::string& model_path);
+absl::StatusOr<std::shared_ptr<const Tokenizer>> LoadSentencePiece(
+    const std::string& model_path, const SentencePieceOptions& options = {});
 
 struct TokenizeOptions {
   std::shared_ptr<const Tokenizer> tokenizer;

@@ -15,7 +15,7 @@
 #include "core/fnv.h"
 #include "feedline/schema.h"
 #include "feedline/text.h"
-#include "text/sentencepiece_model.h"
+#include "text/word_cache.h"
 
 namespace feedline::text {
 namespace {
@@ -82,21 +82,22 @@ bool ValidUtf8(const uint8_t* s, size_t n, size_t* bad_at) {
 
 class SentencePieceTokenizer final : public Tokenizer {
  public:
-  explicit SentencePieceTokenizer(std::unique_ptr<SentencePieceModel> m) : m_(std::move(m)) {}
+  SentencePieceTokenizer(std::shared_ptr<const SentencePieceModel> m, bool word_cache)
+      : encoder_(std::move(m), word_cache) {}
   absl::Status Encode(absl::string_view text, std::vector<int>* ids) const override {
-    std::string error;
-    if (!m_->Encode(std::string_view(text.data(), text.size()), ids, &error)) {
-      return absl::InternalError(absl::StrCat("SentencePiece: ", error));
-    }
-    return absl::OkStatus();
+    return encoder_.Encode(text, ids);
   }
-  int vocab_size() const override { return m_->vocab_size(); }
-  int bos_id() const override { return m_->bos_id(); }
-  int eos_id() const override { return m_->eos_id(); }
-  int pad_id() const override { return m_->pad_id(); }
+  int vocab_size() const override { return encoder_.model().vocab_size(); }
+  int bos_id() const override { return encoder_.model().bos_id(); }
+  int eos_id() const override { return encoder_.model().eos_id(); }
+  int pad_id() const override { return encoder_.model().pad_id(); }
+  Counters counters() const override {
+    const WordCacheCounters c = encoder_.counters();
+    return {c.enabled, c.documents, c.words, c.cached_words};
+  }
 
  private:
-  std::unique_ptr<SentencePieceModel> m_;
+  WordCachedEncoder encoder_;
 };
 
 class TokenizeTransform final : public SampleTransform {
@@ -212,14 +213,16 @@ absl::StatusOr<std::shared_ptr<const Dataset>> OpenTextLines(const TextFileOptio
       name, std::move(data), std::move(starts), std::move(ends), std::move(lines), h.value));
 }
 
-absl::StatusOr<std::shared_ptr<const Tokenizer>> LoadSentencePiece(const std::string& path) {
+absl::StatusOr<std::shared_ptr<const Tokenizer>> LoadSentencePiece(
+    const std::string& path, const SentencePieceOptions& options) {
   if (::access(path.c_str(), R_OK) != 0) {
     return absl::NotFoundError(absl::StrCat(path, ": no such SentencePiece model"));
   }
   std::string error;
   std::unique_ptr<SentencePieceModel> m = SentencePieceModel::Load(path, &error);
   if (m == nullptr) return absl::InvalidArgumentError(absl::StrCat(path, ": ", error));
-  return std::shared_ptr<const Tokenizer>(std::make_shared<SentencePieceTokenizer>(std::move(m)));
+  return std::shared_ptr<const Tokenizer>(
+      std::make_shared<SentencePieceTokenizer>(std::move(m), options.word_cache));
 }
 
 absl::StatusOr<std::shared_ptr<SampleTransform>> MakeTokenizeTransform(const TokenizeOptions& o) {

@@ -7,6 +7,7 @@
 #ifndef FEEDLINE_SRC_TEXT_SENTENCEPIECE_MODEL_H_
 #define FEEDLINE_SRC_TEXT_SENTENCEPIECE_MODEL_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -20,6 +21,19 @@ class SentencePieceModel {
   static std::unique_ptr<SentencePieceModel> Load(const std::string& path, std::string* error);
   ~SentencePieceModel();
   bool Encode(std::string_view text, std::vector<int>* ids, std::string* error) const;
+  // The same ids, with each piece's byte range [begins[i], ends[i]) in `text` (SentencePiece's
+  // alignment of the normalized pieces to the input; a dummy prefix has an empty range).
+  bool EncodeWithOffsets(std::string_view text, std::vector<int>* ids,
+                         std::vector<uint32_t>* begins, std::vector<uint32_t>* ends,
+                         std::string* error) const;
+  // The scores of `text`'s best and second-best segmentations (SentencePiece's n-best;
+  // `second` is -infinity when there is only one).
+  bool TwoBestScores(std::string_view text, float* best, float* second, std::string* error) const;
+  const std::string& IdToPiece(int id) const;
+  bool IsUnknown(int id) const;
+  // Not a control, unknown, unused or byte piece: one that text can match.
+  bool IsNormal(int id) const;
+  float Score(int id) const;
   int vocab_size() const;
   int bos_id() const;
   int eos_id() const;
