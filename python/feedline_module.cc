@@ -474,16 +474,23 @@ feedline::Loader::State DictToState(const py::dict& d) {
 
 // A SentencePiece model by path or URL (a URL's local copy is loaded; errors name the URL).
 absl::StatusOr<std::shared_ptr<const feedline::text::Tokenizer>> LoadTokenizer(
-    const std::string& model) {
+    const std::string& model, bool word_cache) {
   absl::StatusOr<std::string> local = feedline::LocalCopy(model);
   if (!local.ok()) return local.status();
-  auto tokenizer = feedline::text::LoadSentencePiece(*local);
+  feedline::text::SentencePieceOptions options;
+  options.word_cache = word_cache;
+  auto tokenizer = feedline::text::LoadSentencePiece(*local, options);
   if (!tokenizer.ok() && *local != model) {
     return absl::Status(tokenizer.status().code(),
                         absl::StrReplaceAll(tokenizer.status().message(), {{*local, model}}));
   }
   return tokenizer;
 }
+
+// A loaded tokenizer, shared by the loaders made with it (Python's view of it: its counters).
+struct TokenizerHandle {
+  std::shared_ptr<const feedline::text::Tokenizer> tokenizer;
+};
 
 // Documents of a text / JSON Lines file (a path or URL) or WebDataset shards, tokenized by a
 // SentencePiece model in the workers: padded int64 ids, or ragged int32 ones for the packer.
@@ -579,7 +586,7 @@ PYBIND11_MODULE(_feedline, m) {
   // Documents from text / JSON Lines files, tokenized in the workers (feedline/text.h).
   m.def(
       "text_loader",
-      [](const std::string& path, const std::string& field, const std::string& model,
+      [](const std::string& path, const std::string& field, const TokenizerHandle& tokenizer,
          int64_t max_length, bool add_bos, bool add_eos, int64_t batch_size, bool shuffle,
          uint64_t seed, bool drop_last, int rank, int world_size, int workers, int prefetch,
          int64_t memory_budget, const std::string& on_error, int64_t max_errors) {
@@ -593,18 +600,13 @@ PYBIND11_MODULE(_feedline, m) {
         auto cut = std::make_shared<feedline::text::CutCounter>();
         {
           py::gil_scoped_release release;
-          auto tokenizer = LoadTokenizer(model);
-          if (tokenizer.ok()) {
-            loader = DocumentLoader(path, field, *std::move(tokenizer), max_length, add_bos,
-                                    add_eos, /*ragged=*/false, std::move(o), cut);
-          } else {
-            loader = tokenizer.status();
-          }
+          loader = DocumentLoader(path, field, tokenizer.tokenizer, max_length, add_bos, add_eos,
+                                  /*ragged=*/false, std::move(o), cut);
         }
         if (!loader.ok()) ThrowStatus(loader.status(), false);
         return py::make_tuple(LoaderHolder(loader->release()), cut);
       },
-      py::arg("path"), py::arg("field"), py::arg("model"), py::arg("max_length"),
+      py::arg("path"), py::arg("field"), py::arg("tokenizer"), py::arg("max_length"),
       py::arg("add_bos"), py::arg("add_eos"), py::arg("batch_size"), py::arg("shuffle"),
       py::arg("seed"), py::arg("drop_last"), py::arg("rank"), py::arg("world_size"),
       py::arg("workers"), py::arg("prefetch"), py::arg("memory_budget"), py::arg("on_error"),
@@ -614,7 +616,7 @@ PYBIND11_MODULE(_feedline, m) {
   // batch; the documents are tokenized `doc_batch` at a time in the workers.
   m.def(
       "packed_text_loader",
-      [](const std::string& path, const std::string& field, const std::string& model,
+      [](const std::string& path, const std::string& field, const TokenizerHandle& tokenizer,
          int64_t max_length, bool add_bos, bool add_eos, const std::string& pack, int64_t seq_len,
          int64_t window_rows, bool split_long, bool mask_boundaries, int64_t doc_batch,
          int64_t batch_size, bool shuffle, uint64_t seed, bool drop_last, int rank, int world_size,
@@ -629,12 +631,10 @@ PYBIND11_MODULE(_feedline, m) {
         {
           py::gil_scoped_release release;
           packed = [&]() -> absl::StatusOr<std::unique_ptr<feedline::text::PackedLoader>> {
-            auto tokenizer = LoadTokenizer(model);  // loaded once
-            if (!tokenizer.ok()) return tokenizer.status();
-            p.pad_id = std::max((*tokenizer)->pad_id(), 0);
+            p.pad_id = std::max(tokenizer.tokenizer->pad_id(), 0);
             auto cut = std::make_shared<feedline::text::CutCounter>();
             p.cut = cut;
-            auto docs = DocumentLoader(path, field, *std::move(tokenizer), max_length, add_bos,
+            auto docs = DocumentLoader(path, field, tokenizer.tokenizer, max_length, add_bos,
                                        add_eos, /*ragged=*/true, std::move(o), cut);
             if (!docs.ok()) return docs.status();
             return feedline::text::PackedLoader::Create(*std::move(docs), p);
@@ -643,7 +643,7 @@ PYBIND11_MODULE(_feedline, m) {
         if (!packed.ok()) ThrowStatus(packed.status(), false);
         return std::move(*packed);
       },
-      py::arg("path"), py::arg("field"), py::arg("model"), py::arg("max_length"),
+      py::arg("path"), py::arg("field"), py::arg("tokenizer"), py::arg("max_length"),
       py::arg("add_bos"), py::arg("add_eos"), py::arg("pack"), py::arg("seq_len"),
       py::arg("window_rows"), py::arg("split_long"), py::arg("mask_boundaries"),
       py::arg("doc_batch"), py::arg("batch_size"), py::arg("shuffle"), py::arg("seed"),
@@ -940,6 +940,29 @@ PYBIND11_MODULE(_feedline, m) {
       .def_property_readonly("prefetch", [](const feedline::text::PackedLoader& l) {
         return l.documents().stats().prefetch;
       });
+
+  // A SentencePiece model (a path or URL), loaded once for a TextLoader's loaders.
+  py::class_<TokenizerHandle>(m, "Tokenizer").def("counters", [](const TokenizerHandle& h) {
+    const feedline::text::Tokenizer::Counters c = h.tokenizer->counters();
+    py::dict d;
+    d["word_cache"] = c.word_cache;
+    d["documents"] = c.documents;
+    d["words"] = c.words;
+    d["cached_words"] = c.cached_words;
+    return d;
+  });
+  m.def(
+      "sentencepiece",
+      [](const std::string& model, bool word_cache) {
+        absl::StatusOr<std::shared_ptr<const feedline::text::Tokenizer>> t;
+        {
+          py::gil_scoped_release release;
+          t = LoadTokenizer(model, word_cache);
+        }
+        if (!t.ok()) ThrowStatus(t.status(), false);
+        return TokenizerHandle{*std::move(t)};
+      },
+      py::arg("model"), py::arg("word_cache"));
 
   py::class_<feedline::text::CutCounter, std::shared_ptr<feedline::text::CutCounter>>(m,
                                                                                       "CutCounter")

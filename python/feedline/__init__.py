@@ -621,6 +621,10 @@ class TextLoader:
 
     tokenizer: the path of a SentencePiece model (.model, e.g. from spm_train): the ids equal
         Python sentencepiece's encode for it; add_bos/add_eos add the model's BOS/EOS ids.
+    word_cache: look each word up in a per-thread cache of the words seen before (up to 131,072
+        a worker) before SentencePiece segments it: the same ids, several times the tokens/s
+        on natural text. Used with models whose pieces never span whitespace (spm_train's
+        default), checked at load and while running; stats()["tokenizer"] shows its hits.
     max_length: longer documents are truncated (after BOS/EOS).
     Each batch is a dict of int64 tensors: "input_ids" [B, L] (L = the batch's longest, padded
     with the model's pad id, else 0), "attention_mask" [B, L] (1 for real tokens), "lengths"
@@ -655,11 +659,13 @@ class TextLoader:
                  add_bos=False, add_eos=False, pack=None, seq_len=None, window_rows=128,
                  split_long=True, mask_boundaries=True, bucket=False, shuffle=True, seed=0,
                  drop_last=False, rank=None, world_size=None, workers="auto", prefetch="auto",
-                 memory_budget="auto", on_error="raise", max_errors=None, return_index=False):
+                 memory_budget="auto", on_error="raise", max_errors=None, return_index=False,
+                 word_cache=True):
         source = os.fsdecode(os.fspath(_check_type("source", source, (str, bytes, os.PathLike),
                                                    "a path")))
         if "{" not in source and not _is_url(source) and not os.path.exists(source):
             raise FileNotFoundError(f"source: {source}: no such file")
+        _check_type("word_cache", word_cache, bool, "a bool")
         tokenizer = os.fsdecode(os.fspath(_check_type(
             "tokenizer", tokenizer, (str, bytes, os.PathLike), "a SentencePiece model path")))
         if not _is_url(tokenizer) and not os.path.exists(tokenizer):
@@ -696,23 +702,24 @@ class TextLoader:
             _check_type(name, v, bool, "a bool")
         engine = _engine_args(batch_size, shuffle, seed, drop_last, rank, world_size, workers,
                               prefetch, memory_budget, on_error, max_errors)
+        self._tokenizer = _feedline.sentencepiece(model=tokenizer, word_cache=word_cache)
         if bucket:
             # Padded batches of similar lengths: window_rows batches' documents sorted together.
             engine["doc_batch"] = 64
             self._loader = _feedline.packed_text_loader(
-                path=source, field=field or "", model=tokenizer, max_length=max_length,
+                path=source, field=field or "", tokenizer=self._tokenizer, max_length=max_length,
                 add_bos=add_bos, add_eos=add_eos, pack="bucket", seq_len=max_length,
                 window_rows=window_rows, split_long=False, mask_boundaries=True, **engine)
         elif pack is None:
             self._loader, self._cut = _feedline.text_loader(
-                path=source, field=field or "", model=tokenizer, max_length=max_length,
+                path=source, field=field or "", tokenizer=self._tokenizer, max_length=max_length,
                 add_bos=add_bos, add_eos=add_eos, **engine)
         else:
             # The documents are tokenized 64 at a time (the workers' unit); rows are packed
             # from them as the batches are asked for.
             engine["doc_batch"] = 64
             self._loader = _feedline.packed_text_loader(
-                path=source, field=field or "", model=tokenizer, max_length=max_length,
+                path=source, field=field or "", tokenizer=self._tokenizer, max_length=max_length,
                 add_bos=add_bos, add_eos=add_eos, pack=pack, seq_len=seq_len, window_rows=window_rows,
                 split_long=split_long, mask_boundaries=mask_boundaries, **engine)
         self.pack = pack
@@ -757,8 +764,11 @@ class TextLoader:
     def stats(self):
         """As ImageLoader.stats(); padded batches add "truncation": the documents cut to
         max_length and the tokens past it, over the loader's life (every epoch's reads; packed
-        rows report theirs under "packing")."""
+        rows report theirs under "packing"); "tokenizer": whether the word cache is in use,
+        and the documents and words encoded through it and the words found in it, over the
+        loader's life."""
         s = ImageLoader.stats(self)
+        s["tokenizer"] = self._tokenizer.counters()
         cut = getattr(self, "_cut", None)
         if cut is not None:
             s["truncation"] = {"max_length": self.max_length, "documents": cut.documents,

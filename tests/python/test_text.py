@@ -99,6 +99,45 @@ def test_ids_stay_exact_around_a_huge_document(corpus, tmp_path):
             assert got[i] == sp.encode(doc), (workers, i)
 
 
+def test_word_cache_gives_python_sentencepiece_ids_over_epochs(corpus, tmp_path):
+    """The word cache (on by default) against Python sentencepiece, over three epochs (the
+    later ones mostly from the cache) on two workers: prose with punctuation, capitals and
+    numbers, words whose segmentations tie ("7666": "6" "66" or "66" "6", decided by the
+    document's float sums) early and after thousands of words, odd whitespace, Unicode."""
+    rng = np.random.default_rng(5)
+    ties = "1000 7666 2222 66666 abab kakaka ... !!! aaaa 10000 9999".split()
+    docs = []
+    for d in corpus["docs"][:300]:
+        words = d.split(" ")
+        for _ in range(len(words) // 8):
+            k = int(rng.integers(0, len(words)))
+            words[k] = str(rng.choice(ties)) if rng.random() < 0.5 else words[k].capitalize() + ","
+        docs.append(" ".join(words))
+    docs += [" ".join(corpus["docs"][:200]) + " 7666 1000", "a  b\tc\u00a0d e \u0301f",
+             "x, y. Z! (the) \"cat\" 1,000.5", " the cat ", "7666"]
+    path = tmp_path / "mixed.txt"
+    path.write_text("\n".join(docs) + "\n", encoding="utf-8")
+    sp = corpus["sp"]
+    want = [sp.encode(d) for d in docs]
+    for word_cache in (True, False):
+        loader = feedline.TextLoader(str(path), tokenizer=corpus["model"], batch_size=8,
+                                     max_length=1 << 16, workers=2, return_index=True,
+                                     word_cache=word_cache)
+        for epoch in range(3):
+            got = _collect(loader)
+            assert sorted(got) == list(range(len(docs)))
+            for i in range(len(docs)):
+                assert got[i] == want[i], (word_cache, epoch, i)
+        t = loader.stats()["tokenizer"]
+        assert t["word_cache"] == word_cache
+        if word_cache:
+            assert t["documents"] == 3 * len(docs)
+            # Epochs 2 and 3 from the cache, but for the documents with a tie (encoded whole).
+            assert t["cached_words"] > t["words"] // 4
+        else:
+            assert t["words"] == t["cached_words"] == 0
+
+
 def test_json_lines_and_bad_lines(corpus, tmp_path):
     path = tmp_path / "docs.jsonl"
     lines = [json.dumps({"id": i, "text": d}, ensure_ascii=i % 2 == 0)
