@@ -25,6 +25,8 @@ namespace feedline {
 // (curl_multi_perform / curl_multi_poll walk every transfer and every socket each time).
 struct HttpMulti::State {
   using Clock = std::chrono::steady_clock;
+  static constexpr int kGatherFrom = 8;  // transfers running
+  static constexpr std::chrono::microseconds kGather{2000};
   struct Timer {
     Clock::time_point due;
     uint64_t seq;  // ties: first come, first run
@@ -142,6 +144,14 @@ struct HttpMulti::State {
         curl_easy_getinfo(easy, CURLINFO_PRIVATE, &p);
         Finish(easy, static_cast<Transfer*>(p), result, /*added=*/true);
       }
+      // Many transfers in flight (the autotuner covering a remote store's latency): let
+      // their packets gather for a moment rather than waking for each. Every wake-up of this
+      // thread lands on a core a decoder is using (2 cores: an interrupt and a switch there);
+      // waking once per kGather serves several replies at a time, and adds at most kGather to
+      // requests that take tens of ms. With nginx + 20 ms on loopback: 4.4x fewer wake-ups
+      // (1,234 against 5,405 for 6,000 requests) and 2-4% more images/s, alternating in one
+      // process (1 ms: 3% less than 2 ms; 5 ms: 3% less).
+      if (n > 0 && running >= kGatherFrom) std::this_thread::sleep_for(kGather);
     }
   }
 
