@@ -61,9 +61,21 @@ void Resample(const cv::Mat& src, cv::Mat& dst, std::vector<uint8_t>* tmp_storag
   cv::resize(src, dst, dst.size(), 0, 0, fx);
 }
 
+// One row of `n` RGB pixels into three planes, mirrored: cv::flip then cv::split took 24 us for
+// 224x224 (the flip 20 of them), this loop (vectorized) 7.
+__attribute__((target_clones("avx2", "default"))) void SplitMirrored(const uint8_t* src,
+                                                                     uint8_t* d0, uint8_t* d1,
+                                                                     uint8_t* d2, int64_t n) {
+  for (int64_t x = 0; x < n; ++x) {
+    d0[n - 1 - x] = src[3 * x];
+    d1[n - 1 - x] = src[3 * x + 1];
+    d2[n - 1 - x] = src[3 * x + 2];
+  }
+}
+
 // Writes an HWC image (possibly a non-contiguous window) to `dst` in `layout`, mirrored when
-// `flip` (which needs `tmp`).
-void Store(const cv::Mat& hwc, bool flip, Layout layout, uint8_t* dst, std::vector<uint8_t>* tmp) {
+// `flip`.
+void Store(const cv::Mat& hwc, bool flip, Layout layout, uint8_t* dst) {
   const int w = hwc.cols, h = hwc.rows;
   cv::Mat src = hwc;
   if (layout == Layout::kNHWC) {
@@ -75,13 +87,14 @@ void Store(const cv::Mat& hwc, bool flip, Layout layout, uint8_t* dst, std::vect
     }
     return;
   }
-  if (flip) {
-    tmp->resize(size_t(w) * h * 3);
-    cv::Mat flipped(h, w, CV_8UC3, tmp->data());
-    cv::flip(src, flipped, 1);
-    src = flipped;
-  }
   const size_t plane = size_t(w) * h;
+  if (flip) {
+    for (int y = 0; y < h; ++y) {
+      SplitMirrored(src.ptr<uint8_t>(y), dst + size_t(y) * w, dst + plane + size_t(y) * w,
+                    dst + 2 * plane + size_t(y) * w, w);
+    }
+    return;
+  }
   cv::Mat planes[3] = {cv::Mat(h, w, CV_8UC1, dst), cv::Mat(h, w, CV_8UC1, dst + plane),
                        cv::Mat(h, w, CV_8UC1, dst + 2 * plane)};
   cv::split(src, planes);
@@ -175,7 +188,7 @@ void ResampleInto(const DecodedRegion& region, const Rect& src, int out_w, int o
   if (!direct) scratch->a.resize(size_t(out_w) * out_h * 3);
   cv::Mat resized(out_h, out_w, CV_8UC3, direct ? dst : scratch->a.data());
   Resample(roi, resized, &scratch->b);
-  if (!direct) Store(resized, flip, layout, dst, &scratch->b);
+  if (!direct) Store(resized, flip, layout, dst);
 }
 
 void ResizeWhole(const DecodedRegion& region, int w, int h, std::vector<uint8_t>* out) {
@@ -228,12 +241,12 @@ void ResizeThenCropInto(const DecodedRegion& region, const EvalGeometry& g, int 
     Resample(RegionMat(region), resized, &scratch->b);
     const cv::Rect visible(int(ix0), int(iy0), within_w, within_h);
     if (inside) {
-      Store(resized(visible), /*flip=*/false, layout, dst, nullptr);
+      Store(resized(visible), /*flip=*/false, layout, dst);
       return;
     }
     resized(visible).copyTo(padded_window()(within));
   }
-  Store(cv::Mat(out_h, out_w, CV_8UC3, padded.data()), /*flip=*/false, layout, dst, nullptr);
+  Store(cv::Mat(out_h, out_w, CV_8UC3, padded.data()), /*flip=*/false, layout, dst);
 }
 
 int EvalRowsNeeded(const EvalGeometry& g, int height, int out_h) {
@@ -257,7 +270,7 @@ void PilResizeThenCropInto(const DecodedRegion& region, const EvalGeometry& g, i
                     v.y0, v.w, v.h, at, out_stride, &scratch->pil);
   }
   if (!direct) {
-    Store(cv::Mat(out_h, out_w, CV_8UC3, window.data()), /*flip=*/false, layout, dst, &scratch->b);
+    Store(cv::Mat(out_h, out_w, CV_8UC3, window.data()), /*flip=*/false, layout, dst);
   }
 }
 
