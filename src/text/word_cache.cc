@@ -20,6 +20,8 @@ struct Word {
 
 bool Graphic(char c) { return c > 0x20 && c < 0x7F; }
 
+constexpr absl::string_view kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's space
+
 // Cuts `text` at each single ASCII space between two ASCII graphic characters.
 void SplitWords(absl::string_view text, std::vector<Word>* words) {
   words->clear();
@@ -49,8 +51,8 @@ constexpr size_t kWholeAbove = 5;
 // A cache is also emptied past this many cached ids.
 constexpr size_t kMaxIds = size_t{1} << 20;
 
-// Whether a word whose best segmentation beats the next by `margin` (SentencePiece's n-best
-// scores, the word alone) is segmented the same way after words whose scores add up to
+// Whether a word whose best segmentation beats the next by `margin` (the word alone: its
+// lattice's two best paths) is segmented the same way after words whose scores add up to
 // `before` in magnitude. SentencePiece's Viterbi adds float scores along the document: each sum
 // is off by up to 2^-24 of its magnitude, so two segmentations of the word compare as they do
 // alone while their margin exceeds twice the sums' error over the word's pieces (at most one per
@@ -100,7 +102,6 @@ struct WordCachedEncoder::Lattice {
   // on it, and n-best scores decide).
   bool TwoBest(absl::string_view word, const int* ids, size_t count, float* score,
                float* margin) const {
-    static constexpr absl::string_view kSpace = "\xE2\x96\x81";
     for (char ch : word) {
       if (!Graphic(ch)) return false;
     }
@@ -190,7 +191,6 @@ WordCachedEncoder::Cache* ThreadCache(const std::shared_ptr<WordCachedEncoder::P
 // Whether the model's pieces never hold "▁" past their first character (spm_train's
 // --split_by_whitespace, the default), and "a b" encodes as "a" then "b".
 bool SplitsAtWhitespace(const SentencePieceModel& m) {
-  static constexpr absl::string_view kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's space
   for (int id = 0; id < m.vocab_size(); ++id) {
     const std::string& piece = m.IdToPiece(id);
     if (piece.size() > kSpace.size() &&
