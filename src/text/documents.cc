@@ -15,6 +15,7 @@
 #include "core/fnv.h"
 #include "feedline/schema.h"
 #include "feedline/text.h"
+#include "text/utf8.h"
 #include "text/word_cache.h"
 
 namespace feedline::text {
@@ -51,34 +52,6 @@ class TextLinesDataset final : public Dataset {
   std::vector<int64_t> starts_, ends_, lines_;
   uint64_t fingerprint_;
 };
-
-bool ValidUtf8(const uint8_t* s, size_t n, size_t* bad_at) {
-  size_t i = 0;
-  while (i < n) {
-    const uint8_t c = s[i];
-    int len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    if (len == 0 || i + size_t(len) > n) {
-      *bad_at = i;
-      return false;
-    }
-    uint32_t cp = len == 1 ? c : c & (0x7F >> len);
-    for (int k = 1; k < len; ++k) {
-      if ((s[i + size_t(k)] & 0xC0) != 0x80) {
-        *bad_at = i;
-        return false;
-      }
-      cp = (cp << 6) | (s[i + size_t(k)] & 0x3F);
-    }
-    // overlong forms, surrogates, beyond U+10FFFF
-    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
-        (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) {
-      *bad_at = i;
-      return false;
-    }
-    i += size_t(len);
-  }
-  return true;
-}
 
 class SentencePieceTokenizer final : public Tokenizer {
  public:
