@@ -32,7 +32,7 @@ constexpr int64_t kSeqLen = 2048;
 
 // A long-tailed corpus: word counts log-normal (median 20, a few thousand at most), words drawn
 // Zipf-like (s = 1, as in English text) from common English, ~200,000 made-up words and some
-// non-ASCII ones, with commas, full stops and capitals after them, and numbers: ~60,000 distinct
+// non-ASCII ones, with commas, full stops and capitals after them, and numbers: ~45,000 distinct
 // words in all, so that a word cache meets as many new words as in natural text of this size
 // (version 1 had 580 distinct words: every word was cached after a few documents).
 std::string MakeCorpus() {
