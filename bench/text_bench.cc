@@ -32,7 +32,7 @@ constexpr int64_t kSeqLen = 2048;
 
 // A long-tailed corpus: word counts log-normal (median 20, a few thousand at most), words drawn
 // Zipf-like (s = 1, as in English text) over a list of common English words, 200,000 made-up
-// ones (1 to 4 syllables: at most 54,240 distinct, so frequent ones recur in the list) and some
+// ones (1 to 4 syllables: at most 54,240 distinct, so many recur in the list) and some
 // non-ASCII ones, with commas, full stops and capitals after them, and numbers: ~45,000 distinct
 // words in all, so that a word cache meets as many new words as in natural text of this size
 // (version 1 had 580 distinct words: every word was cached after a few documents).
