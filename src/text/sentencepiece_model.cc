@@ -27,61 +27,46 @@ std::unique_ptr<SentencePieceModel> SentencePieceModel::Load(const std::string& 
 
 namespace {
 
-// Past this many pieces a thread's proto is dropped at its next call rather than reused (a
-// piece keeps its message and two strings: ~100 bytes).
+// Past this many pieces a thread's proto is dropped after the call rather than kept (a piece
+// keeps its message and two strings: ~100 bytes).
 constexpr size_t kKeptPieces = 1 << 16;
-
-// SentencePiece's Encode(text, &ids) builds a SentencePieceText message per call, a message and
-// two strings per piece, and frees them all: allocation took a third of a worker's time. Its
-// proto overload clears the message it is given instead, and protobuf keeps the cleared pieces
-// for reuse; so each thread keeps one (the way sentencepiece_processor.h shows, through
-// ImmutableSentencePieceText: Debian ships no sentencepiece.pb.h). The same ids: Encode(text,
-// &ids) is this call followed by the pieces' ids. 1.46x the tokens/s of one thread on the bench
-// corpus, and two threads scale 1.96x instead of 1.6-1.9x.
-sentencepiece::ImmutableSentencePieceText* ThreadText() {
-  thread_local std::unique_ptr<sentencepiece::ImmutableSentencePieceText> spt;
-  if (spt == nullptr || spt->pieces_size() > kKeptPieces) {
-    spt = std::make_unique<sentencepiece::ImmutableSentencePieceText>();
-  }
-  return spt.get();
-}
 
 }  // namespace
 
 bool SentencePieceModel::Encode(std::string_view text, std::vector<int>* ids,
                                 std::string* error) const {
-  sentencepiece::ImmutableSentencePieceText* spt = ThreadText();
+  return EncodeWithOffsets(text, ids, nullptr, nullptr, error);
+}
+
+bool SentencePieceModel::EncodeWithOffsets(std::string_view text, std::vector<int>* ids,
+                                           std::vector<uint32_t>* begins,
+                                           std::vector<uint32_t>* ends, std::string* error) const {
+  // SentencePiece's Encode(text, &ids) builds a SentencePieceText message per call, a message
+  // and two strings per piece, and frees them all: allocation took a third of a worker's time.
+  // Its proto overload clears the message it is given instead, and protobuf keeps the cleared
+  // pieces for reuse; so each thread keeps one (the way sentencepiece_processor.h shows, through
+  // ImmutableSentencePieceText: Debian ships no sentencepiece.pb.h). The same ids: Encode(text,
+  // &ids) is this call followed by the pieces' ids. 1.46x the tokens/s of one thread on the
+  // bench corpus, and two threads scale 1.96x instead of 1.6-1.9x.
+  thread_local std::unique_ptr<sentencepiece::ImmutableSentencePieceText> spt;
+  if (spt == nullptr) spt = std::make_unique<sentencepiece::ImmutableSentencePieceText>();
   const auto s = impl_->sp.Encode(text, spt->mutable_proto());
   ids->clear();
+  if (begins != nullptr) begins->clear();
+  if (ends != nullptr) ends->clear();
   if (!s.ok()) {
     *error = s.ToString();
     return false;
   }
   const size_t n = spt->pieces_size();
   ids->reserve(n);
-  for (size_t i = 0; i < n; ++i) ids->push_back(static_cast<int>(spt->pieces(int(i)).id()));
-  return true;
-}
-
-bool SentencePieceModel::EncodeWithOffsets(std::string_view text, std::vector<int>* ids,
-                                           std::vector<uint32_t>* begins,
-                                           std::vector<uint32_t>* ends, std::string* error) const {
-  sentencepiece::ImmutableSentencePieceText* spt = ThreadText();
-  const auto s = impl_->sp.Encode(text, spt->mutable_proto());
-  ids->clear();
-  begins->clear();
-  ends->clear();
-  if (!s.ok()) {
-    *error = s.ToString();
-    return false;
-  }
-  const size_t n = spt->pieces_size();
   for (size_t i = 0; i < n; ++i) {
     const auto piece = spt->pieces(int(i));
     ids->push_back(static_cast<int>(piece.id()));
-    begins->push_back(piece.begin());
-    ends->push_back(piece.end());
+    if (begins != nullptr) begins->push_back(piece.begin());
+    if (ends != nullptr) ends->push_back(piece.end());
   }
+  if (n > kKeptPieces) spt.reset();
   return true;
 }
 

@@ -23,6 +23,7 @@ class SentencePieceModel {
   bool Encode(std::string_view text, std::vector<int>* ids, std::string* error) const;
   // The same ids, with each piece's byte range [begins[i], ends[i]) in `text` (SentencePiece's
   // alignment of the normalized pieces to the input; a dummy prefix has an empty range).
+  // `begins` and `ends` may be null (Encode).
   bool EncodeWithOffsets(std::string_view text, std::vector<int>* ids,
                          std::vector<uint32_t>* begins, std::vector<uint32_t>* ends,
                          std::string* error) const;

@@ -63,6 +63,10 @@ bool Decided(float margin, double before, float score, size_t bytes) {
   return margin > 8 * error;
 }
 
+absl::Status SentencePieceError(const std::string& error) {
+  return absl::InternalError(absl::StrCat("SentencePiece: ", error));
+}
+
 }  // namespace
 
 struct WordCachedEncoder::Entry {
@@ -260,7 +264,7 @@ WordCacheCounters WordCachedEncoder::counters() const {
 absl::Status WordCachedEncoder::EncodeWhole(absl::string_view text, std::vector<int>* ids) const {
   std::string error;
   if (!model_->Encode(std::string_view(text.data(), text.size()), ids, &error)) {
-    return absl::InternalError(absl::StrCat("SentencePiece: ", error));
+    return SentencePieceError(error);
   }
   return absl::OkStatus();
 }
@@ -303,13 +307,11 @@ absl::Status WordCachedEncoder::Encode(absl::string_view text, std::vector<int>*
     // pieces teach the cache the new words.
     if (!model_->EncodeWithOffsets(std::string_view(text.data(), text.size()), ids, &c.begins,
                                    &c.ends, &error)) {
-      return absl::InternalError(absl::StrCat("SentencePiece: ", error));
+      return SentencePieceError(error);
     }
     Count(w.size(), 0, &c);
     bool decided = true;
-    absl::Status s = Learn(text, 0, w.size(), *ids, &c, nullptr, &decided);
-    if (!s.ok()) return s;
-    return absl::OkStatus();
+    return Learn(text, 0, w.size(), *ids, &c, nullptr, &decided);
   }
   ids->clear();
   int64_t hits = 0;
@@ -336,7 +338,7 @@ absl::Status WordCachedEncoder::Encode(absl::string_view text, std::vector<int>*
     const uint32_t base = w[i].begin;
     if (!model_->EncodeWithOffsets(std::string_view(text.data() + base, w[j - 1].end - base),
                                    &c.run_ids, &c.begins, &c.ends, &error)) {
-      return absl::InternalError(absl::StrCat("SentencePiece: ", error));
+      return SentencePieceError(error);
     }
     bool decided = true;
     if (absl::Status s = Learn(text, i, j, c.run_ids, &c, &magnitude, &decided); !s.ok()) {
@@ -363,7 +365,6 @@ absl::Status WordCachedEncoder::Learn(absl::string_view text, size_t i, size_t j
                                       bool* decided) const {
   const std::vector<Word>& w = c->split;
   const uint32_t base = w[i].begin;
-  std::string error;
   size_t p = 0;
   for (size_t k = i; k < j; ++k) {
     // Word k's pieces: those starting at its separating space (k > i) or within it, ending
@@ -409,7 +410,7 @@ absl::Status WordCachedEncoder::Margin(absl::string_view word, const int* ids, s
   std::string error;
   if (viterbi_ &&
       !model_->TwoBestScores(std::string_view(word.data(), word.size()), &best, &second, &error)) {
-    return absl::InternalError(absl::StrCat("SentencePiece: ", error));
+    return SentencePieceError(error);
   }
   *score = best;
   *margin = best - second;
