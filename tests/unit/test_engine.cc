@@ -706,10 +706,6 @@ class Bytes final : public SampleTransform {
   Schema schema_{Field("text", DType::kUint8, {Dim::UpTo(12)})};
 };
 
-}  // namespace
-
-namespace {
-
 // Drops the Epoch held in `*epoch` from inside Apply, on the worker thread, while `armed`: as a
 // Python data set does when a garbage collection in its __getitem__ frees an abandoned iterator.
 class DropsItsEpoch final : public SampleTransform {
