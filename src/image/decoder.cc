@@ -36,6 +36,15 @@ absl::Status UnknownFormat(size_t n) {
       "unrecognised content");
 }
 
+// Output rows per DCT block row of the smallest component (libjpeg 6b's and 7's names).
+int MinDctScaledSize(const jpeg_decompress_struct& cinfo) {
+#if JPEG_LIB_VERSION >= 70
+  return cinfo.min_DCT_v_scaled_size;
+#else
+  return cinfo.min_DCT_scaled_size;
+#endif
+}
+
 }  // namespace
 
 // libjpeg reports errors through a callback that must not return: it longjmps back into
@@ -248,13 +257,29 @@ absl::StatusOr<DecodedRegion> ImageDecoder::Decode(const uint8_t* data, size_t s
     // damage there raises the same warnings as in a full decode.
     // libjpeg-turbo skips a range that reaches the last row without decoding it at all, so
     // skip to the row before, then read that last row.
-    if (cinfo.output_scanline + 1 < cinfo.output_height) {
+    // libjpeg-turbo 2.1.5's jpeg_skip_scanlines can also loop forever when it starts inside an
+    // iMCU row (a fuzzed 3 x 62728 JPEG with 4:1 vertical sampling hung from 29 or 30 rows into
+    // one: tests/fuzz/regressions/decode/jpeg_v4_skip_from_inside_an_imcu_row_hangs.jpg), so
+    // the rows up to the next iMCU row are read first, and the skip starts on its boundary.
+    jpeg_->last_row.resize(size_t{cinfo.output_width} * size_t(cinfo.output_components));
+    JSAMPROW row = jpeg_->last_row.data();
+    const JDIMENSION imcu_rows = JDIMENSION(cinfo.max_v_samp_factor * MinDctScaledSize(cinfo));
+    auto read_while = [&](auto more) -> bool {
+      while (more()) {
+        if (jpeg_read_scanlines(&cinfo, &row, 1) != 1) return false;  // no progress
+      }
+      return true;
+    };
+    bool read = read_while([&] {
+      return cinfo.output_scanline % imcu_rows != 0 && cinfo.output_scanline < cinfo.output_height;
+    });
+    if (read && cinfo.output_scanline + 1 < cinfo.output_height) {
       jpeg_skip_scanlines(&cinfo, cinfo.output_height - 1 - cinfo.output_scanline);
     }
-    if (cinfo.output_scanline < cinfo.output_height) {
-      jpeg_->last_row.resize(size_t{cinfo.output_width} * size_t(cinfo.output_components));
-      JSAMPROW row = jpeg_->last_row.data();
-      while (cinfo.output_scanline < cinfo.output_height) jpeg_read_scanlines(&cinfo, &row, 1);
+    read = read && read_while([&] { return cinfo.output_scanline < cinfo.output_height; });
+    if (!read) {
+      jpeg_abort_decompress(&cinfo);
+      return absl::DataLossError("corrupt JPEG: no rows past the region");
     }
     jpeg_finish_decompress(&cinfo);
   } else {
