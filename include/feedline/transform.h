@@ -27,7 +27,8 @@
 // Contract: `Apply` is called by many worker threads at once: it must not modify the transform
 // (it is const) except through thread-safe members; what one worker needs for itself (a decoder,
 // scratch buffers) lives in the `WorkerState` that `NewWorkerState` makes, one per worker
-// thread, passed back to every `Apply` on that thread. Randomness must come from `ctx.rng()`
+// thread, passed back to every `Apply` on that thread. A loader keeps its worker threads, and
+// their states, from epoch to epoch (until the loader goes). Randomness must come from `ctx.rng()`
 // (a pure function of seed, epoch and sample index), never from a thread's own state, so that a
 // seed gives the same bytes for any worker count and a resumed run continues exactly.
 // `Apply` must write every field of the schema (a field left unwritten is the sample's error)
@@ -124,7 +125,8 @@ class SampleTransform {
   virtual ~SampleTransform() = default;
   // The fields every sample has. Called once, when a loader is created; must stay the same.
   virtual const Schema& schema() const = 0;
-  // Called once per worker thread; the default has no state (Apply gets null).
+  // Called once per worker thread, on it (again if it returned null or threw); the state lives
+  // as long as the thread: the loader's life. The default has no state (Apply gets null).
   virtual std::unique_ptr<WorkerState> NewWorkerState() const { return nullptr; }
   virtual absl::Status Apply(const Record& record, const SampleContext& context, WorkerState* state,
                              SampleWriter& out) const = 0;

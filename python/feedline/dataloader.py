@@ -660,10 +660,12 @@ class DataLoader:
 
     # Thread executor: called by the engine's worker threads, with the GIL.
     def _fetch(self, position, worker=0):
-        # `worker`: the engine thread's id, 0..threads-1, the same in every epoch. The engine's
-        # threads (and their Python thread states, so their thread-local data) are made anew at
-        # each epoch, so the WorkerInfo is kept here by id and set each time. An id's first
-        # sample runs worker_init_fn, once for the loader's life (persistent workers).
+        # `worker`: the engine thread's id, 0..threads-1, the same in every epoch. The engine
+        # keeps its worker threads (and their Python thread states, so their thread-local data)
+        # from epoch to epoch; the WorkerInfo is still kept here by id and set each time, for a
+        # sample made elsewhere (a replacement on the calling thread) and for an id whose thread
+        # was replaced (it was stuck in a cancelled epoch's sample). An id's first sample runs
+        # worker_init_fn, once for the loader's life (persistent workers).
         info = self._thread_workers.get(worker)
         if info is None:
             info = tud._utils.worker.WorkerInfo(

@@ -1,7 +1,5 @@
 #include "engine/epoch_run.h"
 
-#include <pthread.h>
-
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -9,20 +7,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/fork_generation.h"
 
 namespace feedline {
-namespace {
-// Bumped in the child after fork(): threads started before it do not exist there.
-std::atomic<uint64_t> g_fork_generation{0};
-void OnForkChild() { g_fork_generation.fetch_add(1, std::memory_order_relaxed); }
-uint64_t ForkGeneration() {
-  static const bool registered = [] {
-    return pthread_atfork(nullptr, nullptr, &OnForkChild) == 0;
-  }();
-  (void)registered;
-  return g_fork_generation.load(std::memory_order_relaxed);
-}
-}  // namespace
 
 EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t start_batch)
     : core_(std::move(shared), epoch),
@@ -227,9 +214,9 @@ void EpochRun::Shutdown() {
   Cancel();
   std::vector<std::thread> threads;
   read_.Stop(&threads);
-  map_.Stop(&threads);
   tuning_.Stop(&threads);
   for (auto& t : threads) t.join();
+  map_.Stop();  // the workers are the loader's: this epoch's loops on them return
   // Read buffers are freed with the run; keep the accounting honest.
   queues_.DropBuffers();
   core_.shared->read_buffer_bytes.fetch_sub(read_.TakeBufferBytes(), std::memory_order_relaxed);

@@ -15,11 +15,13 @@
 
 #include "absl/base/thread_annotations.h"
 #include "core/clock.h"
+#include "core/fork_generation.h"
 #include "core/sample_cache.h"
 #include "core/trace.h"
 #include "engine/batch_slot.h"
 #include "engine/device_stage.h"
 #include "engine/sampler.h"
+#include "engine/worker_pool.h"
 #include "feedline/dataset.h"
 #include "feedline/options.h"
 #include "feedline/stats.h"
@@ -164,7 +166,33 @@ class LoaderShared {
 
   Stats Snapshot();
 
+  // The map stage's threads, kept from epoch to epoch (made at the first use; in a forked
+  // child, made anew: the parent's threads are not there, and its pool is leaked, since the
+  // parent's threads may have held its locks at the fork).
+  WorkerPool& Workers() {
+    std::lock_guard<std::mutex> lock(workers_mu_);
+    if (workers_ == nullptr || workers_generation_ != ForkGeneration()) {
+      if (workers_ != nullptr) (void)workers_.release();
+      workers_ = std::make_unique<WorkerPool>(transform);
+      workers_generation_ = ForkGeneration();
+    }
+    return *workers_;
+  }
+  // The workers stop first (each deletes its WorkerState on its own thread), while what their
+  // states may refer to is still there.
+  ~LoaderShared() {
+    std::lock_guard<std::mutex> lock(workers_mu_);
+    if (workers_ != nullptr && workers_generation_ != ForkGeneration()) {
+      (void)workers_.release();  // a forked copy: see Workers()
+    }
+    workers_.reset();
+  }
+
  private:
+  std::mutex workers_mu_;
+  std::unique_ptr<WorkerPool> workers_ ABSL_GUARDED_BY(workers_mu_);
+  uint64_t workers_generation_ ABSL_GUARDED_BY(workers_mu_) = 0;
+
   std::atomic<int64_t> error_count_{0};
   std::mutex errors_mu_;
   std::vector<SampleError> errors_ ABSL_GUARDED_BY(errors_mu_);

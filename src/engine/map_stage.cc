@@ -1,7 +1,5 @@
 #include "engine/map_stage.h"
 
-#include <pthread.h>
-
 #include <exception>
 #include <memory>
 #include <new>
@@ -41,9 +39,11 @@ absl::Status SafeApply(const SampleTransform& t, const Record& record, const Sam
 void MapStage::SetThreads(int n) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopped_ || core_->is_cancelled()) return;
+  WorkerPool& pool = core_->shared->Workers();
   while (static_cast<int>(workers_.size()) < n) {
     const int id = static_cast<int>(workers_.size());
-    workers_.emplace_back([this, id] { WorkerLoop(id); });
+    workers_.push_back(
+        pool.Run(id, [this, id](SampleTransform::WorkerState* state) { WorkerLoop(id, state); }));
   }
 }
 
@@ -52,27 +52,27 @@ int MapStage::threads() {
   return static_cast<int>(workers_.size());
 }
 
-void MapStage::Stop(std::vector<std::thread>* join) {
-  std::lock_guard<std::mutex> lock(mu_);
-  stopped_ = true;
-  for (auto& t : workers_) join->push_back(std::move(t));
-  workers_.clear();
+void MapStage::Stop() {
+  std::vector<WorkerPool::Ticket> started;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+    started.swap(workers_);
+  }
+  for (const WorkerPool::Ticket& t : started) WorkerPool::Wait(t);
 }
 
-void MapStage::WorkerLoop(int id) {
+void MapStage::WorkerLoop(int id, SampleTransform::WorkerState* state) {
   internal::worker_of = core_;
+  // The thread goes on to other epochs' work: it is this epoch's only while here.
+  struct Leave {
+    ~Leave() { internal::worker_of = nullptr; }
+  } leave;
   LoaderShared& sh = *core_->shared;
-  pthread_setname_np(pthread_self(), "feedline-map");  // for top, perf, gdb
   TraceTrack* track = sh.trace->Track(absl::StrCat("worker ", id));
-  std::unique_ptr<SampleTransform::WorkerState> state;
-  try {
-    state = sh.transform->NewWorkerState();
-  } catch (...) {
-    state.reset();  // Apply gets null and reports what it misses
-  }
   std::vector<uint8_t> scratch;  // batch assembly
   if (sh.inline_reads) {
-    InlineLoop(id, state.get(), &scratch, track);
+    InlineLoop(id, state, &scratch, track);
     return;
   }
   double map_ns = 0;  // smoothed time per sample
@@ -86,7 +86,7 @@ void MapStage::WorkerLoop(int id) {
     sh.map.AddWait(t1 - t0);
     const int64_t first = item->first().sample;
     const int n = item->count;
-    ProcessItem(item, state.get(), &scratch);  // gives the item back (or on for a retry)
+    ProcessItem(item, state, &scratch);  // gives the item back (or on for a retry)
     Account(n, first, t1, &cpu, &map_ns, track);
   }
 }

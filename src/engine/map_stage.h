@@ -8,13 +8,15 @@
 // raise the error is the batch's. The worker that completes a batch assembles it (variable
 // fields packed in place) and wakes the consumer.
 //
+// The workers are the loader's (LoaderShared::Workers): each id's loop runs on the same thread,
+// with the same WorkerState, epoch after epoch.
+//
 // Thread safety: SetThreads and Stop from any thread.
 #ifndef FEEDLINE_SRC_ENGINE_MAP_STAGE_H_
 #define FEEDLINE_SRC_ENGINE_MAP_STAGE_H_
 
 #include <cstdint>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -24,6 +26,7 @@
 #include "engine/epoch_core.h"
 #include "engine/read_stage.h"
 #include "engine/replacement.h"
+#include "engine/worker_pool.h"
 #include "feedline/transform.h"
 
 namespace feedline {
@@ -34,11 +37,11 @@ class MapStage {
            Replacement* replacement)
       : core_(core), ring_(ring), queues_(queues), read_(read), replacement_(replacement) {}
 
-  // Starts worker threads up to `n` (surplus ones park).
+  // Starts workers up to `n` (surplus ones park).
   void SetThreads(int n);
   int threads();
-  // After cancellation: moves the threads to `join`.
-  void Stop(std::vector<std::thread>* join);
+  // After cancellation: starts no more workers, and waits until every started one is done.
+  void Stop();
 
  private:
   // A worker's CPU time, read at most every kEveryNs of wall time and added to the stage's
@@ -58,7 +61,7 @@ class MapStage {
     StageCounters* const to_;
     int64_t cpu_ = ThreadCpuNs(), wall_ = NowNs();
   };
-  void WorkerLoop(int id);
+  void WorkerLoop(int id, SampleTransform::WorkerState* state);
   // After an item of `n` samples (the first: `first`) mapped from t1 (wall): the stage's
   // counters, the trace, and the chunk size from the smoothed time per sample.
   void Account(int n, int64_t first, int64_t t1, CpuMeter* cpu, double* map_ns, TraceTrack* track);
@@ -76,7 +79,7 @@ class MapStage {
   ReadStage* const read_;
   Replacement* const replacement_;
   std::mutex mu_;
-  std::vector<std::thread> workers_ ABSL_GUARDED_BY(mu_);
+  std::vector<WorkerPool::Ticket> workers_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -460,6 +460,45 @@ def test_worker_ids_and_worker_init_fn_as_torchs_workers(executor, tmp_path):
     assert used <= set(inits) <= {0, 1}
 
 
+_local = threading.local()
+
+
+class ThreadLocalState(tud.Dataset):
+    """Each sample: what worker_init_fn left in this thread's threading.local, and the thread."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.tensor([getattr(_local, "worker", -1), threading.get_ident()])
+
+
+def _init_local(worker_id):
+    _local.worker = worker_id
+
+
+def test_thread_workers_keep_their_thread_and_its_local_data_across_epochs():
+    """As torch's persistent workers keep their processes, feedline's thread workers are the same
+    threads in every epoch: what worker_init_fn set up in threading.local (a database handle, a
+    tokenizer) is still there. The engine used to make new threads each epoch: from the second
+    epoch on, every sample saw -1."""
+    loader = feedline.DataLoader(ThreadLocalState(), batch_size=8, executor="thread", workers=2,
+                                 worker_init_fn=_init_local)
+    threads = None
+    for epoch in range(3):
+        seen = torch.cat(list(loader))
+        assert set(seen[:, 0].tolist()) <= {0, 1} and -1 not in seen[:, 0].tolist(), epoch
+        if threads is None:
+            threads = set(seen[:, 1].tolist())
+        assert set(seen[:, 1].tolist()) <= threads, f"epoch {epoch} ran on new threads"
+    # An epoch left early does not cost the workers their state either.
+    it = iter(loader)
+    next(it)
+    del it
+    seen = torch.cat(list(loader))
+    assert -1 not in seen[:, 0].tolist() and set(seen[:, 1].tolist()) <= threads
+
+
 class StridedViews(tud.Dataset):
     """Tensors that are views with strides, as transforms return them: PILToTensor's CHW view of
     an HWC image, a transpose, a strided slice, an expanded row, a bfloat16 permute."""

@@ -26,9 +26,12 @@ def baseline_threads(small_folder):
     return util.thread_count()
 
 
-def _assert_threads_back(baseline, what):
-    n = util.wait_thread_count(baseline, SETTLE_S)
-    assert n <= baseline, f"{what}: {n} threads, {baseline} before (after {SETTLE_S} s)"
+def _assert_threads_back(baseline, what, kept=0):
+    """The epoch's threads are gone; `kept`: the loader's worker threads, which stay from epoch
+    to epoch (persistent workers) until the loader goes."""
+    n = util.wait_thread_count(baseline + kept, SETTLE_S)
+    assert n <= baseline + kept, \
+        f"{what}: {n} threads, {baseline} before + {kept} kept (after {SETTLE_S} s)"
 
 
 def _full_epoch_ok(loader):
@@ -88,9 +91,11 @@ def test_break_after_one_batch(small_folder, baseline_threads):
     loader = feedline.ImageLoader(small_folder, batch_size=2, workers=4, prefetch=4, size=32)
     for _ in loader:
         break
-    _assert_threads_back(baseline_threads, "break after 1 batch")
+    _assert_threads_back(baseline_threads, "break after 1 batch", kept=4)
     _full_epoch_ok(loader)
-    _assert_threads_back(baseline_threads, "after a full epoch")
+    _assert_threads_back(baseline_threads, "after a full epoch", kept=4)
+    del loader
+    _assert_threads_back(baseline_threads, "the loader gone")
 
 
 def test_del_iterator_mid_epoch(small_folder, baseline_threads):
@@ -101,7 +106,7 @@ def test_del_iterator_mid_epoch(small_folder, baseline_threads):
     assert util.thread_count() > baseline_threads  # the epoch's workers are running
     t0 = time.monotonic()
     del it
-    _assert_threads_back(baseline_threads, "del iterator")
+    _assert_threads_back(baseline_threads, "del iterator", kept=4)
     assert time.monotonic() - t0 < SETTLE_S
     _full_epoch_ok(loader)
 
@@ -120,7 +125,7 @@ def test_exception_inside_loop(small_folder, baseline_threads):
         for i, _ in enumerate(loader):
             if i == 1:
                 raise KeyError("user code failed")
-    _assert_threads_back(baseline_threads, "exception in the loop")
+    _assert_threads_back(baseline_threads, "exception in the loop", kept=4)
     _full_epoch_ok(loader)
 
 
@@ -128,7 +133,7 @@ def test_iterator_never_started(small_folder, baseline_threads):
     loader = feedline.ImageLoader(small_folder, batch_size=2, workers=4, size=32)
     it = iter(loader)
     del it
-    _assert_threads_back(baseline_threads, "iterator dropped before its first batch")
+    _assert_threads_back(baseline_threads, "iterator dropped before its first batch", kept=4)
     _full_epoch_ok(loader)
 
 
@@ -142,7 +147,9 @@ def test_new_iter_cancels_unfinished_epoch(small_folder, baseline_threads):
     with pytest.raises(RuntimeError, match="newer iter"):  # loudly: zip(loader, loader)
         next(first)
     del first, second
-    _assert_threads_back(baseline_threads, "after a superseded epoch")
+    _assert_threads_back(baseline_threads, "after a superseded epoch", kept=4)
+    del loader
+    _assert_threads_back(baseline_threads, "the loader gone")
 
 
 def test_no_leak_over_many_loaders(image_folder, baseline_threads):

@@ -762,6 +762,81 @@ TEST_CASE("an epoch dropped on its own worker thread is stopped, not joined by t
   REQUIRE(n == 2000);
 }
 
+namespace {
+
+// Counts the worker states it makes and checks that each is used, and deleted, on the thread
+// that made it (a Python thread state must be).
+class CountsStates final : public SampleTransform {
+ public:
+  struct State : WorkerState {
+    explicit State(const CountsStates* o) : owner(o) {}
+    ~State() override {
+      if (std::this_thread::get_id() != thread) owner->wrong_thread.store(true);
+      owner->deleted.fetch_add(1);
+    }
+    const CountsStates* owner;
+    std::thread::id thread = std::this_thread::get_id();
+  };
+  const Schema& schema() const override { return schema_; }
+  std::unique_ptr<WorkerState> NewWorkerState() const override {
+    made.fetch_add(1);
+    return std::make_unique<State>(this);
+  }
+  absl::Status Apply(const Record&, const SampleContext& ctx, WorkerState* state,
+                     SampleWriter& out) const override {
+    const auto* s = static_cast<const State*>(state);
+    if (s == nullptr || s->thread != std::this_thread::get_id()) wrong_thread.store(true);
+    *out.Fixed<int64_t>(0) = ctx.index();
+    return absl::OkStatus();
+  }
+  mutable std::atomic<int> made{0}, deleted{0};
+  mutable std::atomic<bool> wrong_thread{false};
+
+ private:
+  Schema schema_{Field("i", DType::kInt64, {})};
+};
+
+int64_t CountSamples(feedline::Epoch& e) {
+  int64_t n = 0;
+  for (;;) {
+    absl::StatusOr<Batch> b = e.Next();
+    if (absl::IsOutOfRange(b.status())) return n;
+    REQUIRE(b.ok());
+    n += b->size();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a loader keeps its workers and their states from epoch to epoch", "[engine]") {
+  auto transform = std::make_shared<CountsStates>();
+  {
+    auto loader = Make(std::make_shared<Computed>(500), transform,
+                       LoaderOptions().batch_size(8).workers(2).shuffle(true).seed(3));
+    for (int epoch = 0; epoch < 3; ++epoch) REQUIRE(CountSamples(*loader->StartEpoch()) == 500);
+    // An epoch left early (its iterator dropped mid-way), and one started while another is
+    // still held (zip(loader, loader)): the next epochs still run on the same two workers.
+    {
+      std::unique_ptr<feedline::Epoch> e = loader->StartEpoch();
+      REQUIRE(e->Next().ok());
+    }
+    std::unique_ptr<feedline::Epoch> held = loader->StartEpoch();
+    REQUIRE(held->Next().ok());
+    REQUIRE(CountSamples(*loader->StartEpoch()) == 500);  // cancels `held`
+    REQUIRE(absl::IsCancelled(held->Next().status()));
+    held.reset();
+    REQUIRE(CountSamples(*loader->StartEpoch()) == 500);
+    // Two states over six epochs, each used on its own thread only. (A worker busy with a
+    // cancelled epoch's sample for 200 ms would get a new thread: these samples take
+    // microseconds.)
+    REQUIRE(transform->made.load() == 2);
+    REQUIRE(transform->deleted.load() == 0);
+  }
+  // The loader gone, each state is deleted, on its own thread.
+  REQUIRE(transform->deleted.load() == 2);
+  REQUIRE_FALSE(transform->wrong_thread.load());
+}
+
 TEST_CASE("in-memory data sets: the workers read; same bytes, read errors replaced", "[engine]") {
   auto docs = std::make_shared<InMemory>(300);
   auto transform = std::make_shared<Bytes>();
