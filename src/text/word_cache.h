@@ -22,7 +22,7 @@
 //
 // Thread safety: Encode may run on many threads at once. Each thread has its own cache (at most
 // kMaxWords words); a thread that ends hands it back to the encoder, for the next thread (the
-// engine's workers are made anew each epoch).
+// engine keeps its workers from epoch to epoch, but other callers' threads come and go).
 #ifndef FEEDLINE_SRC_TEXT_WORD_CACHE_H_
 #define FEEDLINE_SRC_TEXT_WORD_CACHE_H_
 
