@@ -17,6 +17,7 @@ robin as torch takes them.
 import atexit
 import collections
 import hashlib
+import inspect
 import itertools
 import json
 import os
@@ -123,6 +124,12 @@ def _cpus():
         return os.cpu_count() or 1
 
 
+# torch's own default: 2 up to torch 1.13 (which accepts prefetch_factor=2 with num_workers=0),
+# None from torch 2.0 (which refuses any prefetch_factor there).
+_TORCH_PREFETCH_DEFAULT = inspect.signature(tud.DataLoader.__init__).parameters[
+    "prefetch_factor"].default
+
+
 def _order_fingerprint(batches):
     h = hashlib.sha1()
     for b in batches:
@@ -187,7 +194,7 @@ class DataLoader:
                              "own collation (leave collate_fn=None)")
         if isinstance(pad_value, bool) or not isinstance(pad_value, (int, float)):
             raise TypeError(f"pad_value: expected a number, got {type(pad_value).__name__}")
-        if prefetch_factor is not None and num_workers == 0:
+        if prefetch_factor not in (None, _TORCH_PREFETCH_DEFAULT) and num_workers == 0:
             raise ValueError("prefetch_factor option could only be specified in multiprocessing."
                              "let num_workers > 0 to enable multiprocessing.")
         self.dataset = dataset
@@ -334,6 +341,10 @@ class DataLoader:
         base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator)
                         .item())
         self._epochs_started += 1
+        if not self.persistent_workers:
+            # As torch's workers made anew for each epoch: worker_init_fn runs again in every
+            # worker thread, with a new WorkerInfo (the threads themselves are kept).
+            self._thread_workers.clear()
         if self._is_iterable:
             it = _IterableIter(self, base_seed)
             self._epoch_state = None

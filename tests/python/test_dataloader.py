@@ -117,6 +117,16 @@ def test_torch_attributes_and_argument_checks():
         feedline.DataLoader(ds, num_workers=-1)
     with pytest.raises(ValueError, match="executor"):
         feedline.DataLoader(ds, executor="gpu")
+    # prefetch_factor with num_workers=0: whatever the installed torch accepts (its default
+    # there: 2 in torch 1.13, none from 2.0), feedline accepts; what it refuses, feedline too.
+    for pf in (1, 2, 4):
+        try:
+            tud.DataLoader(ds, num_workers=0, prefetch_factor=pf)
+        except ValueError:
+            with pytest.raises(ValueError, match="prefetch_factor"):
+                feedline.DataLoader(ds, num_workers=0, prefetch_factor=pf)
+        else:
+            assert len(list(feedline.DataLoader(ds, num_workers=0, prefetch_factor=pf))) == 10
 
 
 @pytest.mark.parametrize("executor", EXECUTORS)
@@ -497,6 +507,20 @@ def test_thread_workers_keep_their_thread_and_its_local_data_across_epochs():
     del it
     seen = torch.cat(list(loader))
     assert -1 not in seen[:, 0].tolist() and set(seen[:, 1].tolist()) <= threads
+
+
+def test_persistent_workers_false_runs_worker_init_fn_each_epoch():
+    """As torch's workers made anew at each epoch run it again: once per worker id that made a
+    sample, in every epoch (with the default, persistent_workers=True: once in all)."""
+    for persistent, most in ((False, 6), (True, 2)):
+        calls = []
+        loader = feedline.DataLoader(ThreadLocalState(), batch_size=8, executor="thread",
+                                     workers=2, worker_init_fn=calls.append,
+                                     persistent_workers=persistent)
+        for _ in range(3):
+            assert len(torch.cat(list(loader))) == 64
+        assert (3 if not persistent else 1) <= len(calls) <= most, (persistent, calls)
+        assert set(calls) <= {0, 1}
 
 
 class StridedViews(tud.Dataset):
