@@ -837,6 +837,51 @@ TEST_CASE("a loader keeps its workers and their states from epoch to epoch", "[e
   REQUIRE_FALSE(transform->wrong_thread.load());
 }
 
+namespace {
+
+// CountsStates' checks, and epoch 0's samples wait until `release` (a __getitem__ that hangs).
+class HangsInEpochZero final : public SampleTransform {
+ public:
+  const Schema& schema() const override { return inner.schema(); }
+  std::unique_ptr<WorkerState> NewWorkerState() const override { return inner.NewWorkerState(); }
+  absl::Status Apply(const Record& r, const SampleContext& ctx, WorkerState* state,
+                     SampleWriter& out) const override {
+    if (ctx.epoch() == 0) {
+      hanging.fetch_add(1);
+      while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return inner.Apply(r, ctx, state, out);
+  }
+  CountsStates inner;
+  mutable std::atomic<int> hanging{0};
+  mutable std::atomic<bool> release{false};
+};
+
+}  // namespace
+
+TEST_CASE("a worker stuck in a cancelled epoch's sample is replaced, not waited for", "[engine]") {
+  auto transform = std::make_shared<HangsInEpochZero>();
+  {
+    auto loader = Make(std::make_shared<Computed>(64), transform,
+                       LoaderOptions().batch_size(8).workers(2).shuffle(false));
+    std::unique_ptr<feedline::Epoch> stuck = loader->StartEpoch();
+    for (int i = 0; i < 10000 && transform->hanging.load() < 2; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    REQUIRE(transform->hanging.load() == 2);  // both workers inside epoch 0's samples
+    // The next epoch cancels epoch 0; its workers cannot return: each id gets a new thread.
+    REQUIRE(CountSamples(*loader->StartEpoch()) == 64);
+    REQUIRE(transform->inner.made.load() == 4);
+    transform->release.store(true);
+    REQUIRE(absl::IsCancelled(stuck->Next().status()));
+    stuck.reset();  // waits for the old threads' samples, which now return
+    REQUIRE(CountSamples(*loader->StartEpoch()) == 64);  // on the new threads
+    REQUIRE(transform->inner.made.load() == 4);
+  }
+  REQUIRE(transform->inner.deleted.load() == 4);  // the replaced threads' states too
+  REQUIRE_FALSE(transform->inner.wrong_thread.load());
+}
+
 TEST_CASE("in-memory data sets: the workers read; same bytes, read errors replaced", "[engine]") {
   auto docs = std::make_shared<InMemory>(300);
   auto transform = std::make_shared<Bytes>();
