@@ -10,7 +10,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -340,22 +342,40 @@ const feedline::FileList& FilesOf(const feedline::Loader& l) {
 }
 
 // The epoch's next batch, waiting with the GIL released (and Ctrl-C honoured); StopIteration at
-// the end, the sample's error (DataError, DeviceError, ...) when it failed.
+// the end, the sample's error (DataError, DeviceError, ...) when it failed. `timeout_s` > 0:
+// RuntimeError when no batch came within it, as torch's DataLoader(timeout=) raises (the batch
+// stays queued: a later call may still get it).
 template <typename E>  // feedline::Epoch, feedline::text::PackedEpoch
-feedline::Batch NextBatch(E& e) {
+feedline::Batch NextBatch(E& e, double timeout_s = 0) {
   absl::StatusOr<feedline::Batch> batch;
+  bool timed_out = false;
   {
     py::gil_scoped_release release;
+    const auto start = std::chrono::steady_clock::now();
     batch = e.Next(
-        [] {
+        [&] {
+          if (timeout_s > 0 &&
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >=
+                  timeout_s) {
+            timed_out = true;
+            return absl::DeadlineExceededError("timed out");
+          }
           py::gil_scoped_acquire acquire;
           if (PyErr_CheckSignals() != 0) return absl::CancelledError("interrupted");
           return absl::OkStatus();
         },
-        absl::Milliseconds(100));
+        absl::Milliseconds(timeout_s > 0 ? std::clamp(timeout_s * 1e3 / 10, 1.0, 100.0) : 100.0));
   }
   if (!batch.ok()) {
     if (PyErr_Occurred()) throw py::error_already_set();
+    if (timed_out) {
+      PyErr_SetString(PyExc_RuntimeError,
+                      absl::StrCat("DataLoader timed out after ", timeout_s,
+                                   " seconds (no batch from the worker threads; a thread cannot be "
+                                   "stopped: its sample goes on in the background)")
+                          .c_str());
+      throw py::error_already_set();
+    }
     if (absl::IsOutOfRange(batch.status()) || absl::IsCancelled(batch.status())) {
       throw py::stop_iteration();
     }
@@ -815,13 +835,16 @@ PYBIND11_MODULE(_feedline, m) {
                                    b.index());
            })
       // Any schema: ({field name: view}, indices, batch_index) or raises StopIteration.
-      .def("next_fields", [](feedline::Epoch& e) {
-        const feedline::Batch b = NextBatch(e);
-        auto keep = std::make_shared<const feedline::Batch>(b);
-        ArrayView indices(keep, const_cast<int64_t*>(b.indices()), DLDataType{kDLInt, 64, 1},
-                          {b.size()}, -1);
-        return py::make_tuple(FieldsOf(b), std::move(indices), b.index());
-      });
+      .def(
+          "next_fields",
+          [](feedline::Epoch& e, double timeout) {
+            const feedline::Batch b = NextBatch(e, timeout);
+            auto keep = std::make_shared<const feedline::Batch>(b);
+            ArrayView indices(keep, const_cast<int64_t*>(b.indices()), DLDataType{kDLInt, 64, 1},
+                              {b.size()}, -1);
+            return py::make_tuple(FieldsOf(b), std::move(indices), b.index());
+          },
+          py::arg("timeout") = 0.0);
 
   py::class_<feedline::text::PackedEpoch, PackedEpochHolder>(m, "PackedEpoch")
       .def_property_readonly("epoch", &feedline::text::PackedEpoch::epoch)

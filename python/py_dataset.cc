@@ -129,13 +129,15 @@ bool WriteAll(int fd, const void* data, size_t n) {
   return true;
 }
 
-// Reads exactly n bytes, polling so that a closing loader or a timeout (<= 0: none) ends it.
-Io ReadAll(int fd, void* data, size_t n, double timeout_s, const std::atomic<bool>& closed) {
+// Reads exactly n bytes, polling so that a closing loader, processes being stopped or a timeout
+// (<= 0: none) ends it.
+Io ReadAll(int fd, void* data, size_t n, double timeout_s, const std::atomic<bool>& closed,
+           const std::atomic<bool>& stopping) {
   auto* p = static_cast<uint8_t*>(data);
   const int64_t deadline =
       timeout_s > 0 ? NowNs() + int64_t(timeout_s * 1e9) : std::numeric_limits<int64_t>::max();
   while (n > 0) {
-    if (closed.load()) return Io::kClosed;
+    if (closed.load() || stopping.load()) return Io::kClosed;
     const int64_t left_ms = (deadline - NowNs()) / 1000000;
     if (left_ms < 0) return Io::kTimeout;
     pollfd pfd{fd, POLLIN, 0};
@@ -428,9 +430,19 @@ void PyTransform::CloseProc(Proc& p) const {
 }
 
 void PyTransform::StopProcesses() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  // A worker thread inside a request keeps its process's pipes and staging mapping until it
+  // gives the process back: within ReadAll's poll (200 ms) once it sees `stopping_`, or after
+  // copying a reply out of the staging area. Closing them under it (the loader's close() while
+  // an epoch's worker was copying a sample) unmapped the staging area mid-copy: a segfault.
+  stopping_.store(true);
+  idle_.notify_all();
+  idle_.wait(lock, [&] {
+    return std::none_of(procs_.begin(), procs_.end(), [](const Proc& p) { return p.busy; });
+  });
   for (Proc& p : procs_) CloseProc(p);
   procs_.clear();
+  stopping_.store(false);
   idle_.notify_all();
 }
 
@@ -444,6 +456,10 @@ std::string PyTransform::Respawn(int i) const {
   {
     std::lock_guard<std::mutex> lock(mu_);
     CloseProc(procs_[size_t(i)]);
+    if (stopping_.load()) {  // no new process while they are being stopped
+      idle_.notify_all();
+      return "";
+    }
     for (const Proc& p : procs_) {
       if (p.request_fd >= 0) fds.push_back(p.request_fd);
       if (p.reply_fd >= 0) fds.push_back(p.reply_fd);
@@ -491,7 +507,7 @@ int PyTransform::AcquireProc() const {
         return int(i);
       }
     }
-    if (!any_alive || closed_.load()) return -1;
+    if (!any_alive || closed_.load() || stopping_.load()) return -1;
     idle_.wait_for(lock, std::chrono::milliseconds(200));
   }
 }
@@ -499,7 +515,7 @@ int PyTransform::AcquireProc() const {
 void PyTransform::ReleaseProc(int i) const {
   std::lock_guard<std::mutex> lock(mu_);
   procs_[size_t(i)].busy = false;
-  idle_.notify_one();
+  idle_.notify_all();  // a worker waiting for a process, or StopProcesses for this one
 }
 
 absl::Status PyTransform::ApplyProcess(int64_t position, SampleWriter& out) const {
@@ -523,7 +539,7 @@ absl::Status PyTransform::ApplyProcess(int64_t position, SampleWriter& out) cons
   for (int attempt = 0; attempt < 2; ++attempt) {
     const int i = AcquireProc();
     if (i < 0) {
-      if (closed_.load()) return absl::CancelledError("the loader is closed");
+      if (closed_.load() || stopping_.load()) return absl::CancelledError("the loader is closed");
       return Failed(position, absl::StrCat("feedline: no worker process is running (", what, ")"));
     }
     Proc p;
@@ -534,14 +550,15 @@ absl::Status PyTransform::ApplyProcess(int64_t position, SampleWriter& out) cons
     const double timeout = timeout_s_.load();
     int64_t reply[3] = {0, 0, 0};
     Io io = WriteAll(p.request_fd, request.data(), request.size() * 8) ? Io::kOk : Io::kEof;
-    if (io == Io::kOk) io = ReadAll(p.reply_fd, reply, sizeof reply, timeout, closed_);
+    if (io == Io::kOk) io = ReadAll(p.reply_fd, reply, sizeof reply, timeout, closed_, stopping_);
     std::vector<uint8_t> inline_payload;
     if (io == Io::kOk && reply[1] != 0) {
       if (reply[2] < 0 || reply[2] > (int64_t(1) << 40)) {
         io = Io::kError;
       } else {
         inline_payload.resize(size_t(reply[2]));
-        io = ReadAll(p.reply_fd, inline_payload.data(), inline_payload.size(), timeout, closed_);
+        io = ReadAll(p.reply_fd, inline_payload.data(), inline_payload.size(), timeout, closed_,
+                     stopping_);
       }
     }
     if (io == Io::kClosed) {

@@ -118,6 +118,7 @@ class PyTransform : public SampleTransform {
   mutable std::vector<bool> worker_ids_;  // taken ids (mu_)
   std::atomic<double> timeout_s_{0};
   std::atomic<bool> closed_{false};
+  std::atomic<bool> stopping_{false};  // StopProcesses is waiting for busy processes
 
   // Stats.
   // Worker threads: gil_wait_ns_ waiting to take the GIL for a sample, call_ns_ in the dataset's

@@ -981,7 +981,10 @@ class _EngineIter(_BaseIter):
         o = self._owner
         t = time.perf_counter()
         try:
-            fields, _, index = self._epoch.next_fields()
+            # timeout=: worker processes time each sample themselves (the hung one is killed
+            # and its sample named); worker threads cannot be, so the wait for the batch is.
+            fields, _, index = self._epoch.next_fields(
+                o.timeout if o._executor == "thread" else 0)
         except StopIteration:
             self._finished = True
             o._epochs_finished += 1

@@ -16,6 +16,7 @@
 #ifndef FEEDLINE_SRC_ENGINE_EPOCH_RUN_H_
 #define FEEDLINE_SRC_ENGINE_EPOCH_RUN_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -71,6 +72,11 @@ class EpochRun {
   bool forked() const;
   // True on one of this run's reader or worker threads.
   bool on_own_thread() const { return internal::worker_of == &core_; }
+  // After Cancel(): true once the workers have left this epoch (within `wait`), false if one is
+  // still inside a sample (user code that does not return: a hung Python __getitem__).
+  bool WorkersDone(std::chrono::milliseconds wait) {
+    return map_.WaitUntilDone(std::chrono::steady_clock::now() + wait);
+  }
 
  private:
   void Shutdown();

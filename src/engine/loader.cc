@@ -214,6 +214,19 @@ Epoch::~Epoch() {
     } catch (const std::system_error&) {
       // No thread to be had: the cancelled run is leaked rather than the process ended.
     }
+    return;
+  }
+  // A worker stuck in user code that does not return (a hung __getitem__ after the loop gave
+  // up on it: DataLoader(timeout=)) must not hang the one dropping the epoch, nor the process
+  // at exit: the run is then destroyed by a thread of its own, once that sample has returned.
+  run_->Cancel();
+  if (!run_->WorkersDone(std::chrono::milliseconds(500))) {
+    EpochRun* run = run_.release();
+    try {
+      std::thread([run] { delete run; }).detach();
+    } catch (const std::system_error&) {
+      delete run;  // no thread to be had: wait here after all
+    }
   }
 }
 absl::StatusOr<Batch> Epoch::Next() { return run_->Next(); }

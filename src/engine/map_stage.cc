@@ -62,6 +62,18 @@ void MapStage::Stop() {
   for (const WorkerPool::Ticket& t : started) WorkerPool::Wait(t);
 }
 
+bool MapStage::WaitUntilDone(std::chrono::steady_clock::time_point deadline) {
+  std::vector<WorkerPool::Ticket> started;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    started = workers_;
+  }
+  for (const WorkerPool::Ticket& t : started) {
+    if (!WorkerPool::WaitUntil(t, deadline)) return false;
+  }
+  return true;
+}
+
 void MapStage::WorkerLoop(int id, SampleTransform::WorkerState* state) {
   internal::worker_of = core_;
   // The thread goes on to other epochs' work: it is this epoch's only while here.

@@ -15,6 +15,7 @@
 #ifndef FEEDLINE_SRC_ENGINE_MAP_STAGE_H_
 #define FEEDLINE_SRC_ENGINE_MAP_STAGE_H_
 
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <vector>
@@ -42,6 +43,9 @@ class MapStage {
   int threads();
   // After cancellation: starts no more workers, and waits until every started one is done.
   void Stop();
+  // After cancellation: true once every started worker is done, false at `deadline` if one is
+  // still in a sample (user code that does not return).
+  bool WaitUntilDone(std::chrono::steady_clock::time_point deadline);
 
  private:
   // A worker's CPU time, read at most every kEveryNs of wall time and added to the stage's

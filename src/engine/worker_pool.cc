@@ -111,6 +111,13 @@ WorkerPool::Ticket WorkerPool::Run(int id, Job job) {
   return ticket;
 }
 
+bool WorkerPool::WaitUntil(const Ticket& ticket, std::chrono::steady_clock::time_point deadline) {
+  if (ticket.worker == nullptr) return true;
+  WorkerThread& w = *ticket.worker;
+  std::unique_lock<std::mutex> lock(w.mu);
+  return w.cv.wait_until(lock, deadline, [&] { return w.done >= ticket.job; });
+}
+
 void WorkerPool::Wait(const Ticket& ticket) {
   if (ticket.worker == nullptr) return;
   WorkerThread& w = *ticket.worker;

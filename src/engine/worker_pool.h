@@ -17,6 +17,7 @@
 #ifndef FEEDLINE_SRC_ENGINE_WORKER_POOL_H_
 #define FEEDLINE_SRC_ENGINE_WORKER_POOL_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -51,6 +52,8 @@ class WorkerPool {
   Ticket Run(int id, Job job);
   // Until the ticket's job has returned.
   static void Wait(const Ticket& ticket);
+  // The same, until `deadline` at most; false if the job had not returned by then.
+  static bool WaitUntil(const Ticket& ticket, std::chrono::steady_clock::time_point deadline);
 
  private:
   const std::shared_ptr<const SampleTransform> transform_;

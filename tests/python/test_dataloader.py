@@ -255,6 +255,51 @@ def test_timeout_fails_the_batch_in_time():
     assert time.monotonic() - t0 < 10
 
 
+_HUNG_THREAD = """
+import threading, time, torch, feedline
+import torch.utils.data as tud
+
+class Hangs(tud.Dataset):
+    def __init__(self):
+        self.hang = True
+    def __len__(self):
+        return 16
+    def __getitem__(self, i):
+        if i == 5 and self.hang:
+            threading.Event().wait()  # forever
+        return torch.tensor([i])
+
+ds = Hangs()
+loader = feedline.DataLoader(ds, batch_size=4, num_workers=2, executor="thread", timeout=1)
+t0 = time.monotonic()
+try:
+    for b in loader:
+        pass
+except RuntimeError as e:
+    print("raised", "timed out after 1" in str(e), round(time.monotonic() - t0, 1), flush=True)
+ds.hang = False
+t0 = time.monotonic()
+print("next epoch", sum(len(b) for b in loader), round(time.monotonic() - t0, 1), flush=True)
+"""
+
+
+def test_timeout_with_worker_threads_raises_and_nothing_waits_for_the_hung_thread():
+    """torch's DataLoader(timeout=) raises when a batch does not come in time. A worker thread
+    cannot be killed as a process can: the wait for the batch is timed instead. The thread stuck
+    in __getitem__ then must not hang the loop's next epoch, the iterator's release or the
+    interpreter's exit (the epoch's destruction waited for it: the script never ended)."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", _HUNG_THREAD], capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ))
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.split("\n")
+    raised = lines[0].split()
+    assert raised[:2] == ["raised", "True"] and float(raised[2]) < 10, r.stdout
+    nxt = lines[1].split()
+    assert nxt[:3] == ["next", "epoch", "16"] and float(nxt[3]) < 10, r.stdout
+
+
 class KillsItsWorker(tud.Dataset):
     """Sample `victim` kills the worker process loading it: once (a marker file), or always."""
 
