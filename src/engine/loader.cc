@@ -202,31 +202,24 @@ Epoch::~Epoch() {
     (void)run_.release();  // deliberately leaked: see forked()
     return;
   }
-  if (run_->on_own_thread()) {
-    // Dropped by user code on one of the epoch's own threads (a Python garbage collection in a
-    // data set's __getitem__ freeing an abandoned iterator): joining the threads here would
-    // join this one. The run is cancelled now and destroyed by a thread of its own, which
-    // joins this one once it has returned from the user's code.
-    run_->Cancel();
-    EpochRun* run = run_.release();
-    try {
-      std::thread([run] { delete run; }).detach();
-    } catch (const std::system_error&) {
-      // No thread to be had: the cancelled run is leaked rather than the process ended.
-    }
-    return;
-  }
-  // A worker stuck in user code that does not return (a hung __getitem__ after the loop gave
-  // up on it: DataLoader(timeout=)) must not hang the one dropping the epoch, nor the process
-  // at exit: the run is then destroyed by a thread of its own, once that sample has returned.
+  // The run is destroyed by a thread of its own, once its workers have returned, when
+  //  - it is dropped by user code on one of its own threads (a Python garbage collection in a
+  //    data set's __getitem__ freeing an abandoned iterator): joining the threads here would
+  //    join this one;
+  //  - a worker is stuck in user code that does not return (a hung __getitem__ after the loop
+  //    gave up on it: DataLoader(timeout=)): it must not hang the one dropping the epoch, nor
+  //    the process at exit.
+  const bool own_thread = run_->on_own_thread();
   run_->Cancel();
-  if (!run_->WorkersDone(std::chrono::milliseconds(500))) {
-    EpochRun* run = run_.release();
-    try {
-      std::thread([run] { delete run; }).detach();
-    } catch (const std::system_error&) {
-      delete run;  // no thread to be had: wait here after all
-    }
+  // Otherwise run_ is destroyed here, on this thread.
+  if (!own_thread && run_->WorkersDone(std::chrono::milliseconds(500))) return;
+  EpochRun* run = run_.release();
+  try {
+    std::thread([run] { delete run; }).detach();
+  } catch (const std::system_error&) {
+    // No thread to be had: wait here after all, unless that would join this thread (the
+    // cancelled run is then leaked rather than the process ended).
+    if (!own_thread) delete run;
   }
 }
 absl::StatusOr<Batch> Epoch::Next() { return run_->Next(); }

@@ -11,7 +11,7 @@
 // The workers are the loader's (LoaderShared::Workers): each id's loop runs on the same thread,
 // with the same WorkerState, epoch after epoch.
 //
-// Thread safety: SetThreads and Stop from any thread.
+// Thread safety: SetThreads, Stop and WaitUntilDone from any thread.
 #ifndef FEEDLINE_SRC_ENGINE_MAP_STAGE_H_
 #define FEEDLINE_SRC_ENGINE_MAP_STAGE_H_
 

@@ -32,6 +32,8 @@
 
 namespace feedline {
 
+struct WorkerThread;
+
 class WorkerPool {
  public:
   using Job = std::function<void(SampleTransform::WorkerState* state)>;
@@ -44,7 +46,7 @@ class WorkerPool {
 
   // A job given to worker `id` (Run), to wait for (Wait).
   struct Ticket {
-    std::shared_ptr<struct WorkerThread> worker;
+    std::shared_ptr<WorkerThread> worker;
     int64_t job = 0;
   };
   // Runs `job` on worker `id`'s thread (started at its first job), with its state (made there
