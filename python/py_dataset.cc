@@ -507,7 +507,7 @@ int PyTransform::AcquireProc() const {
         return int(i);
       }
     }
-    if (!any_alive || closed_.load() || stopping_.load()) return -1;
+    if (!any_alive || Stopped()) return -1;
     idle_.wait_for(lock, std::chrono::milliseconds(200));
   }
 }
@@ -539,7 +539,7 @@ absl::Status PyTransform::ApplyProcess(int64_t position, SampleWriter& out) cons
   for (int attempt = 0; attempt < 2; ++attempt) {
     const int i = AcquireProc();
     if (i < 0) {
-      if (closed_.load() || stopping_.load()) return absl::CancelledError("the loader is closed");
+      if (Stopped()) return absl::CancelledError("the loader is closed");
       return Failed(position, absl::StrCat("feedline: no worker process is running (", what, ")"));
     }
     Proc p;

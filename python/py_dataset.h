@@ -119,6 +119,8 @@ class PyTransform : public SampleTransform {
   std::atomic<double> timeout_s_{0};
   std::atomic<bool> closed_{false};
   std::atomic<bool> stopping_{false};  // StopProcesses is waiting for busy processes
+  // No new request to a process: the loader is closed, or its processes are being stopped.
+  bool Stopped() const { return closed_.load() || stopping_.load(); }
 
   // Stats.
   // Worker threads: gil_wait_ns_ waiting to take the GIL for a sample, call_ns_ in the dataset's
