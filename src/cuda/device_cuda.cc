@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -237,7 +239,7 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
       std::shared_ptr<internal::BatchSlot> slot, int64_t n) {
     DeviceGuard guard(device_);
     FEEDLINE_CUDA_RETURN(guard.status());
-    ReturnCopiedSlots();
+    ReturnCopiedSlots(/*wait_ns=*/0);
     absl::StatusOr<Buffer*> buffer = Acquire();
     if (!buffer.ok()) return buffer.status();
     Buffer* b = *buffer;
@@ -353,15 +355,26 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
  public:
   // Gives the slots whose copies are done back to the ring (the stream runs the copies in
   // order: the first one not done ends the walk). An error other than "not ready" (a dead
-  // context) keeps the rest until the stage ends. Any thread (the pool's reclaim hook).
-  void ReturnCopiedSlots() {
+  // context) keeps the rest until the stage ends. `wait_ns` > 0: while none is done, polls
+  // for up to that long (outside the lock, so that Submit goes on). Any thread (the pool's
+  // reclaim hook).
+  void ReturnCopiedSlots(int64_t wait_ns) {
     std::vector<std::shared_ptr<internal::BatchSlot>> done;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      while (!copying_.empty() && cudaEventQuery(copying_.front().ready) == cudaSuccess) {
-        done.push_back(std::move(copying_.front().slot));
-        copying_.pop_front();
+    const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(wait_ns);
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        cudaError_t e = cudaSuccess;
+        while (!copying_.empty() && (e = cudaEventQuery(copying_.front().ready)) == cudaSuccess) {
+          done.push_back(std::move(copying_.front().slot));
+          copying_.pop_front();
+        }
+        if (!done.empty() || copying_.empty() || e != cudaErrorNotReady ||
+            std::chrono::steady_clock::now() >= until) {
+          break;
+        }
       }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
     // `done` returns the slots to the pool here, outside the lock.
   }
@@ -533,7 +546,7 @@ absl::StatusOr<std::unique_ptr<CopyStage>> CopyStage::Create(
     int64_t device_bytes() const override { return s_->device_bytes(); }
     double copy_ms() const override { return s_->copy_ms(); }
     int64_t batches() const override { return s_->batches(); }
-    void ReturnCopiedSlots() override { s_->ReturnCopiedSlots(); }
+    void ReturnCopiedSlots(int64_t wait_ns) override { s_->ReturnCopiedSlots(wait_ns); }
 
    private:
     std::shared_ptr<CudaCopyStage> s_;

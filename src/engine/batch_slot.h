@@ -111,8 +111,13 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
   // How many slots the ring may own (in flight + cached free ones): the ring depth.
   void set_keep(int n);
   // Called by Acquire when no slot is free, before allocating one: a holder of slots that are
-  // no longer needed (the copy stage) gives them back. Set before the pool is used.
-  void set_reclaim(std::function<void()> reclaim) { reclaim_ = std::move(reclaim); }
+  // no longer needed (the copy stage) gives them back; with `wait_ns` > 0 (every slot the ring
+  // may own exists: the missing ones are being copied from) it waits up to that long for one.
+  // Set before the pool is used.
+  void set_reclaim(std::function<void(int64_t wait_ns)> reclaim) { reclaim_ = std::move(reclaim); }
+  // How long Acquire waits for a slot being copied from before it allocates one more: a batch's
+  // copy takes about a millisecond; a stalled device (a consumer that holds it) gets a new slot.
+  static constexpr int64_t kReclaimWaitNs = 20'000'000;
   // Allocates free slots up to `keep` now (pinned memory: when the loader is made, not in the
   // middle of training, where cudaHostAlloc synchronises). Throws std::bad_alloc as Acquire.
   void Reserve();
@@ -130,7 +135,7 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
 
   HostAllocator* const allocator_;
   const std::shared_ptr<const internal::SlotLayout> layout_;
-  std::function<void()> reclaim_;
+  std::function<void(int64_t wait_ns)> reclaim_;
   std::atomic<int64_t> allocated_{0};  // alive now
   std::atomic<int64_t> created_{0};    // ever
   std::atomic<int64_t> in_ring_{0};

@@ -70,8 +70,9 @@ class DeviceStage {
   virtual double copy_ms() const = 0;
   virtual int64_t batches() const = 0;
   // Gives the slots whose copies are done back to the ring now (the stage also does it at each
-  // Submit); the pool calls it before allocating a slot. Any thread.
-  virtual void ReturnCopiedSlots() {}
+  // Submit); the pool calls it before allocating a slot. `wait_ns` > 0: when no copy is done
+  // yet, waits up to that long for the oldest one. Any thread.
+  virtual void ReturnCopiedSlots(int64_t wait_ns) { (void)wait_ns; }
 };
 
 }  // namespace feedline

@@ -292,7 +292,7 @@ absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOpt
   if (DeviceStage* stage = shared->device_stage.get()) {
     // Slots whose copies are done come back before the ring allocates another (the stage is
     // destroyed after the threads that acquire slots have stopped).
-    shared->pool->set_reclaim([stage] { stage->ReturnCopiedSlots(); });
+    shared->pool->set_reclaim([stage](int64_t wait_ns) { stage->ReturnCopiedSlots(wait_ns); });
   }
 
   // Resolve "auto" once. Transforms are CPU-bound: one worker per core. Reads of local files
