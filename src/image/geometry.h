@@ -6,9 +6,10 @@
 // fallback) with feedline's counter-based generator. `EvalGeometry` reproduces
 // `Resize(resize_size)` (shorter side) + `CenterCrop(size)`.
 //
-// Resampling uses OpenCV's imgproc: area averaging when shrinking (antialiased, as PIL's
-// bilinear filter is in torchvision), bilinear when enlarging, one axis at a time when the two
-// axes go different ways.
+// Resampling uses OpenCV's imgproc: area averaging when shrinking by more than
+// kBilinearShrinkMax (antialiased, as PIL's bilinear filter is in torchvision), bilinear below
+// that and when enlarging (train: bilinear.h's, straight into the slot), one axis at a time
+// when the two axes go different ways.
 #ifndef FEEDLINE_SRC_IMAGE_GEOMETRY_H_
 #define FEEDLINE_SRC_IMAGE_GEOMETRY_H_
 
@@ -18,6 +19,7 @@
 
 #include "feedline/options.h"
 #include "feedline/random.h"
+#include "image/bilinear.h"
 #include "image/decoder.h"
 #include "image/pil_resample.h"
 
@@ -43,6 +45,7 @@ EvalGeometry ComputeEvalGeometry(int width, int height, int resize_size, int siz
 struct ResampleScratch {
   std::vector<uint8_t> a, b;
   PilScratch pil;
+  BilinearScratch bilinear;
 };
 
 // Resamples the original-image rectangle `src` (as covered by `region`) to out_w x out_h and

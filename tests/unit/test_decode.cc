@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <opencv2/core.hpp>
+#include <opencv2/imgproc.hpp>
 #include <string>
 #include <vector>
 
 #include "feedline/random.h"
+#include "image/bilinear.h"
 #include "image/decoder.h"
 #include "image/geometry.h"
 #include "image/pil_resample.h"
@@ -164,6 +167,78 @@ TEST_CASE("broken input gives a clear error, never a crash", "[decode]") {
     REQUIRE(absl::IsResourceExhausted(r.status()));
     REQUIRE(std::string(r.status().message()).find("60000x60000") != std::string::npos);
   }
+}
+
+TEST_CASE("the train resampler: OpenCV's bilinear within a level, SIMD and plain loops alike",
+          "[decode]") {
+  // Against OpenCV's INTER_LINEAR (11-bit weights, one rounding) on noise, the worst case for
+  // 7-bit weights and a rounding per pass; mirrored output against OpenCV's, flipped.
+  feedline::SampleRng rng(11, 0, 0, 0);
+  feedline::BilinearScratch scratch;
+  double worst_mean = 0;
+  int worst = 0;
+  for (int trial = 0; trial < 80; ++trial) {
+    const int ow = 8 + int(rng.Below(300)), oh = 1 + int(rng.Below(300));
+    // Up to the largest shrink it takes, and enlargements down to a few pixels.
+    const int sw = std::max(1, int(ow * (0.05 + 1.7 * rng.Uniform())));
+    const int sh = std::max(1, int(oh * (0.05 + 1.7 * rng.Uniform())));
+    const bool flip = rng.Below(2) == 1;
+    // A window of a wider image (stride > width), as a decoded region's crop is.
+    const int pad = int(rng.Below(5));
+    cv::Mat whole(sh, sw + pad, CV_8UC3);
+    for (int y = 0; y < sh; ++y) {
+      for (int x = 0; x < (sw + pad) * 3; ++x) whole.ptr<uint8_t>(y)[x] = uint8_t(rng.Below(256));
+    }
+    const cv::Mat src = whole(cv::Rect(pad, 0, sw, sh));
+    INFO(sw << "x" << sh << " -> " << ow << "x" << oh << (flip ? " mirrored" : ""));
+    const size_t plane = size_t(ow) * oh;
+    std::vector<uint8_t> simd(3 * plane), plain(3 * plane), nhwc(3 * plane);
+    REQUIRE(feedline::BilinearResize(src.data, sw, sh, src.step, ow, oh, flip, /*planar=*/true,
+                                     simd.data(), &scratch));
+    feedline::SetBilinearSimd(false);
+    REQUIRE(feedline::BilinearResize(src.data, sw, sh, src.step, ow, oh, flip, /*planar=*/true,
+                                     plain.data(), &scratch));
+    feedline::SetBilinearSimd(rng.Below(2) == 1);  // NHWC: the same values, either way
+    REQUIRE(feedline::BilinearResize(src.data, sw, sh, src.step, ow, oh, flip, /*planar=*/false,
+                                     nhwc.data(), &scratch));
+    feedline::SetBilinearSimd(true);
+    REQUIRE(simd == plain);
+    std::vector<uint8_t> nhwc_of_simd(3 * plane);
+    for (size_t i = 0; i < plane; ++i) {
+      for (int c = 0; c < 3; ++c) nhwc_of_simd[3 * i + c] = simd[c * plane + i];
+    }
+    REQUIRE(nhwc == nhwc_of_simd);
+
+    cv::Mat ref(oh, ow, CV_8UC3);
+    cv::resize(src, ref, ref.size(), 0, 0, cv::INTER_LINEAR);
+    if (flip) cv::flip(ref, ref, 1);
+    double sum = 0;
+    int most = 0;
+    for (int y = 0; y < oh; ++y) {
+      for (int x = 0; x < ow; ++x) {
+        for (int c = 0; c < 3; ++c) {
+          const int d = std::abs(int(simd[c * plane + size_t(y) * ow + x]) -
+                                 int(ref.ptr<uint8_t>(y)[3 * x + c]));
+          sum += d;
+          most = std::max(most, d);
+        }
+      }
+    }
+    const double mean = sum / double(3 * plane);
+    CHECK(most <= 2);
+    CHECK(mean < 0.5);
+    worst = std::max(worst, most);
+    worst_mean = std::max(worst_mean, mean);
+  }
+  SUCCEED("against OpenCV: worst mean |diff| " << worst_mean << ", worst pixel " << worst);
+
+  // What it does not take is left to the caller, untouched.
+  std::vector<uint8_t> src(400 * 400 * 3, 7), out(3 * 224 * 224, 1);
+  REQUIRE_FALSE(feedline::BilinearResize(src.data(), 400, 400, 1200, 224, 224, false, true,
+                                         out.data(), &scratch));  // shrink 1.79
+  REQUIRE_FALSE(feedline::BilinearResize(src.data(), 10, 10, 30, 7, 7, false, false, out.data(),
+                                         &scratch));  // narrower than a block
+  REQUIRE(std::count(out.begin(), out.end(), 1) == long(out.size()));
 }
 
 TEST_CASE("Pillow's filter: the SIMD and plain passes give the same bytes, windows included",
