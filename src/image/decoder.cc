@@ -213,6 +213,14 @@ absl::StatusOr<DecodedRegion> ImageDecoder::Decode(const uint8_t* data, size_t s
         break;
       }
     }
+    if (dct_scaling_ == DctScaling::kEighths && simd_scale_min_fraction_ < 1.0 &&
+        (num == 3 || num >= 5) && num < 8) {
+      const unsigned simd = num == 3 ? 2 : 4;  // the largest SIMD scale below
+      if (rw * simd / 8 >= simd_scale_min_fraction_ * min_w &&
+          rh * simd / 8 >= simd_scale_min_fraction_ * min_h) {
+        num = simd;
+      }
+    }
     // libjpeg-turbo's SIMD IDCTs are for 8/8, 4/8, 2/8 and 1/8. At 6/8 and 7/8 the luma
     // blocks go through C IDCTs, and the chroma ones (4:2:0) through 12x12 and 14x14 ones, as
     // it scales chroma up in the IDCT rather than upsampling: decoding a train crop there

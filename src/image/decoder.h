@@ -3,8 +3,9 @@
 //
 // JPEGs are decoded only as far as the caller needs: the region of interest
 // (`jpeg_crop_scanline` for columns, `jpeg_skip_scanlines` for rows above it, stopping after
-// its last row) at the smallest DCT scale (1/8, 1/4, 1/2, 1) that still leaves at least the
-// requested pixels for that region. Output is always RGB (grayscale and CMYK/YCCK converted).
+// its last row) at the smallest DCT scale (n/8) that still leaves at least the requested pixels
+// for that region, with exceptions for the scales libjpeg-turbo has no SIMD IDCTs for (below).
+// Output is always RGB (grayscale and CMYK/YCCK converted).
 //
 // Thread safety: an `ImageDecoder` is used by one thread at a time (each decoder worker owns
 // one); it keeps its buffers between calls so that the hot path does not allocate.
@@ -50,14 +51,21 @@ enum class DctScaling { kNone, kPowersOfTwo, kEighths };
 
 // The largest shrink that the train (and fast eval) resampler does bilinearly (geometry.cc,
 // bilinear.h); above it, area averaging. Bilinear without antialiasing skips detail beyond
-// ~1.5x; at 1.75 train's mean difference from torchvision rose from 0.53 to 0.57 levels (224)
-// and eval_fast's from 0.88 to 0.92 (64/72, real-world files), for ~4% of train's CPU.
+// ~1.5x; at 1.75 train's mean difference from torchvision rose from 0.53 to 0.57 levels (224;
+// 0.54 with its 4/8-for-5/8 decodes since) and eval_fast's from 0.88 to 0.92 (64/72, real-world
+// files), for ~4% of train's CPU.
 inline constexpr double kBilinearShrinkMax = 1.75;
 
 class ImageDecoder {
  public:
   ImageDecoder();
   void set_dct_scaling(DctScaling s) { dct_scaling_ = s; }
+  // With kEighths: a decode at 4/8 or 2/8 (SIMD IDCTs) may leave the region down to `fraction`
+  // of min_w x min_h rather than take 3/8, 5/8, 6/8 or 7/8 (C IDCTs, chroma scaled up in the
+  // IDCT: a 358-448 pixel crop of the bundled photos decoded at 5/8 in 1.30 ms, at 4/8 in
+  // 1.02 ms); the resampler then enlarges by up to 1 / fraction. 1 (the default): never below
+  // the request.
+  void set_simd_scale_min_fraction(double fraction) { simd_scale_min_fraction_ = fraction; }
   // Decode despite corrupt data (libjpeg's corrupt-data warnings, PNG CRC errors) and JPEGs that
   // end early (the rest grey, as PIL's LOAD_TRUNCATED_IMAGES) instead of failing: off by
   // default.
@@ -90,6 +98,7 @@ class ImageDecoder {
   // Eighths (with 8/8 for 6/8 and 7/8, see Decode): powers of two only took 1.05-1.10 ms
   // CPU/image against 1.02-1.04 (feedline-bench, 3 runs each): larger regions for the resize.
   DctScaling dct_scaling_ = DctScaling::kEighths;
+  double simd_scale_min_fraction_ = 1.0;
   bool accept_corrupt_ = false;
   std::vector<uint8_t> pixels_;
 };

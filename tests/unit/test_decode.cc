@@ -76,6 +76,39 @@ TEST_CASE("ROI + DCT-scaled decode matches full decode + crop + resize", "[decod
                                                   << " dB");
 }
 
+TEST_CASE("train's decoder takes a SIMD scale (4/8, 2/8) that leaves 80% over a C one",
+          "[decode]") {
+  // (side, the scale taken by default, with a 0.8 fraction), for the whole image at 224.
+  struct Case {
+    int side;
+    double plain, simd;
+  };
+  for (const Case c : {Case{400, 5.0 / 8, 4.0 / 8},     // 4/8: 200 pixels, 0.89 of 224
+                       Case{360, 5.0 / 8, 4.0 / 8},     // 180: 0.80
+                       Case{340, 1.0, 1.0},             // 6/8, taken at 8/8; 4/8: 0.76
+                       Case{720, 3.0 / 8, 2.0 / 8},     // 2/8: 180
+                       Case{640, 3.0 / 8, 3.0 / 8}}) {  // 2/8: 160, 0.71
+    const std::string jpeg = t::PhotoJpeg(c.side, c.side, 5, 90);
+    const Rect all{0, 0, double(c.side), double(c.side)};
+    INFO(c.side << " x " << c.side);
+    ImageDecoder plain, simd;
+    simd.set_simd_scale_min_fraction(0.8);
+    auto a = plain.Decode(U8(jpeg), jpeg.size(), all, 224, 224, kMaxPixels);
+    auto b = simd.Decode(U8(jpeg), jpeg.size(), all, 224, 224, kMaxPixels);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    CHECK(a->scale_x == Approx(c.plain));
+    CHECK(b->scale_x == Approx(c.simd));
+    // Enlarged from the smaller decode, still close to the full decode's resize.
+    std::vector<uint8_t> out(size_t(224) * 224 * 3);
+    feedline::ResampleScratch scratch;
+    feedline::ResampleInto(*b, all, 224, 224, false, Layout::kNHWC, out.data(), &scratch);
+    ImageDecoder ref_decoder;
+    const std::vector<uint8_t> ref = Reference(ref_decoder, jpeg, all, 224);
+    CHECK(t::Psnr(out.data(), ref.data(), out.size()) > 24.0);
+  }
+}
+
 TEST_CASE("progressive and baseline encodings decode alike", "[decode]") {
   ImageDecoder d;
   const std::string base = t::PhotoJpeg(301, 203, 5, 90, false, false);
