@@ -36,10 +36,12 @@ int PyRound(double v) { return static_cast<int>(PyRound64(v)); }
 //    PIL's filters are);
 //  * shrinking by less, or enlarging: bilinear, 5-7x faster than OpenCV's area averaging at
 //    fractional ratios; ResampleInto (train) through BilinearResize (bilinear.h), 2.5x faster
-//    than OpenCV's bilinear and writing the slot's layout directly. The decoder's DCT scaling (eighths) leaves the crop less than 8/7 larger
-//    than the output, or up to kBilinearShrinkMax where it decodes at 8/8 instead of 6/8 or 7/8;
-//    there bilinear aliases no more than PIL's triangle filter blurs (measured against
-//    torchvision in tests/python/test_eval.py and test_train_transform.py).
+//    than OpenCV's bilinear and writing the slot's layout directly. The decoder's DCT scaling
+//    (eighths) leaves the crop less than 8/7 larger than the output; up to kBilinearShrinkMax
+//    larger where it decodes at 8/8 instead of 6/8 or 7/8; down to 0.8 of it where train
+//    decodes at 4/8 instead of 5/8 (decoder.h). There bilinear aliases no more than PIL's
+//    triangle filter blurs (measured against torchvision in tests/python/test_eval.py and
+//    test_train_transform.py).
 // When the axes disagree (one shrinks a lot, the other not), x then y in two passes.
 int FilterFor(int from, int to) {
   return double(from) > kBilinearShrinkMax * double(to) ? cv::INTER_AREA : cv::INTER_LINEAR;

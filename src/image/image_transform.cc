@@ -23,7 +23,7 @@ Schema MakeSchema(const ImageTransformConfig& c) {
 
 // Train decodes at 4/8 (2/8) rather than 5/8, 6/8 or 7/8 (3/8) when that leaves at least this
 // much of the output size, then enlarges by up to 1.25x: 22% less decode time for those crops
-// (7.5% of the bundled set's draws: -285 us each, ~2.8% of train's CPU), and closer to
+// (7.5% of the bundled set's draws: -285 us each, ~2.5% of train's CPU), and closer to
 // torchvision, whose antialiased shrink keeps little more detail than the DCT's own reduction
 // (mean |difference| on the whole-image boxes 0.57 -> 0.54 levels at 224).
 constexpr double kTrainSimdScaleMinFraction = 0.8;
