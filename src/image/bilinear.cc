@@ -39,9 +39,8 @@ Tap SampleAt(int d, double scale, int in_size) {
 // is (p[s[2i]] * w[2i] + p[s[2i+1]] * w[2i+1] + 64) >> 7. A whole input gets (64, 64) on itself:
 // pmaddubsw's weight byte is signed, so 128 does not fit. False when a block needs more than 16
 // inputs.
-bool HorizontalTables(int in_w, int out_w, bool flip, BilinearScratch* s) {
+bool HorizontalTables(int in_w, double scale, int out_w, bool flip, BilinearScratch* s) {
   const int blocks = (out_w + 7) / 8;
-  const double scale = double(in_w) / double(out_w);
   s->base.resize(size_t(blocks));
   s->shuffle.resize(size_t(blocks) * 16);
   s->weights.resize(size_t(blocks) * 16);
@@ -75,6 +74,17 @@ bool HorizontalTables(int in_w, int out_w, bool flip, BilinearScratch* s) {
 void VerticalScalar(const uint8_t* r0, const uint8_t* r1, int w1, size_t n, uint8_t* out) {
   const int w0 = kOne - w1;
   for (size_t i = 0; i < n; ++i) out[i] = uint8_t((r0[i] * w0 + r1[i] * w1 + kHalf) >> kWeightBits);
+}
+
+// The 2:1 box pre-average of an axis that shrinks more than kBilinearMaxShrink: rounded up, as
+// pavgb rounds.
+void AverageRowsScalar(const uint8_t* r0, const uint8_t* r1, size_t n, uint8_t* out) {
+  for (size_t i = 0; i < n; ++i) out[i] = uint8_t((r0[i] + r1[i] + 1) >> 1);
+}
+
+// p[j] = average of p[2j] and p[2j + 1], j < w / 2, in place.
+void HalvePlaneScalar(uint8_t* p, int w) {
+  for (int j = 0; j < w / 2; ++j) p[j] = uint8_t((p[2 * j] + p[2 * j + 1] + 1) >> 1);
 }
 
 void SplitScalar(const uint8_t* rgb, int w, uint8_t* p0, uint8_t* p1, uint8_t* p2) {
@@ -201,6 +211,33 @@ __attribute__((target("avx2"))) void MergeAvx2(const uint8_t* p0, const uint8_t*
   MergeScalar(p0 + x, p1 + x, p2 + x, w - x, rgb + 3 * x);
 }
 
+__attribute__((target("avx2"))) void AverageRowsAvx2(const uint8_t* r0, const uint8_t* r1, size_t n,
+                                                     uint8_t* out) {
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + i));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_avg_epu8(a, b));
+  }
+  AverageRowsScalar(r0 + i, r1 + i, n - i, out + i);
+}
+
+__attribute__((target("avx2"))) void HalvePlaneAvx2(uint8_t* p, int w) {
+  const __m256i ones = _mm256_set1_epi8(1);
+  const __m256i one16 = _mm256_set1_epi16(1);
+  int j = 0;
+  // 32 inputs -> 16 outputs; the outputs land at or before the inputs already read.
+  for (; 2 * j + 32 <= w; j += 16) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * j));
+    __m256i sums = _mm256_maddubs_epi16(v, ones);  // p[2j] + p[2j+1], 16-bit
+    sums = _mm256_srli_epi16(_mm256_add_epi16(sums, one16), 1);
+    const __m128i packed =
+        _mm_packus_epi16(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p + j), packed);
+  }
+  for (; j < w / 2; ++j) p[j] = uint8_t((p[2 * j] + p[2 * j + 1] + 1) >> 1);
+}
+
 __attribute__((target("avx2"))) void HorizontalAvx2(const uint8_t* plane, int out_w,
                                                     const BilinearScratch& s, uint8_t* out) {
   const int blocks = int(s.base.size());
@@ -226,6 +263,26 @@ bool UseAvx2() {
 bool UseAvx2() { return false; }
 #endif
 
+// The passes, plain or SIMD, chosen once per call.
+struct Passes {
+  void (*vertical)(const uint8_t*, const uint8_t*, int, size_t, uint8_t*);
+  void (*average_rows)(const uint8_t*, const uint8_t*, size_t, uint8_t*);
+  void (*split)(const uint8_t*, int, uint8_t*, uint8_t*, uint8_t*);
+  void (*halve)(uint8_t*, int);
+  void (*horizontal)(const uint8_t*, int, const BilinearScratch&, uint8_t*);
+  void (*merge)(const uint8_t*, const uint8_t*, const uint8_t*, int, uint8_t*);
+};
+Passes PickPasses() {
+#ifdef FEEDLINE_BILINEAR_X86
+  if (UseAvx2()) {
+    return Passes{&VerticalAvx2,   &AverageRowsAvx2, &SplitAvx2,
+                  &HalvePlaneAvx2, &HorizontalAvx2,  &MergeAvx2};
+  }
+#endif
+  return Passes{&VerticalScalar,   &AverageRowsScalar, &SplitScalar,
+                &HalvePlaneScalar, &HorizontalScalar,  &MergeScalar};
+}
+
 }  // namespace
 
 void SetBilinearSimd(bool enabled) { g_simd.store(enabled, std::memory_order_relaxed); }
@@ -233,50 +290,58 @@ void SetBilinearSimd(bool enabled) { g_simd.store(enabled, std::memory_order_rel
 bool BilinearResize(const uint8_t* src, int src_w, int src_h, size_t stride, int out_w, int out_h,
                     bool flip, bool planar, uint8_t* dst, BilinearScratch* s) {
   if (out_w < 8 || out_h < 1 || src_w < 1 || src_h < 1) return false;
-  if (double(src_w) > kBilinearMaxShrink * out_w || double(src_h) > kBilinearMaxShrink * out_h) {
+  const double shrink_x = double(src_w) / out_w, shrink_y = double(src_h) / out_h;
+  if (shrink_x > 2 * kBilinearMaxShrink || shrink_y > 2 * kBilinearMaxShrink) return false;
+  // An axis that shrinks more than kBilinearMaxShrink is first averaged 2:1 (a box filter):
+  // bilinear alone would skip inputs there.
+  const bool halve_x = shrink_x > kBilinearMaxShrink, halve_y = shrink_y > kBilinearMaxShrink;
+  const int in_w = halve_x ? src_w / 2 : src_w, in_h = halve_y ? src_h / 2 : src_h;
+  if (!HorizontalTables(in_w, double(src_w) / (halve_x ? 2.0 : 1.0) / out_w, out_w, flip, s)) {
     return false;
   }
-  if (!HorizontalTables(src_w, out_w, flip, s)) return false;
-  const bool simd = UseAvx2();
+  const Passes passes = PickPasses();
   const size_t n = size_t(src_w) * 3;
   // Each input plane row is padded so that a block's 16-byte load past its inputs stays inside.
   const size_t in_stride = size_t(src_w) + 16;
-  s->row.resize(n);
+  s->row.resize(n * (halve_y ? 3 : 1));
   s->planes.resize(3 * in_stride + (planar ? 0 : 3 * size_t(out_w)));
   uint8_t* in[3] = {s->planes.data(), s->planes.data() + in_stride,
                     s->planes.data() + 2 * in_stride};
+  uint8_t* blend = s->row.data();
+  uint8_t* half0 = halve_y ? blend + n : nullptr;
+  uint8_t* half1 = halve_y ? blend + 2 * n : nullptr;
   // Output rows: planar, straight into dst's planes; interleaved, through three plane rows.
   const size_t plane_size = planar ? size_t(out_w) * size_t(out_h) : 0;
   uint8_t* merge_from = s->planes.data() + 3 * in_stride;
-  const double scale_y = double(src_h) / double(out_h);
+  const double scale_y = double(src_h) / (halve_y ? 2.0 : 1.0) / out_h;
   for (int y = 0; y < out_h; ++y) {
-    const Tap t = SampleAt(y, scale_y, src_h);
+    const Tap t = SampleAt(y, scale_y, in_h);
+    // The two input rows (of the 2:1 averaged image when halve_y).
     const uint8_t* r0 = src + size_t(t.k) * stride;
+    const uint8_t* r1 = t.w1 > 0 ? r0 + stride : nullptr;
+    if (halve_y) {
+      const uint8_t* top = src + size_t(2 * t.k) * stride;
+      passes.average_rows(top, top + stride, n, half0);
+      r0 = half0;
+      if (t.w1 > 0) {
+        passes.average_rows(top + 2 * stride, top + 3 * stride, n, half1);
+        r1 = half1;
+      }
+    }
     const uint8_t* rgb = r0;  // a whole row needs no blend
+    if (t.w1 > 0) {
+      passes.vertical(r0, r1, t.w1, n, blend);
+      rgb = blend;
+    }
+    passes.split(rgb, src_w, in[0], in[1], in[2]);
     uint8_t* out[3];
     for (int c = 0; c < 3; ++c) {
       out[c] = planar ? dst + c * plane_size + size_t(y) * size_t(out_w)
                       : merge_from + size_t(c) * size_t(out_w);
+      if (halve_x) passes.halve(in[c], src_w);
+      passes.horizontal(in[c], out_w, *s, out[c]);
     }
-#ifdef FEEDLINE_BILINEAR_X86
-    if (simd) {
-      if (t.w1 > 0) {
-        VerticalAvx2(r0, r0 + stride, t.w1, n, s->row.data());
-        rgb = s->row.data();
-      }
-      SplitAvx2(rgb, src_w, in[0], in[1], in[2]);
-      for (int c = 0; c < 3; ++c) HorizontalAvx2(in[c], out_w, *s, out[c]);
-      if (!planar) MergeAvx2(out[0], out[1], out[2], out_w, dst + size_t(y) * out_w * 3);
-      continue;
-    }
-#endif
-    if (t.w1 > 0) {
-      VerticalScalar(r0, r0 + stride, t.w1, n, s->row.data());
-      rgb = s->row.data();
-    }
-    SplitScalar(rgb, src_w, in[0], in[1], in[2]);
-    for (int c = 0; c < 3; ++c) HorizontalScalar(in[c], out_w, *s, out[c]);
-    if (!planar) MergeScalar(out[0], out[1], out[2], out_w, dst + size_t(y) * out_w * 3);
+    if (!planar) passes.merge(out[0], out[1], out[2], out_w, dst + size_t(y) * out_w * 3);
   }
   return true;
 }

@@ -230,7 +230,7 @@ absl::StatusOr<DecodedRegion> ImageDecoder::Decode(const uint8_t* data, size_t s
     // With the bilinear limit at 1.75 rather than 1.5, this took a train epoch of the bundled
     // set from 0.90x to 0.93x of the 1/8-scale floor (decode + resample, one thread).
     if (dct_scaling_ == DctScaling::kEighths && (num == 6 || num == 7) &&
-        rw <= kBilinearShrinkMax * min_w && rh <= kBilinearShrinkMax * min_h) {
+        rw <= cheap_shrink_max_ * min_w && rh <= cheap_shrink_max_ * min_h) {
       num = 8;
     }
   }

@@ -51,9 +51,8 @@ enum class DctScaling { kNone, kPowersOfTwo, kEighths };
 
 // The largest shrink that the train (and fast eval) resampler does bilinearly (geometry.cc,
 // bilinear.h); above it, area averaging. Bilinear without antialiasing skips detail beyond
-// ~1.5x; at 1.75 train's mean difference from torchvision rose from 0.53 to 0.57 levels (224;
-// 0.54 with its 4/8-for-5/8 decodes since) and eval_fast's from 0.88 to 0.92 (64/72, real-world
-// files), for ~4% of train's CPU.
+// ~1.5x; at 1.75 train's mean difference from torchvision rose from 0.53 to 0.57 levels (224)
+// and eval_fast's from 0.88 to 0.92 (64/72, real-world files), for ~4% of train's CPU.
 inline constexpr double kBilinearShrinkMax = 1.75;
 
 class ImageDecoder {
@@ -66,6 +65,10 @@ class ImageDecoder {
   // 1.02 ms); the resampler then enlarges by up to 1 / fraction. 1 (the default): never below
   // the request.
   void set_simd_scale_min_fraction(double fraction) { simd_scale_min_fraction_ = fraction; }
+  // The largest shrink the caller's resampler does cheaply (default kBilinearShrinkMax): a
+  // region that would decode at 6/8 or 7/8 decodes at 8/8 when it shrinks no more than this
+  // from there (train's resampler takes 3.5x: its 2:1 box pass first).
+  void set_cheap_shrink_max(double shrink) { cheap_shrink_max_ = shrink; }
   // Decode despite corrupt data (libjpeg's corrupt-data warnings, PNG CRC errors) and JPEGs that
   // end early (the rest grey, as PIL's LOAD_TRUNCATED_IMAGES) instead of failing: off by
   // default.
@@ -99,6 +102,7 @@ class ImageDecoder {
   // CPU/image against 1.02-1.04 (feedline-bench, 3 runs each): larger regions for the resize.
   DctScaling dct_scaling_ = DctScaling::kEighths;
   double simd_scale_min_fraction_ = 1.0;
+  double cheap_shrink_max_ = kBilinearShrinkMax;
   bool accept_corrupt_ = false;
   std::vector<uint8_t> pixels_;
 };

@@ -38,10 +38,10 @@ int PyRound(double v) { return static_cast<int>(PyRound64(v)); }
 //    fractional ratios; ResampleInto (train) through BilinearResize (bilinear.h), 2.5x faster
 //    than OpenCV's bilinear and writing the slot's layout directly. The decoder's DCT scaling
 //    (eighths) leaves the crop less than 8/7 larger than the output; up to kBilinearShrinkMax
-//    larger where it decodes at 8/8 instead of 6/8 or 7/8; down to 0.8 of it where train
-//    decodes at 4/8 instead of 5/8 (decoder.h). There bilinear aliases no more than PIL's
-//    triangle filter blurs (measured against torchvision in tests/python/test_eval.py and
-//    test_train_transform.py).
+//    larger where it decodes at 8/8 instead of 6/8 or 7/8 (train: up to twice that, through
+//    BilinearResize's 2:1 box); down to 0.8 of it where train decodes at 4/8 instead of 5/8
+//    (decoder.h). There bilinear aliases no more than PIL's triangle filter blurs (measured
+//    against torchvision in tests/python/test_eval.py and test_train_transform.py).
 // When the axes disagree (one shrinks a lot, the other not), x then y in two passes.
 int FilterFor(int from, int to) {
   return double(from) > kBilinearShrinkMax * double(to) ? cv::INTER_AREA : cv::INTER_LINEAR;
@@ -200,9 +200,9 @@ void ResampleInto(const DecodedRegion& region, const Rect& src, int out_w, int o
   x1 = std::clamp(x1, x0 + 1, region.width);
   y1 = std::clamp(y1, y0 + 1, region.height);
   cv::Mat roi = RegionMat(region)(cv::Rect(x0, y0, x1 - x0, y1 - y0));
-  if (FilterFor(roi.cols, out_w) == cv::INTER_LINEAR &&
-      FilterFor(roi.rows, out_h) == cv::INTER_LINEAR &&
-      BilinearResize(roi.data, roi.cols, roi.rows, roi.step, out_w, out_h, flip,
+  // Shrinks up to 2 x kBilinearMaxShrink (bilinear.h: 2:1 box averaging first beyond
+  // kBilinearMaxShrink); OpenCV's area averaging beyond.
+  if (BilinearResize(roi.data, roi.cols, roi.rows, roi.step, out_w, out_h, flip,
                      layout == Layout::kNCHW, dst, &scratch->bilinear)) {
     return;
   }
