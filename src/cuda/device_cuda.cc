@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>

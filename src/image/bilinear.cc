@@ -76,7 +76,7 @@ void VerticalScalar(const uint8_t* r0, const uint8_t* r1, int w1, size_t n, uint
   for (size_t i = 0; i < n; ++i) out[i] = uint8_t((r0[i] * w0 + r1[i] * w1 + kHalf) >> kWeightBits);
 }
 
-// The 2:1 box pre-average of an axis that shrinks more than kBilinearMaxShrink: rounded up, as
+// The 2:1 box pre-average of an axis that shrinks more than kBilinearShrinkMax: rounded up, as
 // pavgb rounds.
 void AverageRowsScalar(const uint8_t* r0, const uint8_t* r1, size_t n, uint8_t* out) {
   for (size_t i = 0; i < n; ++i) out[i] = uint8_t((r0[i] + r1[i] + 1) >> 1);
@@ -291,10 +291,10 @@ bool BilinearResize(const uint8_t* src, int src_w, int src_h, size_t stride, int
                     bool flip, bool planar, uint8_t* dst, BilinearScratch* s) {
   if (out_w < 8 || out_h < 1 || src_w < 1 || src_h < 1) return false;
   const double shrink_x = double(src_w) / out_w, shrink_y = double(src_h) / out_h;
-  if (shrink_x > 2 * kBilinearMaxShrink || shrink_y > 2 * kBilinearMaxShrink) return false;
-  // An axis that shrinks more than kBilinearMaxShrink is first averaged 2:1 (a box filter):
+  if (shrink_x > 2 * kBilinearShrinkMax || shrink_y > 2 * kBilinearShrinkMax) return false;
+  // An axis that shrinks more than kBilinearShrinkMax is first averaged 2:1 (a box filter):
   // bilinear alone would skip inputs there.
-  const bool halve_x = shrink_x > kBilinearMaxShrink, halve_y = shrink_y > kBilinearMaxShrink;
+  const bool halve_x = shrink_x > kBilinearShrinkMax, halve_y = shrink_y > kBilinearShrinkMax;
   const int in_w = halve_x ? src_w / 2 : src_w, in_h = halve_y ? src_h / 2 : src_h;
   if (!HorizontalTables(in_w, double(src_w) / (halve_x ? 2.0 : 1.0) / out_w, out_w, flip, s)) {
     return false;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "image/bilinear.h"  // kBilinearShrinkMax
 #include "image/formats.h"
 
 namespace feedline {
@@ -48,12 +49,6 @@ struct DecodedRegion {
 // and 1/8 only; the other eighths (3/8 ... 7/8) use C IDCTs but leave fewer pixels to colour-
 // convert and resample.
 enum class DctScaling { kNone, kPowersOfTwo, kEighths };
-
-// The largest shrink that the train (and fast eval) resampler does bilinearly (geometry.cc,
-// bilinear.h); above it, area averaging. Bilinear without antialiasing skips detail beyond
-// ~1.5x; at 1.75 train's mean difference from torchvision rose from 0.53 to 0.57 levels (224)
-// and eval_fast's from 0.88 to 0.92 (64/72, real-world files), for ~4% of train's CPU.
-inline constexpr double kBilinearShrinkMax = 1.75;
 
 class ImageDecoder {
  public:

@@ -32,7 +32,7 @@ int64_t PyRound64(double v) {
 int PyRound(double v) { return static_cast<int>(PyRound64(v)); }
 
 // Resamples `src` to exactly `dst`'s size, one filter per axis direction:
-//  * shrinking by more than kBilinearShrinkMax (decoder.h): area averaging (antialiased, as
+//  * shrinking by more than kBilinearShrinkMax (bilinear.h): area averaging (antialiased, as
 //    PIL's filters are);
 //  * shrinking by less, or enlarging: bilinear, 5-7x faster than OpenCV's area averaging at
 //    fractional ratios; ResampleInto (train) through BilinearResize (bilinear.h), 2.5x faster
@@ -200,8 +200,8 @@ void ResampleInto(const DecodedRegion& region, const Rect& src, int out_w, int o
   x1 = std::clamp(x1, x0 + 1, region.width);
   y1 = std::clamp(y1, y0 + 1, region.height);
   cv::Mat roi = RegionMat(region)(cv::Rect(x0, y0, x1 - x0, y1 - y0));
-  // Shrinks up to 2 x kBilinearMaxShrink (bilinear.h: 2:1 box averaging first beyond
-  // kBilinearMaxShrink); OpenCV's area averaging beyond.
+  // Shrinks up to 2 x kBilinearShrinkMax (bilinear.h: 2:1 box averaging first beyond
+  // kBilinearShrinkMax); OpenCV's area averaging beyond.
   if (BilinearResize(roi.data, roi.cols, roi.rows, roi.step, out_w, out_h, flip,
                      layout == Layout::kNCHW, dst, &scratch->bilinear)) {
     return;

@@ -256,7 +256,7 @@ TEST_CASE("the train resampler: OpenCV's bilinear within two levels, SIMD and pl
   };
 
   // Bilinear range: against OpenCV's INTER_LINEAR (11-bit weights, one rounding) on noise, the
-  // worst case for 7-bit weights and a rounding per pass; shrinks up to kBilinearMaxShrink and
+  // worst case for 7-bit weights and a rounding per pass; shrinks up to kBilinearShrinkMax and
   // enlargements down to a few pixels; mirrored output against OpenCV's, flipped.
   double worst_mean = 0;
   int worst = 0;
@@ -280,7 +280,7 @@ TEST_CASE("the train resampler: OpenCV's bilinear within two levels, SIMD and pl
   SUCCEED("against OpenCV's bilinear: worst mean |diff| " << worst_mean << ", worst pixel "
                                                           << worst);
 
-  // Beyond kBilinearMaxShrink on an axis (up to twice it): a 2:1 box average first, then
+  // Beyond kBilinearShrinkMax on an axis (up to twice it): a 2:1 box average first, then
   // bilinear. Against OpenCV's area averaging, on smooth content (blurred noise): what matters
   // is that the sample positions are right (half a pixel off shows as several levels here).
   worst_mean = 0;
@@ -288,8 +288,8 @@ TEST_CASE("the train resampler: OpenCV's bilinear within two levels, SIMD and pl
     const int ow = 8 + int(rng.Below(250)), oh = 1 + int(rng.Below(250));
     const bool big_x = trial % 3 != 1, big_y = trial % 3 != 0;
     auto side = [&](int out, bool big) {
-      const double s = big ? feedline::kBilinearMaxShrink +
-                                 rng.Uniform() * (2 * feedline::kBilinearMaxShrink - 1.76)
+      const double s = big ? feedline::kBilinearShrinkMax +
+                                 rng.Uniform() * (2 * feedline::kBilinearShrinkMax - 1.76)
                            : 0.5 + rng.Uniform();
       return std::max(1, int(out * s));
     };
