@@ -17,7 +17,10 @@
 // neighbours with pmaddubsw): train's crops whose long side would shrink 1.75-2.3x at 8/8
 // decode there instead of at 6/8 with C IDCTs (1.06 ms against 1.29 ms for those crops, decode
 // and resample). Larger shrinks (and windows narrower than 8 outputs) are left to the caller
-// (`BilinearResize` returns false).
+// (`BilinearResize` returns false). The 2:1 pass averages pairs, so an odd window's last row
+// or column has no pair and is left out; the sample positions stay those of the whole window
+// (scale src / out), clamped to the averaged image's last pixel there: the output moves by at
+// most half a source pixel at that edge.
 //
 // Thread safety: pure functions; the scratch is the caller's (one per worker).
 #ifndef FEEDLINE_SRC_IMAGE_BILINEAR_H_
