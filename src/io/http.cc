@@ -329,7 +329,13 @@ void Attempt(FetchOp* op) {
     curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME, long(std::ceil(op->o.stall_s)));
   }
   curl_easy_setopt(curl, CURLOPT_USERAGENT, "feedline/" FEEDLINE_VERSION);
-  curl_easy_setopt(curl, CURLOPT_BUFFERSIZE, 256L * 1024);  // fewer, larger writes
+  // libcurl's receive buffer, per transfer. 64 KiB rather than 256: a 100 KB image then comes
+  // in two socket reads into the same hot 64 KiB instead of one into 100 KB of a buffer that
+  // the transfers in flight (tens, with a remote store's latency) have long evicted from the
+  // caches. nginx on the same cores, in-process A/B: + 20 ms, 80-120 reads in flight: 3.6-4.1%
+  // more images/s, the loop's CPU 0.091-0.095 ms per image against 0.118-0.133; no latency:
+  // +1.4%; 32 KiB was level with 64.
+  curl_easy_setopt(curl, CURLOPT_BUFFERSIZE, 64L * 1024);
   if (op->length > 0) {
     op->range = absl::StrCat(op->offset, "-", op->offset + op->length - 1);
     curl_easy_setopt(curl, CURLOPT_RANGE, op->range.c_str());
