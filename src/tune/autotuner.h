@@ -101,6 +101,8 @@ class Autotuner {
   static constexpr double kIoDeadBand = 0.25;
   static constexpr double kIoRaiseMargin = 1.4;
   static constexpr double kIoStartMargin = 2.0;  // before the first batch
+  // Decoders busy at least this fraction of an interval are fed: io_depth does not go up.
+  static constexpr double kDecodersFed = 0.9;
   static constexpr size_t kMaxDecisions = 1000;
   static constexpr int kLeanPrefetch = 8;
   // A probe for one worker fewer starts when the model, at the current cost, needs at most this

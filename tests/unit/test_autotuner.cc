@@ -23,6 +23,12 @@ struct Machine {
   // Decoders running at once slow each other down (shared caches, SMT siblings): with n busy,
   // an image costs t_decode * (1 + contention * (n - 1)).
   double contention = 0;
+  // Reads wait behind each other once production is capped: a read's latency is at least the
+  // reads in flight over the rate they complete at (a saturated client or store).
+  bool queueing = false;
+  // The decoders' CPU time over their busy time (< 1: other threads take the cores from them,
+  // as an HTTP client and a server on the same cores do).
+  double cpu_share = 1.0;
 };
 
 // Steady-state figures for one interval under `s` (a fluid model of the pipeline).
@@ -44,8 +50,10 @@ TunerSample Simulate(const Machine& m, const TunerSettings& s, double interval =
   // Oversubscribed threads each take longer (time-sliced).
   const double slowdown = std::max(1.0, double(s.workers) / m.cores);
   x.decode_busy_s = x.decoded * t_image * slowdown;
+  if (m.cpu_share < 1) x.decode_cpu_s = x.decode_busy_s * m.cpu_share;
   x.reads = x.images_consumed;
-  x.read_busy_s = x.reads * m.t_read;
+  const double t_read = m.queueing ? std::max(m.t_read, s.io_depth / rate) : m.t_read;
+  x.read_busy_s = x.reads * t_read;
   return x;
 }
 
@@ -192,6 +200,33 @@ TEST_CASE("a read latency that starts high: io depth comes back down to what it 
   REQUIRE(peak >= 93);
   REQUIRE(s.io_depth >= 47);
   REQUIRE(s.io_depth <= 67);
+  TunerSample x = Simulate(m, s);
+  REQUIRE(double(x.images_consumed) / x.interval_s >= 0.95 * 2000);
+}
+
+TEST_CASE("decode-bound with queued reads: io depth does not climb on its own queueing", "[tune]") {
+  // Remote reads on the decoders' cores: the decoders are the limit, reads beyond what they
+  // take wait (so the measured latency grows with the depth), and the decoders' CPU time is
+  // below their busy time, so the model's capacity exceeds what they deliver. Little's law on
+  // that latency asks for 1.15 x 2000/1700 of the depth at every step: without a check that
+  // reads hold the decoders back, the depth climbed to the limit (256).
+  Machine m;
+  m.cores = 2;
+  m.t_decode = 0.001;  // 2000 images/s on 2 cores
+  m.t_read = 0.020;
+  m.queueing = true;
+  m.cpu_share = 0.85;
+  Autotuner tuner(Limits(2), TunerSettings{2, 2, 2});
+  TunerSettings s{2, 2, 2};
+  int peak = 0;
+  for (int i = 0; i < 60; ++i) {
+    s = tuner.Update(Simulate(m, s));
+    peak = std::max(peak, s.io_depth);
+  }
+  // 2000/s x 20 ms = 40 in flight; the model's capacity (2000 / 0.85) with the headroom and a
+  // raise's margin: at most ~90.
+  REQUIRE(s.io_depth >= 40);
+  REQUIRE(peak <= 100);
   TunerSample x = Simulate(m, s);
   REQUIRE(double(x.images_consumed) / x.interval_s >= 0.95 * 2000);
 }
