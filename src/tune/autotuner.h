@@ -10,7 +10,8 @@
 //   workers  = ceil(min(demand, cores / t_decode) * t_decode * headroom), within [1, cores]:
 //              all cores when decode is the bottleneck, fewer when the consumer is;
 //   io_depth = ceil(rate * t_read * headroom) + 1 (Little's law): many reads in flight when
-//              storage is slow, without adding decode threads;
+//              storage is slow, without adding decode threads; up only while the decoders
+//              wait for reads (t_read includes the reads' own queueing), down halfway;
 //   prefetch + 1 when the consumer still waits although production keeps up on average (the
 //              waits are jitter), within the memory budget.
 // Workers go down one at a time, and every change is followed by a settling interval, so the
