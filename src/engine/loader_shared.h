@@ -82,12 +82,12 @@ class LoaderShared {
   // `map_ns`: a worker's smoothed map time per sample; the read time per sample (latency
   // included) is the read stage's average so far.
   void UpdateChunk(double map_ns) {
-    const int64_t reads = read.items.load(std::memory_order_relaxed);
-    const double read_ns =
-        reads > 0 ? double(read.busy_ns.load(std::memory_order_relaxed)) / double(reads) : 0.0;
     // Asynchronous reads (URLs, remote shards) overlap: a chunk's reads are all in flight at
     // once, no thread waits for them, so their latency does not lengthen a chunk's work.
-    const double sample_ns = map_ns + (dataset->async_reads() ? 0.0 : read_ns);
+    const int64_t reads = dataset->async_reads() ? 0 : read.items.load(std::memory_order_relaxed);
+    const double read_ns =
+        reads > 0 ? double(read.busy_ns.load(std::memory_order_relaxed)) / double(reads) : 0.0;
+    const double sample_ns = map_ns + read_ns;
     const int64_t most = std::max<int64_t>(
         1, std::min<int64_t>(kMaxChunk, options.batch_size() / (2 * int64_t(workers.load()))));
     const int next =

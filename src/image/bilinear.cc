@@ -82,10 +82,12 @@ void AverageRowsScalar(const uint8_t* r0, const uint8_t* r1, size_t n, uint8_t* 
   for (size_t i = 0; i < n; ++i) out[i] = uint8_t((r0[i] + r1[i] + 1) >> 1);
 }
 
-// p[j] = average of p[2j] and p[2j + 1], j < w / 2, in place.
-void HalvePlaneScalar(uint8_t* p, int w) {
-  for (int j = 0; j < w / 2; ++j) p[j] = uint8_t((p[2 * j] + p[2 * j + 1] + 1) >> 1);
+// p[j] = average of p[2j] and p[2j + 1], from <= j < w / 2, in place.
+void HalvePlaneFrom(uint8_t* p, int from, int w) {
+  for (int j = from; j < w / 2; ++j) p[j] = uint8_t((p[2 * j] + p[2 * j + 1] + 1) >> 1);
 }
+
+void HalvePlaneScalar(uint8_t* p, int w) { HalvePlaneFrom(p, 0, w); }
 
 void SplitScalar(const uint8_t* rgb, int w, uint8_t* p0, uint8_t* p1, uint8_t* p2) {
   for (int x = 0; x < w; ++x) {
@@ -235,7 +237,7 @@ __attribute__((target("avx2"))) void HalvePlaneAvx2(uint8_t* p, int w) {
         _mm_packus_epi16(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p + j), packed);
   }
-  for (; j < w / 2; ++j) p[j] = uint8_t((p[2 * j] + p[2 * j + 1] + 1) >> 1);
+  HalvePlaneFrom(p, j, w);
 }
 
 __attribute__((target("avx2"))) void HorizontalAvx2(const uint8_t* plane, int out_w,
@@ -291,7 +293,7 @@ bool BilinearResize(const uint8_t* src, int src_w, int src_h, size_t stride, int
                     bool flip, bool planar, uint8_t* dst, BilinearScratch* s) {
   if (out_w < 8 || out_h < 1 || src_w < 1 || src_h < 1) return false;
   const double shrink_x = double(src_w) / out_w, shrink_y = double(src_h) / out_h;
-  if (shrink_x > 2 * kBilinearShrinkMax || shrink_y > 2 * kBilinearShrinkMax) return false;
+  if (shrink_x > kBilinearResizeShrinkMax || shrink_y > kBilinearResizeShrinkMax) return false;
   // An axis that shrinks more than kBilinearShrinkMax is first averaged 2:1 (a box filter):
   // bilinear alone would skip inputs there.
   const bool halve_x = shrink_x > kBilinearShrinkMax, halve_y = shrink_y > kBilinearShrinkMax;

@@ -48,11 +48,14 @@ struct BilinearScratch {
 // for ~4% of train's CPU.
 inline constexpr double kBilinearShrinkMax = 1.75;
 
+// The largest shrink BilinearResize takes: twice kBilinearShrinkMax, through its 2:1 box pass.
+inline constexpr double kBilinearResizeShrinkMax = 2 * kBilinearShrinkMax;
+
 // Resizes `src` (src_w x src_h RGB pixels, `stride` bytes a row) to out_w x out_h, mirrored
 // left-right when `flip`, into `dst`: `planar`, plane c (R, G, B) at dst + c * out_w * out_h in
 // rows of out_w bytes (NCHW); otherwise out_h rows of out_w RGB pixels (NHWC), the same values.
-// Returns false, writing nothing, when either shrink exceeds 2 * kBilinearShrinkMax or out_w is
-// below 8.
+// Returns false, writing nothing, when either shrink exceeds kBilinearResizeShrinkMax or out_w
+// is below 8.
 bool BilinearResize(const uint8_t* src, int src_w, int src_h, size_t stride, int out_w, int out_h,
                     bool flip, bool planar, uint8_t* dst, BilinearScratch* scratch);
 

@@ -65,7 +65,7 @@ std::unique_ptr<SampleTransform::WorkerState> ImageTransform::NewWorkerState() c
   auto state = std::make_unique<State>();
   if (config_.kind == Transform::kTrain) {
     state->decoder.set_simd_scale_min_fraction(kTrainSimdScaleMinFraction);
-    state->decoder.set_cheap_shrink_max(2 * kBilinearShrinkMax);  // ResampleInto's BilinearResize
+    state->decoder.set_cheap_shrink_max(kBilinearResizeShrinkMax);  // ResampleInto's resampler
   }
   return state;
 }

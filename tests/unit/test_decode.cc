@@ -289,7 +289,7 @@ TEST_CASE("the train resampler: OpenCV's bilinear within two levels, SIMD and pl
     const bool big_x = trial % 3 != 1, big_y = trial % 3 != 0;
     auto side = [&](int out, bool big) {
       const double s = big ? feedline::kBilinearShrinkMax +
-                                 rng.Uniform() * (2 * feedline::kBilinearShrinkMax - 1.76)
+                                 rng.Uniform() * (feedline::kBilinearResizeShrinkMax - 1.76)
                            : 0.5 + rng.Uniform();
       return std::max(1, int(out * s));
     };
