@@ -43,6 +43,9 @@ class CMakeBuild(build_ext):
         dest = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         shutil.copyfile(built[0], dest)
+        # The SentencePiece plugin goes beside the extension (src/text/sentencepiece_model.cc).
+        plugin = os.path.join(build, "python", "feedline", "libfeedline_sentencepiece.so")
+        shutil.copyfile(plugin, os.path.join(os.path.dirname(dest), os.path.basename(plugin)))
 
 
 setup(

@@ -21,6 +21,17 @@ install(TARGETS feedline EXPORT feedlineTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT feedline
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT feedline
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT feedline)
+# The SentencePiece plugin (src/text/sentencepiece_plugin_api.h), loaded at run time from
+# lib/feedline: the package adds that folder to its consumers' RUNPATH.
+install(TARGETS feedline_sentencepiece
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}/feedline COMPONENT feedline)
+# The static CUDA runtime the library was built with, for consumers without the toolkit
+# (feedlineConfig.cmake uses it when it finds no CUDAToolkit).
+if(FEEDLINE_CUDA_FOUND)
+  get_target_property(_feedline_cudart CUDA::cudart_static IMPORTED_LOCATION)
+  install(FILES "${_feedline_cudart}" DESTINATION ${CMAKE_INSTALL_LIBDIR}/feedline
+    RENAME libcudart_static.a COMPONENT feedline)
+endif()
 install(EXPORT feedlineTargets
   NAMESPACE feedline::
   DESTINATION ${FEEDLINE_INSTALL_CMAKEDIR}
@@ -62,7 +73,6 @@ install(FILES
     # For the dependencies that ship no CMake package (see feedlineConfig.cmake.in).
     ${PROJECT_SOURCE_DIR}/cmake/FindSPNG.cmake
     ${PROJECT_SOURCE_DIR}/cmake/FindWebP.cmake
-    ${PROJECT_SOURCE_DIR}/cmake/FindSentencePiece.cmake
     ${PROJECT_SOURCE_DIR}/cmake/FindOpenCVImgproc.cmake
   DESTINATION ${FEEDLINE_INSTALL_CMAKEDIR}
   COMPONENT feedline)

@@ -26,9 +26,10 @@
 // `DataLoader::set_cuda_stream` or `to_torch`; by default the legacy default stream (the
 // adapter does not link c10_cuda, so it cannot ask for the current stream itself).
 //
-// This header includes only <ATen/core/Tensor.h>, the tensor type: `at::Tensor` *is*
-// `torch::Tensor`. Include <torch/torch.h> (or <torch/types.h>) for the operations. Note that
-// inside `namespace feedline`, `torch::` names this namespace: write `::torch::` there.
+// This header includes <torch/data/example.h> (a `Batch` is a `torch::data::Example<>`, so
+// torch's `for (torch::data::Example<>& batch : *loader)` compiles unchanged): `at::Tensor` *is*
+// `torch::Tensor`. Note that inside `namespace feedline`, `torch::` names this namespace: write
+// `::torch::` there.
 //
 // Thread safety: as `feedline::Loader`: one thread iterates a `DataLoader` at a time; `stats()`
 // may be called from any thread. Batches and their tensors may be used and destroyed anywhere.
@@ -36,6 +37,7 @@
 #define FEEDLINE_TORCH_H_
 
 #include <ATen/core/Tensor.h>
+#include <torch/data/example.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -51,13 +53,12 @@
 
 namespace feedline::torch {
 
-// One batch as tensors; the field names follow `torch::data::Example` (`data`, `target`).
-// Images: data = the "image" field, target = "label". A `torch::data` dataset (torch_data.h):
-// its examples' data and target, stacked. Any other schema: the fields "data" and "target"
-// (else the first two fields).
-struct Batch {
-  at::Tensor data;            // images: uint8 [B, 3, H, W] (Layout::kNCHW) or [B, H, W, 3] (kNHWC)
-  at::Tensor target;          // images: int64 [B], the class labels
+// One batch as tensors: a `torch::data::Example<>` (`data`, `target`) with more.
+// Images: data = the "image" field, uint8 [B, 3, H, W] (Layout::kNCHW) or [B, H, W, 3] (kNHWC);
+// target = "label", int64 [B], the class labels. A `torch::data` dataset (torch_data.h): its
+// examples' data and target, stacked. Any other schema: the fields "data" and "target" (else the
+// first two fields).
+struct Batch : ::torch::data::Example<> {
   at::Tensor index;           // int64 [B]: each sample's index in the data set (loader.dataset())
   at::Tensor lengths;         // int64 [B] when `data` has a variable dimension (padded); else empty
   at::Tensor target_lengths;  // the same for `target`

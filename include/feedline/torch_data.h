@@ -9,6 +9,12 @@
 //     Train(batch.data, batch.target);                 // [B, ...] as Stack<>() would give them
 //   }
 //
+// torch's own spellings are taken as they are: `make_data_loader<SequentialSampler>(dataset,
+// batch_size)` (or a `DataLoaderOptions`), the sampler type setting the order (RandomSampler,
+// the default, shuffles; SequentialSampler keeps the data set's order; their Distributed
+// variants as one replica); a dataset `.map(Stack<>())`'d (feedline stacks anyway: the Stack is
+// dropped); and `for (torch::data::Example<>& batch : *loader)` (a Batch is an Example<>).
+//
 // Each sample's `get(i)` (through `get_batch`, so `.map(...)`ed datasets work too) runs on
 // feedline's worker threads — no GIL, no Python —, and its tensors are copied once, straight
 // into the batch slot: no `Stack` copy, no per-batch allocation; then the prefetch ring and, on
@@ -24,8 +30,9 @@
 // `torch::data::DataLoaderOptions` map over: batch_size, drop_last; workers (0, torch's "in
 // the main thread", means autotuned here); enforce_ordering (batches are always in order);
 // max_jobs and timeout have no equivalent (the ring depth is autotuned within the memory
-// budget). Shuffling is on, as torch's default RandomSampler (with feedline's seed: pass
-// `LoaderOptions().shuffle(false)` for SequentialSampler's order).
+// budget). The order is the sampler type's (RandomSampler by default: shuffled, with feedline's
+// seed). With feedline's `LoaderOptions`, SequentialSampler turns shuffling off and
+// RandomSampler leaves `shuffle` as the options set it.
 //
 // Errors: an exception thrown by `get` (or the transforms) becomes the error of the batch the
 // sample belongs to, thrown as `feedline::Error` by the iterator ("sample <i>: <what>"), and
@@ -35,7 +42,13 @@
 
 #include <torch/data/dataloader_options.h>
 #include <torch/data/datasets/base.h>
+#include <torch/csrc/utils/variadic.h>  // map.h uses its enable_if_t without including it
+#include <torch/data/datasets/map.h>
 #include <torch/data/example.h>
+#include <torch/data/samplers/distributed.h>
+#include <torch/data/samplers/random.h>
+#include <torch/data/samplers/sequential.h>
+#include <torch/data/transforms/stack.h>
 
 #include <cstdint>
 #include <functional>
@@ -161,15 +174,47 @@ class DatasetLoader final : public DataLoader {
   std::shared_ptr<const D> dataset_;
 };
 
-// `D`: a stateless `torch::data` dataset of `Example<>`s (a `Dataset<Self>` or a `.map(...)` of
-// one), copyable. Throws feedline::Error: an unsized dataset, an empty one, get(0) failing, an
-// unsupported tensor type, options that do not fit (as Loader::Create).
-template <typename D, typename = typename D::BatchRequestType>
-std::unique_ptr<DatasetLoader<D>> make_data_loader(D dataset, LoaderOptions options = {},
-                                                   ExampleSpec spec = {}) {
+namespace detail {
+
+// The order a torch sampler type stands for: shuffled or the data set's own.
+template <typename Sampler>
+struct SamplerOrder {
+  static_assert(sizeof(Sampler) == 0,
+                "feedline::torch::make_data_loader: the sampler must be RandomSampler, "
+                "SequentialSampler or their Distributed variants (feedline samples itself)");
+};
+template <>
+struct SamplerOrder<::torch::data::samplers::RandomSampler> : std::true_type {};
+template <>
+struct SamplerOrder<::torch::data::samplers::DistributedRandomSampler> : std::true_type {};
+template <>
+struct SamplerOrder<::torch::data::samplers::SequentialSampler> : std::false_type {};
+template <>
+struct SamplerOrder<::torch::data::samplers::DistributedSequentialSampler> : std::false_type {};
+
+// A dataset `.map(Stack<>())`'d is its source: feedline stacks the examples itself.
+template <typename D>
+struct Unstacked {
+  using type = D;
+  static D Get(D&& d) { return std::move(d); }
+};
+template <typename S>
+struct Unstacked<::torch::data::datasets::MapDataset<
+    S, ::torch::data::transforms::Stack<::torch::data::Example<>>>> {
+  using type = S;
+  static S Get(::torch::data::datasets::MapDataset<
+               S, ::torch::data::transforms::Stack<::torch::data::Example<>>>&& d) {
+    return d.dataset();
+  }
+};
+
+template <typename D>
+std::unique_ptr<DatasetLoader<D>> MakeDatasetLoader(D dataset, LoaderOptions options,
+                                                    ExampleSpec spec) {
   static_assert(std::is_same_v<typename D::BatchType, std::vector<::torch::data::Example<>>>,
                 "feedline::torch::make_data_loader takes datasets of torch::data::Example<> "
-                "(data, target) without a batch transform such as Stack<>: feedline stacks");
+                "(data, target), optionally .map(Stack<>())'d, without another batch "
+                "transform: feedline stacks");
   static_assert(std::is_copy_constructible_v<D>,
                 "each worker gets its own copy of the dataset, as in torch::data");
   const auto size = dataset.size();
@@ -185,27 +230,54 @@ std::unique_ptr<DatasetLoader<D>> make_data_loader(D dataset, LoaderOptions opti
   Schema schema;
   {
     D probe = *prototype;
-    std::vector<::torch::data::Example<>> first = detail::GetOne(probe, 0);
+    std::vector<::torch::data::Example<>> first = GetOne(probe, 0);
     if (first.size() != 1) {
       throw Error(absl::StatusCode::kInvalidArgument,
                   "feedline::torch::make_data_loader: get_batch of one index must give one "
                   "example");
     }
-    schema = detail::ExampleSchema(first[0].data, first[0].target, spec);
+    schema = ExampleSchema(first[0].data, first[0].target, spec);
   }
-  auto transform = std::make_shared<detail::ExampleTransform<D>>(prototype, std::move(schema));
-  auto records = std::make_shared<detail::EmptyRecords>(
-      int64_t(*size), detail::Fingerprint(typeid(D).name(), int64_t(*size)));
+  auto transform = std::make_shared<ExampleTransform<D>>(prototype, std::move(schema));
+  auto records = std::make_shared<EmptyRecords>(int64_t(*size),
+                                                Fingerprint(typeid(D).name(), int64_t(*size)));
   std::unique_ptr<Loader> loader =
-      detail::CreateLoader(std::move(records), std::move(transform), std::move(options));
+      CreateLoader(std::move(records), std::move(transform), std::move(options));
   return std::make_unique<DatasetLoader<D>>(std::move(loader), std::move(prototype));
 }
 
-template <typename D, typename = typename D::BatchRequestType>
-std::unique_ptr<DatasetLoader<D>> make_data_loader(D dataset,
-                                                   const ::torch::data::DataLoaderOptions& options,
-                                                   ExampleSpec spec = {}) {
-  return make_data_loader(std::move(dataset), FromTorchOptions(options), std::move(spec));
+}  // namespace detail
+
+// `D`: a stateless `torch::data` dataset of `Example<>`s (a `Dataset<Self>` or a `.map(...)` of
+// one, `Stack<>` included), copyable. `Sampler`: the order, as in torch (see the file comment).
+// Throws feedline::Error: an unsized dataset, an empty one, get(0) failing, an unsupported
+// tensor type, options that do not fit (as Loader::Create).
+template <typename Sampler = ::torch::data::samplers::RandomSampler, typename D,
+          typename = typename D::BatchRequestType>
+std::unique_ptr<DatasetLoader<typename detail::Unstacked<D>::type>> make_data_loader(
+    D dataset, LoaderOptions options = {}, ExampleSpec spec = {}) {
+  if (!detail::SamplerOrder<Sampler>::value) options.shuffle(false);
+  return detail::MakeDatasetLoader(detail::Unstacked<D>::Get(std::move(dataset)),
+                                   std::move(options), std::move(spec));
+}
+
+template <typename Sampler = ::torch::data::samplers::RandomSampler, typename D,
+          typename = typename D::BatchRequestType>
+std::unique_ptr<DatasetLoader<typename detail::Unstacked<D>::type>> make_data_loader(
+    D dataset, const ::torch::data::DataLoaderOptions& options, ExampleSpec spec = {}) {
+  LoaderOptions o = FromTorchOptions(options);
+  o.shuffle(detail::SamplerOrder<Sampler>::value);
+  return detail::MakeDatasetLoader(detail::Unstacked<D>::Get(std::move(dataset)), std::move(o),
+                                   std::move(spec));
+}
+
+// torch's `make_data_loader<Sampler>(dataset, batch_size)`.
+template <typename Sampler = ::torch::data::samplers::RandomSampler, typename D,
+          typename = typename D::BatchRequestType>
+std::unique_ptr<DatasetLoader<typename detail::Unstacked<D>::type>> make_data_loader(
+    D dataset, size_t batch_size, ExampleSpec spec = {}) {
+  return make_data_loader<Sampler>(std::move(dataset),
+                                   ::torch::data::DataLoaderOptions(batch_size), std::move(spec));
 }
 
 }  // namespace feedline::torch

@@ -1,6 +1,7 @@
-// SentencePiece behind a plain-C++ face: sentencepiece_processor.h declares its own names in
-// namespace absl (0.1.97), which clash with Abseil's, so it is included by
-// sentencepiece_model.cc alone, which includes no Abseil header.
+// SentencePiece behind a plain-C++ face. The tokenizer itself lives in feedline's plugin,
+// libfeedline_sentencepiece.so, loaded on first use with local symbol binding
+// (sentencepiece_plugin_api.h says why: a program that links LibTorch dies before main when
+// Debian's libsentencepiece is in its global symbol scope).
 //
 // Thread safety: Encode is const and may run on many threads at once (SentencePiece's
 // processor is immutable once loaded).
@@ -17,7 +18,7 @@ namespace feedline::text {
 
 class SentencePieceModel {
  public:
-  // Null with `error` set when the file is not a model.
+  // Null with `error` set when the file is not a model or the plugin cannot be loaded.
   static std::unique_ptr<SentencePieceModel> Load(const std::string& path, std::string* error);
   ~SentencePieceModel();
   bool Encode(std::string_view text, std::vector<int>* ids, std::string* error) const;

@@ -30,10 +30,12 @@ echo "== install into $prefix"
 echo "== configure and build the consumer (WITH_TORCH=$with_torch)"
 launcher=()
 if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
-# The consumer must find the installed package, not the build tree or the system.
+# The consumer must find the installed package, not the build tree or the system; and work as on
+# a machine without the CUDA toolkit (the package brings the runtime it was built with).
 "$cmake" -S "$here/consumer" -B "$work/build" -DCMAKE_BUILD_TYPE="$config" \
   -DCMAKE_PREFIX_PATH="$prefix" -DWITH_TORCH="$with_torch" \
-  -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF "${launcher[@]}" >"$work/configure.log" 2>&1 || {
+  -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF "${launcher[@]}" \
+  -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON >"$work/configure.log" 2>&1 || {
   cat "$work/configure.log"
   exit 1
 }
@@ -43,6 +45,11 @@ case "$found" in
   *) echo "FAIL: the consumer found feedline in '$found', not under $prefix"; exit 1 ;;
 esac
 "$cmake" --build "$work/build" -j1
+cudart=$(find "$prefix" -name libcudart_static.a)
+if [ -n "$cudart" ] && ! grep -q "$cudart" "$work/build/build.ninja" "$work/build"/CMakeFiles/*.dir/link.txt 2>/dev/null; then
+  echo "FAIL: the consumer did not link the CUDA runtime installed with feedline ($cudart)"
+  exit 1
+fi
 
 echo "== make a small ImageFolder"
 data=$work/data
@@ -79,5 +86,44 @@ if [ "$with_torch" = ON ]; then
   out=$("$work/build/torch_dataset")
   echo "torch_dataset: $out"
   [ "$out" = "samples 30 batches 4 ok" ] || { echo "FAIL: torch_dataset printed '$out'"; exit 1; }
+  # pytorch/examples' custom-dataset shape: feedline's batches are torch's, in torch's order,
+  # with LibTorch's libraries before feedline's on the link line and after.
+  want=$("$work/build/custom_dataset_torch")
+  echo "custom_dataset_torch (torch::data): $want"
+  case "$want" in "batches 12 samples 44 "*) ;; *) echo "FAIL: torch printed '$want'"; exit 1 ;; esac
+  for order in torch_first feedline_first; do
+    out=$("$work/build/custom_dataset_feedline_$order")
+    echo "custom_dataset_feedline_$order: $out"
+    [ "$out" = "$want" ] || { echo "FAIL: feedline ($order) printed '$out', torch '$want'"; exit 1; }
+  done
+  # The text API (SentencePiece, through feedline's plugin) beside LibTorch, in both orders.
+  if command -v spm_train >/dev/null; then
+    "$python" - "$work/corpus.txt" <<'PY'
+import random, sys
+rng = random.Random(5)
+words = ["data", "loader", "token", "piece", "model", "train", "batch", "epoch", "shard",
+         "queue", "thread", "worker", "tensor", "seed", "rank"]
+with open(sys.argv[1], "w") as f:
+    for i in range(300):
+        f.write(" ".join(rng.choice(words) + rng.choice(["", "s", "ed", "ing"])
+                         for _ in range(rng.randint(1, 20))) + "\n")
+PY
+    spm_train --input="$work/corpus.txt" --model_prefix="$work/spm" --vocab_size=60 \
+      --model_type=unigram --minloglevel=2 >/dev/null 2>&1
+    for order in torch_first feedline_first; do
+      out=$("$work/build/text_torch_$order" "$work/corpus.txt" "$work/spm.model")
+      echo "text_torch_$order: $out"
+      # The plugin must come from the installed package (its RUNPATH), not from the build tree.
+      loaded=$(LD_DEBUG=files "$work/build/text_torch_$order" "$work/corpus.txt" "$work/spm.model" 2>&1 \
+        >/dev/null | sed -n 's/.*calling init: \(.*libfeedline_sentencepiece.so\).*/\1/p' | head -1)
+      case "$loaded" in "$prefix"/*) ;;
+        *) echo "FAIL: text_torch_$order loaded the SentencePiece plugin from '$loaded'"; exit 1 ;; esac
+      case "$out" in "documents 300 tokens "*" ok") ;;
+        *) echo "FAIL: text_torch_$order printed '$out'"; exit 1 ;; esac
+    done
+  else
+    echo "FAIL: spm_train (Debian's sentencepiece) is missing: cmake/install-deps.sh installs it"
+    exit 1
+  fi
 fi
 echo "PASS"
