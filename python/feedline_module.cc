@@ -947,6 +947,7 @@ PYBIND11_MODULE(_feedline, m) {
              packing["documents"] = p.documents;
              packing["truncated"] = p.truncated;
              packing["split"] = p.split;
+             packing["empty"] = p.empty;
              packing["cut_documents"] = p.cut_documents;
              packing["cut_tokens"] = p.cut_tokens;
              packing["efficiency"] = p.efficiency();

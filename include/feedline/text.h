@@ -219,6 +219,7 @@ struct PackStats {
   int64_t documents = 0;  // documents taken
   int64_t truncated = 0;  // kBestFit: documents cut to seq_len (split_long = false)
   int64_t split = 0;      // kBestFit: documents split into pieces
+  int64_t empty = 0;      // documents without tokens, skipped
   // Documents longer than the document transform's max_length, cut to it before packing, and
   // the tokens that dropped (PackOptions::cut; 0 without it).
   int64_t cut_documents = 0;

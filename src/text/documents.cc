@@ -119,13 +119,26 @@ class TokenizeTransform final : public SampleTransform {
       field_text = it->get<std::string>();
       text = field_text;
     }
-    if (text.empty()) return absl::DataLossError("empty document");
+    // A document whose text has no tokens (empty, or only characters the tokenizer drops: a
+    // no-break or ideographic space, a zero-width space, a BOM, control characters) is empty.
+    // Ragged (the packer's input): written with no tokens, and the packer skips and counts it.
+    // Padded: a DataError naming the line (OnError::kSkip replaces it and counts it).
+    std::vector<int>& body = state->body;
+    body.clear();
+    if (!text.empty()) {
+      if (absl::Status s = o_.tokenizer->Encode(text, &body); !s.ok()) return s;
+    }
+    if (body.empty()) {
+      if (o_.ragged) {
+        absl::StatusOr<int32_t*> dst = out.Shaped<int32_t>(0, {0});
+        return dst.ok() ? absl::OkStatus() : dst.status();
+      }
+      return absl::DataLossError(text.empty() ? "empty document"
+                                              : "empty document (the text has no tokens)");
+    }
     std::vector<int>& ids = state->ids;
     ids.clear();
     if (o_.add_bos && o_.tokenizer->bos_id() >= 0) ids.push_back(o_.tokenizer->bos_id());
-    std::vector<int>& body = state->body;
-    body.clear();
-    if (absl::Status s = o_.tokenizer->Encode(text, &body); !s.ok()) return s;
     ids.insert(ids.end(), body.begin(), body.end());
     if (o_.add_eos && o_.tokenizer->eos_id() >= 0) ids.push_back(o_.tokenizer->eos_id());
     const int64_t len = std::min<int64_t>(int64_t(ids.size()), o_.max_length);

@@ -46,11 +46,17 @@ struct Row {
 // The documents of one epoch, in order, one at a time out of the document loader's batches.
 class DocStream {
  public:
-  DocStream(std::unique_ptr<Epoch> epoch, int64_t docs_per_batch, int64_t skip_before)
-      : epoch_(std::move(epoch)), per_batch_(docs_per_batch), skip_before_(skip_before) {}
+  DocStream(std::unique_ptr<Epoch> epoch, int64_t docs_per_batch, int64_t skip_before,
+            std::atomic<int64_t>* empty)
+      : epoch_(std::move(epoch)),
+        per_batch_(docs_per_batch),
+        skip_before_(skip_before),
+        empty_(empty) {}
 
   // True and the next document; false at the end of the epoch; a document batch's error (the
-  // batch is then gone: the next call goes on with the next one).
+  // batch is then gone: the next call goes on with the next one). A document without tokens
+  // (a line of no-break spaces, zero-width characters or control characters tokenizes to none)
+  // is skipped and counted: no row ever holds an empty segment.
   absl::StatusOr<bool> Next(Doc* doc, const std::function<absl::Status()>& interrupted,
                             absl::Duration poll) {
     for (;;) {
@@ -59,6 +65,10 @@ class DocStream {
         const int64_t position = batch_.index() * per_batch_ + i;
         if (position < skip_before_) continue;
         const int64_t a = ids_.offsets[i], b = ids_.offsets[i + 1];
+        if (b <= a) {
+          empty_->fetch_add(1, std::memory_order_relaxed);
+          continue;
+        }
         doc->tokens.resize(size_t(b - a));
         if (ids_.dtype == DType::kInt32) {
           const int32_t* p = static_cast<const int32_t*>(ids_.data) + a;
@@ -93,6 +103,7 @@ class DocStream {
   std::unique_ptr<Epoch> epoch_;
   const int64_t per_batch_;
   const int64_t skip_before_;
+  std::atomic<int64_t>* const empty_;
   Batch batch_;
   TensorView ids_;
   int64_t in_batch_ = 0;
@@ -108,6 +119,7 @@ void SetLabels(Row* row, bool mask_doc_ends, int64_t after) {
   for (int64_t t = 0; t + 1 < n; ++t) row->labels[size_t(t)] = row->ids[size_t(t + 1)];
   if (n > 0) row->labels[size_t(n - 1)] = after;
   for (const Segment& s : row->segments) {
+    if (s.len <= 0) continue;  // never made (DocStream skips empty documents); never written
     if (s.doc_end && mask_doc_ends) row->labels[size_t(s.start + s.len - 1)] = kIgnoreLabel;
   }
 }
@@ -122,7 +134,8 @@ struct PackedLoader::Shared {
   int64_t docs_per_batch = 1;
   std::unique_ptr<BatchBuilder> builder;
 
-  std::atomic<int64_t> rows{0}, tokens{0}, slots{0}, docs{0}, truncated{0}, split{0};
+  std::atomic<int64_t> rows{0}, tokens{0}, slots{0}, docs{0}, truncated{0}, split{0},
+      empty{0};
 
   // The cursor of the epoch in progress (after its last batch), for state().
   mutable std::mutex mu;
@@ -142,6 +155,7 @@ struct PackedEpoch::Run {
   int64_t batches_done = 0;
   bool done = false;
   bool stream_end = false;
+  absl::Status fatal;  // the epoch cannot go on (a resume position that does not fit the data)
   std::vector<Row> batch_rows;  // the batch in progress
 
   // kConcat
@@ -167,7 +181,7 @@ struct PackedEpoch::Run {
       : sh(std::move(s)),
         run_id(id),
         epoch(e),
-        docs(std::move(inner), sh->docs_per_batch, skip_before) {}
+        docs(std::move(inner), sh->docs_per_batch, skip_before, &sh->empty) {}
 
   using Interrupt = std::function<absl::Status()>;
 
@@ -184,10 +198,27 @@ struct PackedEpoch::Run {
           break;
         }
         has_cur = true;
-        off = cur.position == resume_doc ? std::min<int64_t>(resume_off, cur.tokens.size()) : 0;
+        off = 0;
+        if (resume_off > 0 && cur.position >= resume_doc) {
+          // The saved offset must lie inside the document it points into: a state saved before
+          // the tokenizer or the data changed (same fingerprint, other token counts) is refused.
+          const int64_t have = cur.position == resume_doc ? int64_t(cur.tokens.size()) : 0;
+          if (resume_off >= have) {
+            has_cur = false;
+            fatal = absl::FailedPreconditionError(absl::StrCat(
+                "load_state_dict: the saved position is token ", resume_off, " of document ",
+                resume_doc, " of the epoch, which has ", have,
+                " tokens now (the data or the tokenizer changed since the state was saved)"));
+            docs.Cancel();
+            return fatal;
+          }
+          off = resume_off;
+          resume_off = 0;
+        }
         sh->docs.fetch_add(1, std::memory_order_relaxed);
       }
       const int64_t k = std::min<int64_t>(L - int64_t(row.ids.size()), cur.tokens.size() - off);
+      if (k <= 0) return absl::InternalError("packing: an empty segment");
       if (row.first_doc < 0) row.first_doc = cur.index;
       Segment s;
       s.start = int64_t(row.ids.size());
@@ -358,6 +389,7 @@ struct PackedEpoch::Run {
   }
 
   absl::StatusOr<Batch> Next(const Interrupt& in, absl::Duration poll) {
+    if (!fatal.ok()) return fatal;
     if (done) return absl::OutOfRangeError("the epoch is over");
     const PackOptions& o = sh->o;
     while (int64_t(batch_rows.size()) < o.batch_size) {
@@ -595,6 +627,7 @@ PackStats PackedLoader::pack_stats() const {
   s.documents = sh.docs.load(std::memory_order_relaxed);
   s.truncated = sh.truncated.load(std::memory_order_relaxed);
   s.split = sh.split.load(std::memory_order_relaxed);
+  s.empty = sh.empty.load(std::memory_order_relaxed);
   s.slots = sh.slots.load(std::memory_order_relaxed);
   if (sh.o.cut) {
     s.cut_documents = sh.o.cut->documents.load(std::memory_order_relaxed);

@@ -473,3 +473,49 @@ def test_url_copy_follows_the_server_and_opens_offline(corpus, tmp_path, monkeyp
     # The server is gone: the copy of the second version opens as it is.
     got = _collect(feedline.TextLoader(base + "/c.txt", **kw))
     assert [got[i] for i in range(3)] == [sp.encode(d) for d in second]
+
+
+# Lines that the line splitter keeps (not ASCII whitespace) but SentencePiece tokenizes to
+# nothing: a no-break space, an ideographic space, a zero-width space, a BOM, a control character.
+_NO_TOKENS = ["\u00a0", "\u3000", "\u200b", "\ufeff", "\x01", "\u00a0\u3000 \u00a0"]
+
+
+@pytest.mark.parametrize("pack", ["concat", "bestfit"])
+def test_documents_without_tokens_are_skipped_and_counted_when_packing(corpus, tmp_path, pack):
+    sp = corpus["sp"]
+    empty = [t for t in _NO_TOKENS if not sp.encode(t)]
+    assert len(empty) >= 4, [sp.encode(t) for t in _NO_TOKENS]
+    docs = list(corpus["docs"][:120])
+    for k, i in enumerate(range(0, len(docs) + 30, 5)):
+        docs.insert(i, empty[k % len(empty)])
+    path = tmp_path / "mixed.txt"
+    path.write_text("\n".join(docs) + "\n", encoding="utf-8")
+    n_empty = sum(1 for d in docs if not sp.encode(d))
+    for add_eos in (False, True):
+        for seed in (0, 1):
+            ld = feedline.TextLoader(str(path), tokenizer=corpus["model"], pack=pack, seq_len=64,
+                                     batch_size=4, add_eos=add_eos, seed=seed, workers=2)
+            got = []
+            for b in ld:
+                _check_packed(b, 64, True)
+                got += b["input_ids"][b["attention_mask"] == 1].tolist()
+            st = ld.stats()["packing"]
+            assert st["empty"] == n_empty
+            assert st["documents"] == len(docs) - n_empty
+            want = sum(len(sp.encode(d)) + (1 if add_eos else 0) for d in docs if sp.encode(d))
+            assert len(got) == want
+
+
+def test_padded_document_without_tokens_is_a_data_error_naming_the_line(corpus, tmp_path):
+    path = tmp_path / "nbsp.txt"
+    path.write_text("first words\n\u00a0\nlast words\n", encoding="utf-8")
+    ld = feedline.TextLoader(str(path), tokenizer=corpus["model"], batch_size=1, shuffle=False)
+    it = iter(ld)
+    next(it)
+    with pytest.raises(feedline.DataError, match=r"nbsp\.txt:2: empty document \(the text has no tokens\)"):
+        next(it)
+    assert next(it)["input_ids"].shape[0] == 1
+    skip = feedline.TextLoader(str(path), tokenizer=corpus["model"], batch_size=1, shuffle=False,
+                               on_error="skip")
+    assert len(list(skip)) == 3
+    assert skip.stats()["error_count"] == 1

@@ -17,11 +17,15 @@ namespace {
 
 constexpr int kEos = 300;
 
+// One id per byte; '~' has none (as SentencePiece has none for a no-break space, a zero-width
+// space or a BOM alone): a line of '~' is a document without tokens.
 class ByteTokenizer final : public Tokenizer {
  public:
   absl::Status Encode(absl::string_view text, std::vector<int>* ids) const override {
     ids->clear();
-    for (unsigned char c : text) ids->push_back(int(c) + 1);
+    for (unsigned char c : text) {
+      if (c != '~') ids->push_back(int(c) + 1);
+    }
     return absl::OkStatus();
   }
   int vocab_size() const override { return 301; }
@@ -48,7 +52,8 @@ struct Corpus {
   testing::TempDir dir;
   std::string path;
   std::vector<std::string> docs;
-  explicit Corpus(int n, uint64_t seed = 7) : docs(Documents(n, seed)) {
+  explicit Corpus(int n, uint64_t seed = 7) : Corpus(Documents(n, seed)) {}
+  explicit Corpus(std::vector<std::string> d) : docs(std::move(d)) {
     path = dir.path() + "/docs.txt";
     std::string text;
     for (const std::string& d : docs) text += d + "\n";
@@ -57,8 +62,10 @@ struct Corpus {
   // Document i's ids as the packer sees them (bytes + 1, then EOS).
   std::vector<int64_t> Ids(int64_t i) const {
     std::vector<int64_t> ids;
-    for (unsigned char c : docs[size_t(i)]) ids.push_back(int64_t(c) + 1);
-    ids.push_back(kEos);
+    for (unsigned char c : docs[size_t(i)]) {
+      if (c != '~') ids.push_back(int64_t(c) + 1);
+    }
+    if (!ids.empty()) ids.push_back(kEos);  // a document without tokens gets no EOS either
     return ids;
   }
 };
@@ -427,6 +434,119 @@ TEST_CASE("packing resumes exactly, with another worker count, from a small stat
     auto mismatched = Packed(c, other, o);
     CHECK(absl::IsInvalidArgument(mismatched->LoadState(full->state())));
   }
+}
+
+// Lines that are not blank to the line splitter but have no tokens, here and there (the first,
+// runs of them, the last) in an ordinary corpus.
+std::vector<std::string> WithEmptyDocuments(int n, uint64_t seed) {
+  std::vector<std::string> docs = Documents(n, seed);
+  for (size_t i = 0; i < docs.size(); ++i) {
+    if (i == 0 || i % 7 == 3 || i % 7 == 4 || i + 1 == docs.size()) docs[i] = "~~~";
+  }
+  return docs;
+}
+
+TEST_CASE("packing: documents without tokens are skipped and counted, never an empty segment",
+          "[text]") {
+  const Corpus c(WithEmptyDocuments(500, 21));
+  int64_t empty = 0;
+  for (size_t i = 0; i < c.docs.size(); ++i) empty += c.Ids(int64_t(i)).empty() ? 1 : 0;
+  REQUIRE(empty > 100);
+  for (PackMode mode : {PackMode::kConcat, PackMode::kBestFit, PackMode::kBucket}) {
+    for (bool mask : {true, false}) {
+      for (uint64_t seed : {uint64_t(1), uint64_t(2), uint64_t(3)}) {
+        INFO("mode " << int(mode) << " mask_boundaries " << mask << " seed " << seed);
+        PackOptions p;
+        p.mode = mode;
+        p.seq_len = 128;
+        p.batch_size = 4;
+        p.window_rows = 4;
+        p.mask_boundaries = mask;
+        LoaderOptions o;
+        o.batch_size(16).shuffle(true).seed(seed).workers(2);
+        auto packed = Packed(c, p, o);
+        auto epoch = packed->StartEpoch();
+        std::vector<int64_t> got;
+        for (;;) {
+          absl::StatusOr<Batch> b = epoch->Next();
+          if (absl::IsOutOfRange(b.status())) break;
+          REQUIRE(b.ok());
+          if (mode == PackMode::kBucket) {
+            const TensorView v = b->field("input_ids");
+            for (int64_t i = 0; i < b->size(); ++i) REQUIRE(v.lengths[i] > 0);
+            continue;
+          }
+          const Rows r = Copy(*b);
+          CheckRows(r, p.seq_len, mask);
+          for (size_t i = 0; i < r.ids.size(); ++i) {
+            for (int64_t t = 0; t < p.seq_len; ++t) {
+              if (r.mask[i][size_t(t)] == 1) got.push_back(r.ids[i][size_t(t)]);
+            }
+          }
+        }
+        const PackStats s = packed->pack_stats();
+        CHECK(s.empty == empty);
+        CHECK(s.documents == int64_t(c.docs.size()) - empty);
+        if (mode == PackMode::kConcat) {  // the stream of the documents with tokens, in order
+          std::vector<int64_t> stream;
+          for (int64_t d : DocumentOrder(c, o, 0)) {
+            const auto ids = c.Ids(d);
+            stream.insert(stream.end(), ids.begin(), ids.end());
+          }
+          CHECK(got == stream);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("packing: a resume position past its document is refused, not overrun", "[text]") {
+  // The same file and fingerprint, other token counts (a retrained tokenizer does this): a
+  // state saved mid-document in the first corpus points past that document in the second.
+  const Corpus c(300, 4);
+  PackOptions p;
+  p.seq_len = 100;
+  p.batch_size = 2;
+  LoaderOptions o;
+  o.batch_size(8).shuffle(false).workers(2);
+  auto first = Packed(c, p, o);
+  REQUIRE(Epoch(*first, 3).size() == 3);
+  PackedLoader::State st = first->state();
+  REQUIRE(st.offset > 0);
+  const int64_t doc_len = int64_t(c.Ids(st.document).size());
+  for (int64_t offset : {doc_len, doc_len + 1, int64_t(1) << 40}) {
+    INFO("offset " << offset);
+    PackedLoader::State bad = st;
+    bad.offset = offset;
+    auto second = Packed(c, p, o);
+    REQUIRE(second->LoadState(bad).ok());
+    auto epoch = second->StartEpoch();
+    absl::StatusOr<Batch> b = epoch->Next();
+    REQUIRE(absl::IsFailedPrecondition(b.status()));
+    CHECK(b.status().message().find("changed") != std::string::npos);
+    // The epoch does not go on from a wrong place.
+    CHECK(absl::IsFailedPrecondition(epoch->Next().status()));
+  }
+}
+
+TEST_CASE("padded text: a document without tokens is a DataError naming its line", "[text]") {
+  const Corpus c(std::vector<std::string>{"abc", "~~", "de"});
+  auto docs = OpenTextLines({c.path, ""});
+  REQUIRE(docs.ok());
+  TokenizeOptions t;
+  t.tokenizer = std::make_shared<ByteTokenizer>();
+  t.add_eos = true;
+  auto transform = MakeTokenizeTransform(t);
+  REQUIRE(transform.ok());
+  auto loader = Loader::Create(*docs, *transform, LoaderOptions().batch_size(1).shuffle(false));
+  REQUIRE(loader.ok());
+  auto epoch = (*loader)->StartEpoch();
+  REQUIRE(epoch->Next().ok());
+  absl::StatusOr<Batch> b = epoch->Next();
+  REQUIRE(absl::IsDataLoss(b.status()));
+  CHECK(b.status().message().find("no tokens") != std::string::npos);
+  CHECK(b.status().message().find("docs.txt") != std::string::npos);
+  REQUIRE(epoch->Next().ok());
 }
 
 TEST_CASE("packing: a bad document is an error at its batch, or skipped", "[text]") {
