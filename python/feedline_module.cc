@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -474,20 +475,39 @@ feedline::Loader::State DictToState(const py::dict& d) {
     if (!d.contains(k)) throw py::value_error(absl::StrCat("state_dict: missing key '", k, "'"));
   }
   feedline::Loader::State s;
-  try {
-    s.epoch = d["epoch"].cast<int64_t>();
-    s.batches_done = d["batches_done"].cast<int64_t>();
-    s.seed = d["seed"].cast<uint64_t>();
-    s.rank = d["rank"].cast<int>();
-    s.world_size = d["world_size"].cast<int>();
-    s.batch_size = d["batch_size"].cast<int64_t>();
-    s.shuffle = d["shuffle"].cast<bool>();
-    s.drop_last = d["drop_last"].cast<bool>();
-    s.dataset_size = d["dataset_size"].cast<int64_t>();
-    const std::string fp = d["dataset_fingerprint"].cast<std::string>();
-    if (!absl::SimpleHexAtoi(fp, &s.dataset_fingerprint)) throw py::cast_error();
-  } catch (const py::cast_error&) {
-    throw py::type_error("state_dict: a value has the wrong type");
+  // Each value cast on its own, so that a wrong one is named (bool is not an int here).
+  auto get = [&d](const char* key, auto* out) {
+    using T = std::remove_pointer_t<decltype(out)>;
+    const py::handle v = d[key];
+    const bool is_bool = py::isinstance<py::bool_>(v);
+    if constexpr (std::is_same_v<T, bool>) {
+      if (!is_bool) throw py::type_error(absl::StrCat("state_dict: '", key, "' must be a bool"));
+      *out = v.cast<bool>();
+    } else {
+      if (is_bool || !py::isinstance<py::int_>(v)) {
+        throw py::type_error(absl::StrCat("state_dict: '", key, "' must be an int"));
+      }
+      try {
+        *out = v.cast<T>();
+      } catch (const py::cast_error&) {
+        throw py::value_error(absl::StrCat("state_dict: '", key, "' is out of range (",
+                                           std::string(py::str(v)), ")"));
+      }
+    }
+  };
+  get("epoch", &s.epoch);
+  get("batches_done", &s.batches_done);
+  get("seed", &s.seed);
+  get("rank", &s.rank);
+  get("world_size", &s.world_size);
+  get("batch_size", &s.batch_size);
+  get("shuffle", &s.shuffle);
+  get("drop_last", &s.drop_last);
+  get("dataset_size", &s.dataset_size);
+  const py::handle fp = d["dataset_fingerprint"];
+  if (!py::isinstance<py::str>(fp) ||
+      !absl::SimpleHexAtoi(fp.cast<std::string>(), &s.dataset_fingerprint)) {
+    throw py::type_error("state_dict: 'dataset_fingerprint' must be a hex string");
   }
   return s;
 }

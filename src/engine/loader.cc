@@ -476,8 +476,27 @@ absl::Status Loader::LoadState(const State& st, bool resplit) {
   if (st.seed != mine.seed) return mismatch("seed", st.seed, mine.seed);
   if (st.shuffle != mine.shuffle) return mismatch("shuffle", st.shuffle, mine.shuffle);
   if (st.drop_last != mine.drop_last) return mismatch("drop_last", st.drop_last, mine.drop_last);
-  if (st.epoch < 0 || st.batches_done < 0) {
-    return absl::InvalidArgumentError("state_dict: negative epoch or position");
+  // Every field is checked before it is used: a state is a file a user (or anyone who can
+  // write the checkpoint) hands in.
+  auto bad = [](absl::string_view field, int64_t value, absl::string_view want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("state_dict: ", field, " must be ", want, " (got ", value, ")"));
+  };
+  if (st.epoch < 0) return bad("epoch", st.epoch, ">= 0");
+  if (st.batches_done < 0) return bad("batches_done", st.batches_done, ">= 0");
+  if (st.batch_size < 1) return bad("batch_size", st.batch_size, ">= 1");
+  if (st.world_size < 1) return bad("world_size", st.world_size, ">= 1");
+  if (st.rank < 0 || st.rank >= st.world_size) {
+    return bad("rank", st.rank, absl::StrCat("in [0, world_size=", st.world_size, ")"));
+  }
+  // The most batches one rank can have in an epoch of the saved layout (padded shards).
+  const int64_t per_rank = (st.dataset_size + st.world_size - 1) / st.world_size;
+  const int64_t max_batches = (per_rank + st.batch_size - 1) / st.batch_size;
+  if (st.batches_done > max_batches) {
+    return bad("batches_done", st.batches_done,
+               absl::StrCat("at most ", max_batches, " (the batches of an epoch of ",
+                            st.dataset_size, " samples at batch_size=", st.batch_size,
+                            ", world_size=", st.world_size, ")"));
   }
   int64_t start = st.batches_done;
   if (st.world_size != mine.world_size || st.batch_size != mine.batch_size) {
@@ -492,8 +511,11 @@ absl::Status Loader::LoadState(const State& st, bool resplit) {
                                     "over to the new layout"))
                  : mismatch("batch_size", st.batch_size, mine.batch_size);
     }
-    const int64_t seen = st.batches_done * st.batch_size * st.world_size;
-    start = seen / (mine.batch_size * mine.world_size);
+    // At most dataset_size (plus padding) samples: no overflow after the checks above.
+    const __int128 seen = __int128(st.batches_done) * st.batch_size * st.world_size;
+    start = int64_t(seen / (__int128(mine.batch_size) * mine.world_size));
+  } else if (st.rank != mine.rank && !resplit) {
+    return mismatch("rank", st.rank, mine.rank);
   }
   std::lock_guard<std::mutex> lock(shared_->active_mu);
   shared_->next_epoch = st.epoch;

@@ -396,6 +396,37 @@ def test_resume_mid_epoch_is_exact(executor):
     assert len(list(resumed)) == len(loader)
 
 
+def test_a_state_is_validated_before_use(small_folder):
+    loader = feedline.DataLoader(Mixed(), batch_size=4, shuffle=True, num_workers=2)
+    it = iter(loader)
+    next(it)
+    good = loader.state_dict()
+    del it
+    image_state = feedline.ImageLoader(small_folder, batch_size=4).state_dict()
+    with pytest.raises(ValueError, match="ImageLoader"):
+        loader.load_state_dict(image_state)
+    for change, error, match in [
+            ({"batches_done": -1}, ValueError, "batches_done"),
+            ({"batches_done": 10**9}, ValueError, "batches_done"),
+            ({"batches_done": 1.5}, TypeError, "batches_done"),
+            ({"epochs_started": -2}, ValueError, "epochs_started"),
+            ({"order": None}, ValueError, "order"),
+            ({"rng_state": 5}, ValueError, "rng_state"),
+            ({"version": 2}, ValueError, "version"),
+            ({"iterable": True}, ValueError, "IterableDataset")]:
+        bad = dict(good, **change)
+        with pytest.raises(error, match=match):
+            loader.load_state_dict(bad)
+    no_order = dict(good)
+    del no_order["order"]
+    with pytest.raises(ValueError, match="order"):
+        loader.load_state_dict(no_order)
+    with pytest.raises(TypeError):
+        loader.load_state_dict([1])
+    loader.load_state_dict(good)  # still takes a good one
+    assert len(list(loader)) == len(loader) - 1
+
+
 def test_resume_with_a_distributed_sampler():
     ds = Mixed(30)
     sampler = tud.DistributedSampler(ds, num_replicas=2, rank=1, seed=2)

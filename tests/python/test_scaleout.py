@@ -119,6 +119,35 @@ def test_state_of_another_run_is_refused(small_folder, image_folder):
         a.load_state_dict([1, 2])
 
 
+@pytest.mark.parametrize("key,value,error", [
+    ("batch_size", -4, ValueError), ("batch_size", 0, ValueError), ("world_size", -1, ValueError),
+    ("world_size", 0, ValueError), ("rank", 5, ValueError), ("rank", -1, ValueError),
+    ("batches_done", -3, ValueError), ("batches_done", 10**6, ValueError),
+    ("batch_size", 2**63, ValueError), ("world_size", 2**40, ValueError),
+    ("epoch", -1, ValueError), ("batch_size", "4", TypeError), ("shuffle", 1, TypeError),
+    ("batches_done", True, TypeError), ("dataset_fingerprint", 7, TypeError)])
+@pytest.mark.parametrize("resplit", [False, True])
+def test_every_field_of_a_state_is_validated(small_folder, key, value, error, resplit):
+    """A state is a file anyone who can write the checkpoint hands in: a negative batch or
+    world size, or values whose product overflows, once crashed the resplit path."""
+    a = feedline.ImageLoader(small_folder, batch_size=4, seed=1)
+    state = a.state_dict()
+    state[key] = value
+    b = feedline.ImageLoader(small_folder, batch_size=2, seed=1, rank=1, world_size=2)
+    with pytest.raises(error, match=key):
+        b.load_state_dict(state, resplit=resplit)
+    assert len(list(b)) == len(b)  # the loader is unharmed
+
+
+def test_a_state_of_another_rank_is_refused_without_resplit(small_folder):
+    a = feedline.ImageLoader(small_folder, batch_size=2, seed=1, rank=0, world_size=2)
+    state = a.state_dict()
+    b = feedline.ImageLoader(small_folder, batch_size=2, seed=1, rank=1, world_size=2)
+    with pytest.raises(ValueError, match="rank"):
+        b.load_state_dict(state)
+    b.load_state_dict(state, resplit=True)
+
+
 _RANK_SCRIPT = r"""
 import json, os, sys
 import torch.distributed as dist
