@@ -811,6 +811,10 @@ PYBIND11_MODULE(_feedline, m) {
       py::arg("drop_last"), py::arg("workers"), py::arg("prefetch"), py::arg("memory_budget"),
       py::arg("on_error"), py::arg("max_errors"), py::arg("device") = "cpu");
 
+  m.def("shown_name", [](const std::string& path_or_url) { return feedline::ShownName(path_or_url); },
+        py::arg("path_or_url"),
+        "The path or URL as feedline's messages show it: a URL without user information, "
+        "query or fragment, control characters escaped.");
   m.def("build_info", [] {
     feedline::BuildInfo b = feedline::GetBuildInfo();
     py::dict d;

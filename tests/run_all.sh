@@ -42,7 +42,8 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_FLAGS="$ASAN_FLAGS" -DCMAKE_CXX_FLAGS="$ASAN_FLAGS" \
   -DFEEDLINE_BUILD_PYTHON=OFF -DFEEDLINE_BUILD_BENCHMARKS=OFF >/dev/null
 cmake --build build-asan -j"$JOBS" --target feedline_tests $(stub_tests build-asan) \
-  feedline_fuzz_decode feedline_fuzz_tar feedline_fuzz_list_file feedline_fuzz_word_cache
+  feedline_fuzz_decode feedline_fuzz_tar feedline_fuzz_list_file feedline_fuzz_word_cache \
+  feedline_fuzz_redact
 echo "== tests (AddressSanitizer + UndefinedBehaviorSanitizer)"
 ctest --test-dir build-asan --output-on-failure
 

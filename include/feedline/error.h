@@ -18,6 +18,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/strings/cord.h"
@@ -73,6 +74,11 @@ class Error : public std::runtime_error {
   absl::StatusCode code_;
   bool device_ = false;
 };
+
+// A path or URL as every feedline message shows it (errors, stats(), logs, repr()): a URL
+// without its user information, query and fragment (credentials, presigned signatures), and
+// control characters written as \xNN. Name files this way in your own Dataset's errors.
+std::string ShownName(std::string_view path_or_url);
 
 }  // namespace feedline
 

@@ -24,6 +24,13 @@ __all__ = ["DataLoader", "ImageLoader", "TextLoader", "TokenLoader", "DataError"
 __version__ = _feedline.build_info()["version"]
 
 
+def _shown(x):
+    """A path or URL (or a list of them) as messages show it: no credentials, no query."""
+    if isinstance(x, (list, tuple)):
+        return type(x)(_shown(v) for v in x)
+    return _feedline.shown_name(x) if isinstance(x, str) else x
+
+
 def __getattr__(name):
     if name == "DataLoader":  # imports torch: only when asked for
         from .dataloader import DataLoader
@@ -380,7 +387,8 @@ class ImageLoader:
     def samples(self):
         """(path, class index) pairs, as torchvision's ImageFolder.samples."""
         if self._samples is None:
-            self._samples = self._loader.samples
+            # Paths and URLs as messages show them: a URL without its credentials or query.
+            self._samples = [(_feedline.shown_name(p), c) for p, c in self._loader.samples]
         return self._samples
 
     @property
@@ -435,7 +443,7 @@ class ImageLoader:
         return self._loader.io_depth
 
     def __repr__(self):
-        return (f"feedline.ImageLoader({self.source!r}, batch_size={self.batch_size}, "
+        return (f"feedline.ImageLoader({_shown(self.source)!r}, batch_size={self.batch_size}, "
                 f"batches={len(self)}, workers={self.workers}, prefetch={self.prefetch})")
 
 
@@ -453,10 +461,10 @@ class _DatasetView:
     samples = property(lambda self: self._loader.samples)
     imgs = samples
     targets = property(lambda self: self._loader.targets)
-    root = property(lambda self: self._loader.source)
+    root = property(lambda self: _feedline.shown_name(self._loader.source))
 
     def __repr__(self):
-        return f"feedline dataset view ({len(self)} samples of {self._loader.source!r})"
+        return f"feedline dataset view ({len(self)} samples of {_shown(self._loader.source)!r})"
 
 
 class _SamplerView:
@@ -608,7 +616,7 @@ class TokenLoader:
 
     def __repr__(self):
         shape = f"batches={len(self)}" if self.pack is None else f"pack={self.pack!r}"
-        return (f"feedline.TokenLoader({self.path!r}, seq_len={self.seq_len}, "
+        return (f"feedline.TokenLoader({_shown(self.path)!r}, seq_len={self.seq_len}, "
                 f"batch_size={self.batch_size}, {shape}, workers={self.workers})")
 
 
@@ -778,7 +786,7 @@ class TextLoader:
     def __repr__(self):
         shape = (f"batches={len(self)}" if self.pack is None
                  else f"pack={self.pack!r}, seq_len={self.seq_len}")
-        return (f"feedline.TextLoader({self.source!r}, tokenizer={self.tokenizer!r}, "
+        return (f"feedline.TextLoader({_shown(self.source)!r}, tokenizer={_shown(self.tokenizer)!r}, "
                 f"batch_size={self.batch_size}, {shape}, workers={self.workers})")
 
 

@@ -217,17 +217,6 @@ bool S3ToHttp(const S3Config& config, const std::string& s3_url, std::string* ht
   return true;
 }
 
-std::string RedactUrl(const std::string& url) {
-  std::string u = url.substr(0, url.find_first_of("?#"));
-  const size_t scheme = u.find("://");
-  if (scheme == std::string::npos) return u;
-  const size_t host = scheme + 3;
-  const size_t slash = u.find('/', host);
-  const size_t at = u.rfind('@', slash == std::string::npos ? u.size() : slash);
-  if (at != std::string::npos && at >= host) u.erase(host, at + 1 - host);
-  return u;
-}
-
 namespace {
 
 // One fetch in progress: its request, its attempts, and what to call when it ends. Created by
@@ -434,7 +423,7 @@ void StartFetch(const std::string& url, int64_t offset, int64_t length, const Ht
   op->counters_owner = std::move(counters_owner);
   op->etag = etag;
   op->head = head;
-  op->shown = RedactUrl(url);
+  op->shown = ShownName(url);
   op->target = url;
   op->offset = offset;
   op->length = length;
@@ -654,7 +643,7 @@ RemoteStats ToRemoteStats(const HttpCounters& c) {
 RemoteStats RemoteFileDataset::remote_stats() const { return ToRemoteStats(*counters_); }
 
 std::string RemoteFileDataset::Describe(int64_t index) const {
-  return RedactUrl(files_.samples[size_t(index)].path);
+  return ShownName(files_.samples[size_t(index)].path);
 }
 
 }  // namespace feedline

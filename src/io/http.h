@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "core/redact.h"
 #include "feedline/dataset.h"
 
 namespace feedline {
@@ -57,8 +58,6 @@ bool S3ToHttp(const S3Config& config, const std::string& s3_url, std::string* ht
 struct S3Listing {
   std::vector<std::string> keys, prefixes;  // full keys / prefixes (with the prefix given)
 };
-// The URL without user information and query ("https://host/a/b.jpg"), for messages.
-std::string RedactUrl(const std::string& url);
 
 struct HttpOptions {
   std::shared_ptr<const S3Config> s3;  // for s3:// URLs

@@ -102,7 +102,7 @@ namespace {
 
 // The cache file for `url`: "<dir>/<hash of the URL>-<last path component>".
 std::string CachePathFor(const std::string& dir, const std::string& url) {
-  const std::string shown = RedactUrl(url);
+  const std::string shown = ShownName(url);
   Fnv1a h;
   h.Mix(url.data(), url.size());
   return absl::StrCat(dir, "/", absl::Hex(h.value, absl::kZeroPad16), "-",
@@ -181,7 +181,7 @@ absl::StatusOr<std::vector<ShardSource>> PrepareRemoteShards(const std::vector<s
   for (size_t i = 0; i < urls.size(); ++i) {
     ShardSource& s = out[i];
     s.url = urls[i];
-    s.shown = RedactUrl(urls[i]);
+    s.shown = ShownName(urls[i]);
     s.path = CachePathFor(dir, urls[i]);
     s.catalog = s.path + ".idx";
     if (!Exists(s.catalog)) fetch.push_back(i);

@@ -14,6 +14,7 @@
 #include "core/file_io.h"
 #include "core/fnv.h"
 #include "feedline/schema.h"
+#include "core/redact.h"
 #include "feedline/text.h"
 #include "text/utf8.h"
 #include "text/word_cache.h"
@@ -163,7 +164,8 @@ class TokenizeTransform final : public SampleTransform {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const Dataset>> OpenTextLines(const TextFileOptions& o) {
-  const std::string& name = o.name.empty() ? o.path : o.name;
+  // Messages name the file as the user gave it, without credentials or control characters.
+  const std::string name = ShownName(o.name.empty() ? o.path : o.name);
   std::vector<uint8_t> data;
   if (absl::Status s = ReadWholeFile(o.path, std::numeric_limits<int64_t>::max(), &data); !s.ok()) {
     return absl::Status(s.code(), absl::StrReplaceAll(s.message(), {{o.path, name}}));

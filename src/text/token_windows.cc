@@ -13,6 +13,7 @@
 #include "core/file_io.h"
 #include "core/fnv.h"
 #include "feedline/schema.h"
+#include "core/redact.h"
 #include "feedline/text.h"
 
 namespace feedline::text {
@@ -220,7 +221,8 @@ absl::StatusOr<TokenWindows> OpenTokenWindows(const TokenFileOptions& o) {
   if (o.vocab_size < 0) return absl::InvalidArgumentError("vocab_size: must be >= 0");
   const int64_t token_bytes = o.dtype == TokenDType::kUint16 ? 2 : 4;
   struct stat st {};
-  const std::string& name = o.name.empty() ? o.path : o.name;
+  // Messages name the file as the user gave it, without credentials or control characters.
+  const std::string name = ShownName(o.name.empty() ? o.path : o.name);
   absl::StatusOr<std::shared_ptr<const Mapping>> map = MapTokenFile(o.path, name, token_bytes, &st);
   if (!map.ok()) return map.status();
   const int64_t bytes = st.st_size;
@@ -249,8 +251,10 @@ absl::StatusOr<TokenDocuments> OpenTokenDocuments(const TokenDocumentOptions& o)
   if (o.index_path.empty()) return absl::InvalidArgumentError("index: a document index is needed");
   const int64_t token_bytes = o.dtype == TokenDType::kUint16 ? 2 : 4;
   struct stat st {};
-  const std::string& name = o.name.empty() ? o.path : o.name;
-  const std::string& index_name = o.index_name.empty() ? o.index_path : o.index_name;
+  // Messages name the file as the user gave it, without credentials or control characters.
+  const std::string name = ShownName(o.name.empty() ? o.path : o.name);
+  const std::string index_name =
+      ShownName(o.index_name.empty() ? o.index_path : o.index_name);
   absl::StatusOr<std::shared_ptr<const Mapping>> map = MapTokenFile(o.path, name, token_bytes, &st);
   if (!map.ok()) return map.status();
   const uint64_t tokens = uint64_t(st.st_size / token_bytes);

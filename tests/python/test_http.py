@@ -12,6 +12,7 @@ import random
 import socket
 import shutil
 import struct
+import subprocess
 import threading
 import time
 
@@ -439,3 +440,40 @@ def test_shards_past_the_cache_budget_are_read_by_range(served, proxy, tmp_path,
     monkeypatch.setenv("FEEDLINE_SHARD_CACHE_BYTES", "lots")
     with pytest.raises(ValueError, match="FEEDLINE_SHARD_CACHE_BYTES"):
         feedline.ImageLoader(url, **kw)
+
+
+def test_credentials_never_reach_text_messages_stats_or_repr(served, tmp_path):
+    """A text file read over HTTP with user information (a password with '/', '?' and '#' in
+    it) and a presigned query: its DataErrors, stats()["errors"] and repr() name the file
+    without either."""
+    if shutil.which("spm_train") is None:
+        pytest.skip("spm_train missing")
+    corpus = served["root"] / "docs.txt"
+    corpus.write_text("good words here\n\u00a0\nmore good words\n", encoding="utf-8")
+    train = tmp_path / "train.txt"
+    train.write_text("good words here more words\n" * 50)
+    subprocess.run(["spm_train", f"--input={train}", f"--model_prefix={tmp_path}/m",
+                    "--vocab_size=30", "--hard_vocab_limit=false", "--minloglevel=2"],
+                   check=True, capture_output=True)
+    query = "?X-Amz-Signature=SIGSECRET&X-Amz-Security-Token=TOKSECRET"
+    base = f"127.0.0.1:{served['port']}/docs.txt"
+    url = f"http://alice:hunter2pw@{base}{query}"
+    ld = feedline.TextLoader(url, tokenizer=f"{tmp_path}/m.model", batch_size=1, shuffle=False)
+    shown = [repr(ld)]
+    with pytest.raises(feedline.DataError) as e:
+        list(ld)
+    shown.append(str(e.value))
+    assert "docs.txt:2" in shown[-1], shown
+    skip = feedline.TextLoader(url, tokenizer=f"{tmp_path}/m.model", batch_size=1,
+                               shuffle=False, on_error="skip")
+    list(skip)
+    shown.append(repr(skip.stats()))
+    # A password with an unencoded '/', '?' and '#': libcurl refuses the URL; the message too
+    # names it without the password.
+    with pytest.raises(Exception) as e:
+        list(feedline.TextLoader(f"http://alice:hunter/2?pw#x@{base}{query}",
+                                 tokenizer=f"{tmp_path}/m.model", batch_size=1))
+    shown.append(str(e.value))
+    for text in shown:
+        for leak in ("alice", "hunter", "2pw", "2?pw", "SIGSECRET", "TOKSECRET"):
+            assert leak not in text, (leak, text)

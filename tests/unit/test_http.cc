@@ -377,3 +377,47 @@ TEST_CASE("http: a shard read by range gives the local shard's records, blocking
 }
 
 }  // namespace feedline
+
+namespace feedline {
+namespace {
+
+TEST_CASE("ShownName: no byte of a password or a signature survives", "[io]") {
+  // Passwords with every delimiter a URL parser could stop at, unencoded as users write them.
+  const std::vector<std::string> passwords = {
+      "s3cr3tPW",       "pa/ssQQ",    "pa?ssQQ",      "pa#ssQQ",     "pa@ssQQ",
+      "p:a:sQQ",        "QQ/?#@:x",   "//QQzz",       "QQ@@host",    "QQ1234",
+      "QQ%2Fenc",       "QQ\x1b[31m", "QQ word sp",   "@QQ/a?b#c@d"};
+  const std::vector<std::string> paths = {"", "/", "/a/b.jpg", "/a@2x/b.png", "/x?q=1",
+                                          "/s#frag"};
+  for (const std::string& scheme : {std::string("http"), std::string("https"),
+                                    std::string("s3")}) {
+    for (const std::string& pw : passwords) {
+      for (const std::string& host : {std::string("host"), std::string("10.0.0.1:8080")}) {
+        for (const std::string& path : paths) {
+          const std::string url = scheme + "://alice:" + pw + "@" + host + path +
+                                  "?X-Amz-Signature=SIGSIGSIG&X-Amz-Security-Token=TOKTOK";
+          const std::string shown = ShownName(url);
+          INFO(url << " -> " << shown);
+          CHECK(shown.find("QQ") == std::string::npos);
+          CHECK(shown.find("alice") == std::string::npos);
+          CHECK(shown.find("SIG") == std::string::npos);
+          CHECK(shown.find("TOK") == std::string::npos);
+          CHECK(shown.find('\x1b') == std::string::npos);
+          CHECK(shown.rfind(scheme + "://", 0) == 0);
+        }
+      }
+    }
+  }
+  // What is not a credential stays, so that the message still names the file.
+  CHECK(ShownName("https://host:8443/a/b.jpg") == "https://host:8443/a/b.jpg");
+  CHECK(ShownName("https://host/img@2x.png?sig=1") == "https://host/img@2x.png");
+  CHECK(ShownName("https://bob@host/a") == "https://host/a");
+  CHECK(ShownName("https://bob:pw@host/a#x") == "https://host/a");
+  CHECK(ShownName("/data/train/cat/1.jpg") == "/data/train/cat/1.jpg");
+  CHECK(ShownName("/data/dir?/1.jpg") == "/data/dir?/1.jpg");  // a path, not a URL
+  CHECK(ShownName("shard-\x1b[2J\n.tar") == "shard-\\x1b[2J\\x0a.tar");
+  CHECK(ShownName("caf\xc3\xa9.jpg") == "caf\xc3\xa9.jpg");  // UTF-8 kept
+}
+
+}  // namespace
+}  // namespace feedline
