@@ -4,7 +4,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -78,24 +77,69 @@ absl::Status ReadWholeFile(const std::string& path, int64_t max_bytes,
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> CreatePartFile(const std::string& path, std::string* part) {
+  std::string name = path + ".XXXXXX.part";
+  const int fd = ::mkostemps(name.data(), 5, O_CLOEXEC);  // O_CREAT | O_EXCL, mode 0600
+  if (fd < 0) return ErrnoStatus(errno, path + ".*.part", "create");
+  *part = std::move(name);
+  return fd;
+}
+
+absl::Status CommitPartFile(int fd, const std::string& part, const std::string& path) {
+  absl::Status s;
+  if (::fsync(fd) != 0) s = ErrnoStatus(errno, part, "sync");
+  if (::close(fd) != 0 && s.ok()) s = ErrnoStatus(errno, part, "close");
+  if (s.ok() && ::rename(part.c_str(), path.c_str()) != 0) s = ErrnoStatus(errno, path, "rename");
+  if (!s.ok()) ::unlink(part.c_str());
+  return s;
+}
+
 absl::Status WriteFileWhole(const std::string& path, absl::string_view bytes) {
-  static std::atomic<uint64_t> serial{0};
-  const std::string part = absl::StrCat(path, ".", ::getpid(), "-", serial++, ".part");
-  {
-    std::FILE* f = std::fopen(part.c_str(), "wb");
-    if (f == nullptr) {
-      return absl::PermissionDeniedError(absl::StrCat(part, ": ", std::strerror(errno)));
-    }
-    const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-    if (std::fclose(f) != 0 || !ok) {
+  std::string part;
+  absl::StatusOr<int> fd = CreatePartFile(path, &part);
+  if (!fd.ok()) return absl::PermissionDeniedError(fd.status().message());
+  for (size_t done = 0; done < bytes.size();) {
+    const ssize_t n = ::write(*fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(*fd);
       ::unlink(part.c_str());
-      return absl::DataLossError(absl::StrCat(part, ": cannot write"));
+      return absl::DataLossError(absl::StrCat(part, ": cannot write: ", std::strerror(err)));
+    }
+    done += size_t(n);
+  }
+  absl::Status s = CommitPartFile(*fd, part, path);
+  if (!s.ok()) return absl::DataLossError(s.message());
+  return absl::OkStatus();
+}
+
+absl::Status EnsurePrivateDir(const std::string& dir) {
+  // Missing parents first (mode 0700 for what is made here; existing ones are left alone).
+  for (size_t slash = dir.find('/', 1); slash != std::string::npos;
+       slash = dir.find('/', slash + 1)) {
+    const std::string parent = dir.substr(0, slash);
+    if (::mkdir(parent.c_str(), 0700) != 0 && errno != EEXIST) {
+      return ErrnoStatus(errno, parent, "create the directory");
     }
   }
-  if (::rename(part.c_str(), path.c_str()) != 0) {
-    ::unlink(part.c_str());
-    return absl::DataLossError(absl::StrCat(path, ": ", std::strerror(errno)));
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return ErrnoStatus(errno, dir, "create the directory");
   }
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) return ErrnoStatus(errno, dir, "stat");
+  auto refuse = [&dir](absl::string_view why) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        dir, ": ", why, "; feedline keeps no files there (others could plant or cut them): set "
+        "FEEDLINE_CACHE_DIR to a directory of your own"));
+  };
+  if (S_ISLNK(st.st_mode)) return refuse("a symbolic link");
+  if (!S_ISDIR(st.st_mode)) return refuse("not a directory");
+  if (st.st_uid != ::geteuid()) {
+    return refuse(absl::StrCat("owned by uid ", st.st_uid, ", not by this user (uid ",
+                               ::geteuid(), ")"));
+  }
+  if ((st.st_mode & S_IWOTH) != 0) return refuse("writable by others");
   return absl::OkStatus();
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace feedline {
@@ -21,11 +22,25 @@ absl::Status ErrnoStatus(int err, const std::string& path, absl::string_view wha
 // shrinks while being read (one that grows is read whole).
 absl::Status ReadWholeFile(const std::string& path, int64_t max_bytes, std::vector<uint8_t>* bytes);
 
-// Writes `bytes` to `path` whole: under a name of its own ("<path>.<pid>-<n>.part", so that
-// processes writing the same file at once do not mix), then renamed, so a reader never sees
-// half a file. kPermissionDenied when the part cannot be created, kDataLoss when it cannot be
-// written or renamed (the part is removed).
+// Writes `bytes` to `path` whole: into a part file of its own (CreatePartFile), synced, then
+// renamed, so a reader never sees half a file, even after a crash. kPermissionDenied when the
+// part cannot be created, kDataLoss when it cannot be written or renamed (the part is removed).
 absl::Status WriteFileWhole(const std::string& path, absl::string_view bytes);
+
+// A new file beside `path` to write before renaming it to `path`, as mkstemp makes one:
+// "<path>.<random>.part", created exclusively (O_CREAT | O_EXCL: never an existing file, never
+// through a symbolic link someone planted at a name they guessed), mode 0600. Returns the
+// descriptor and sets *part; errors name the file.
+absl::StatusOr<int> CreatePartFile(const std::string& path, std::string* part);
+// Syncs and closes `fd` (the part file), then renames `part` to `path`; on any error the part
+// is removed. A crash after the rename leaves the whole file, never a cut one.
+absl::Status CommitPartFile(int fd, const std::string& part, const std::string& path);
+
+// A directory feedline keeps files in that others could plant or cut: created (with its
+// missing parents) with mode 0700 where it does not exist; refused with kPermissionDenied,
+// naming it and why, when it is a symbolic link, not a directory, not owned by this user, or
+// writable by others.
+absl::Status EnsurePrivateDir(const std::string& dir);
 
 }  // namespace feedline
 

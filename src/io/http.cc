@@ -19,6 +19,7 @@
 #include <string_view>
 #include <thread>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -305,7 +306,15 @@ void Attempt(FetchOp* op) {
   }
   if (!op->ca_bundle.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, op->ca_bundle.c_str());
   curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 1L);
+  // Only http(s), for the request and for every redirect (libcurl would follow one to ftp:// or
+  // file://). A signed request (S3) follows no redirect at all: its session token is a custom
+  // header, which libcurl carries to whatever host a redirect names; S3 redirects only a request
+  // sent to the wrong region or endpoint, which is the user's to fix (the error says so).
+  // Credentials in the URL (user:password@) never go to another host (UNRESTRICTED_AUTH off).
+  curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(curl, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(curl, CURLOPT_UNRESTRICTED_AUTH, 0L);
+  curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, op->s3 != nullptr ? 0L : 1L);
   curl_easy_setopt(curl, CURLOPT_MAXREDIRS, 5L);
   curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, &Write);
   curl_easy_setopt(curl, CURLOPT_WRITEDATA, &op->sink);
@@ -393,6 +402,12 @@ void OnDone(FetchOp* op, CURLcode rc) {
     return Finish(
         op, absl::PermissionDeniedError(absl::StrCat(shown, ": HTTP ", status, " (access denied",
                                                      code.empty() ? "" : ": " + code[0], ")")));
+  } else if (status >= 300 && status < 400 && op->s3 != nullptr) {
+    return Finish(op, absl::FailedPreconditionError(absl::StrCat(
+                          shown, ": HTTP ", status,
+                          ": a signed request is not followed to where S3 redirects it (the "
+                          "bucket is in another region or behind another endpoint: set "
+                          "AWS_REGION or AWS_ENDPOINT_URL_S3)")));
   } else if (status == 408 || status == 429 || status >= 500) {
     op->last = absl::UnavailableError(absl::StrCat(shown, ": HTTP ", status));
     retry = true;
@@ -520,17 +535,19 @@ void HttpFetchAsync(const std::string& url, int64_t offset, int64_t length, cons
 
 absl::Status HttpDownload(const std::string& url, const std::string& path, const HttpOptions& o,
                           HttpCounters* counters, std::string* etag) {
-  // A name of its own (processes of other ranks, or other loaders, may fetch the same file at
-  // once); the complete file is renamed into place.
-  static std::atomic<uint64_t> serial{0};
-  const std::string part = absl::StrCat(path, ".", ::getpid(), "-", serial++, ".part");
-  const int fd = ::open(part.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus(errno, part, "create");
+  // A part file of its own (processes of other ranks, or other loaders, may fetch the same file
+  // at once; nobody can plant a link at its name), synced and renamed into place when whole.
+  std::string part;
+  absl::StatusOr<int> fd = CreatePartFile(path, &part);
+  if (!fd.ok()) return fd.status();
   std::vector<uint8_t> unused;
-  absl::Status s = Fetch(url, 0, 0, o, &unused, fd, counters, etag);
-  if (::close(fd) != 0 && s.ok()) s = ErrnoStatus(errno, part, "close");
-  if (s.ok() && ::rename(part.c_str(), path.c_str()) != 0) s = ErrnoStatus(errno, path, "rename");
-  if (!s.ok()) ::unlink(part.c_str());
+  absl::Status s = Fetch(url, 0, 0, o, &unused, *fd, counters, etag);
+  if (!s.ok()) {
+    ::close(*fd);
+    ::unlink(part.c_str());
+    return s;
+  }
+  s = CommitPartFile(*fd, part, path);
   return s;
 }
 
@@ -541,6 +558,11 @@ absl::StatusOr<S3Listing> S3List(const std::string& bucket, const std::string& p
   S3Listing out;
   std::string token;
   std::vector<uint8_t> page;
+  // A listing must make progress: a continuation token seen before (a server that loops sent
+  // 817 requests in 40 s) or a long run of empty truncated pages ends it with an error.
+  absl::flat_hash_set<std::string> tokens;
+  int empty_pages = 0;
+  constexpr int kMaxEmptyPages = 100;
   for (;;) {
     // Via s3://bucket/?... so that the request is signed; the query carries the listing.
     std::string url =
@@ -551,6 +573,7 @@ absl::StatusOr<S3Listing> S3List(const std::string& bucket, const std::string& p
       return s;
     }
     const absl::string_view xml(reinterpret_cast<const char*>(page.data()), page.size());
+    const size_t before = out.keys.size() + out.prefixes.size();
     for (std::string& k : XmlAll(xml, "Key")) out.keys.push_back(std::move(k));
     if (delimiter) {
       for (const std::string& block : XmlAll(xml, "CommonPrefixes")) {
@@ -560,6 +583,17 @@ absl::StatusOr<S3Listing> S3List(const std::string& bucket, const std::string& p
     const std::vector<std::string> truncated = XmlAll(xml, "IsTruncated");
     const std::vector<std::string> next = XmlAll(xml, "NextContinuationToken");
     if (truncated.empty() || truncated[0] != "true" || next.empty()) break;
+    const std::string shown = ShownName(absl::StrCat("s3://", bucket, "/", prefix));
+    if (!tokens.insert(next[0]).second) {
+      return absl::DataLossError(absl::StrCat(
+          shown, ": the S3 listing repeats a continuation token (the server loops); ",
+          out.keys.size(), " keys listed before it"));
+    }
+    empty_pages = out.keys.size() + out.prefixes.size() == before ? empty_pages + 1 : 0;
+    if (empty_pages >= kMaxEmptyPages) {
+      return absl::DataLossError(absl::StrCat(shown, ": the S3 listing sent ", kMaxEmptyPages,
+                                              " truncated pages in a row without a key"));
+    }
     token = next[0];
   }
   return out;

@@ -1,5 +1,6 @@
 #include "io/shard_cache.h"
 
+#include <pwd.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -32,11 +33,21 @@ bool Exists(const std::string& path) { return ::access(path.c_str(), R_OK) == 0;
 // A LocalCopy's version (the object's ETag) is kept beside it in "<file>.ver".
 constexpr const char* kVersionSuffix = ".ver";
 
+// A name feedline made in the cache folder: "<16 hex digits of the URL's hash>-..." (CachePathFor).
+// Anything else there (a user's own files) is never counted, evicted or cleaned up.
+bool IsFeedlineName(const std::string& name) {
+  if (name.size() < 18 || name[16] != '-') return false;
+  for (size_t i = 0; i < 16; ++i) {
+    if (!absl::ascii_isxdigit(static_cast<unsigned char>(name[i]))) return false;
+  }
+  return true;
+}
+
 // A cached shard file or local copy (not a catalog, a version or a download in progress).
 bool IsShardFile(const std::filesystem::path& p) {
   const std::string name = p.filename().string();
-  return !absl::EndsWith(name, ".idx") && !absl::EndsWith(name, ".part") &&
-         !absl::EndsWith(name, kVersionSuffix);
+  return IsFeedlineName(name) && !absl::EndsWith(name, ".idx") &&
+         !absl::EndsWith(name, ".part") && !absl::EndsWith(name, kVersionSuffix);
 }
 
 // Bytes of the shard files and local copies the cache folder holds.
@@ -68,10 +79,22 @@ void OnThreads(size_t n, size_t threads, const std::function<void(size_t)>& fn) 
 std::string ShardCacheDir() {
   std::string dir = Env("FEEDLINE_CACHE_DIR");
   if (dir.empty()) {
-    const std::string xdg = Env("XDG_CACHE_HOME"), home = Env("HOME");
+    std::string home = Env("HOME");
+    if (home.empty()) {  // containers and schedulers often leave HOME unset: the user's own
+      struct passwd pw {};
+      struct passwd* found = nullptr;
+      std::vector<char> buf(16384);
+      if (::getpwuid_r(::geteuid(), &pw, buf.data(), buf.size(), &found) == 0 &&
+          found != nullptr && found->pw_dir != nullptr && found->pw_dir[0] == '/') {
+        home = found->pw_dir;
+      }
+    }
+    const std::string xdg = Env("XDG_CACHE_HOME");
+    // Last, a folder of this user's own under /tmp (EnsurePrivateDir refuses one that someone
+    // else made first).
     dir = !xdg.empty()    ? xdg + "/feedline"
           : !home.empty() ? home + "/.cache/feedline"
-                          : "/tmp/feedline-cache";
+                          : absl::StrCat("/tmp/feedline-cache-", ::geteuid());
   }
   return dir + "/shards";
 }
@@ -138,7 +161,8 @@ void HoldBudget(const std::string& dir, const std::vector<std::string>& in_use, 
     if (!e.is_regular_file(e2)) continue;
     if (!IsShardFile(e.path())) {
       // A download left by a process that died a day ago: nobody finishes it.
-      if (absl::EndsWith(e.path().filename().string(), ".part") && e.last_write_time(e2) < stale) {
+      const std::string name = e.path().filename().string();
+      if (IsFeedlineName(name) && absl::EndsWith(name, ".part") && e.last_write_time(e2) < stale) {
         std::filesystem::remove(e.path(), e2);
       }
       continue;
@@ -171,9 +195,7 @@ bool ChangedOnServer(const std::string& url, const std::string& cached, const Ht
 absl::StatusOr<std::vector<ShardSource>> PrepareRemoteShards(const std::vector<std::string>& urls,
                                                              const HttpOptions& o) {
   const std::string dir = ShardCacheDir();
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": ", ec.message()));
+  if (absl::Status s = EnsurePrivateDir(dir); !s.ok()) return s;
   const absl::StatusOr<int64_t> budget = Budget(dir);
   if (!budget.ok()) return budget.status();
   std::vector<ShardSource> out(urls.size());
@@ -262,11 +284,10 @@ absl::StatusOr<std::vector<std::string>> LocalCopies(const std::vector<std::stri
   std::vector<std::string> in_use;
   if (std::none_of(paths.begin(), paths.end(), IsHttpUrl)) return out;
   const std::string dir = ShardCacheDir();
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": ", ec.message()));
+  if (absl::Status s = EnsurePrivateDir(dir); !s.ok()) return s;
   const absl::StatusOr<int64_t> budget = Budget(dir);
   if (!budget.ok()) return budget.status();
+  std::error_code ec;
   int64_t needed = 0;
   for (std::string& path : out) {
     if (!IsHttpUrl(path)) continue;

@@ -29,6 +29,10 @@ namespace feedline {
 // Expands one brace range: "d/train-{000000..000009}.tar" -> 10 paths (zero padding kept).
 // A pattern without braces is returned as is. kInvalidArgument for malformed ranges.
 absl::StatusOr<std::vector<std::string>> ExpandBraces(const std::string& pattern);
+// ExpandBraces' bounds on what all the ranges of a pattern make together (a million shards is
+// beyond any data set's; the bytes bound a long pattern).
+inline constexpr int64_t kMaxExpandedNames = 1'000'000;
+inline constexpr int64_t kMaxExpandedBytes = int64_t{256} << 20;
 
 // True when `source` names tar shards (a brace pattern or a path ending in ".tar").
 bool LooksLikeShards(const std::string& source);

@@ -22,7 +22,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "feedline/loader.h"
+#include "core/file_io.h"
 #include "io/http.h"
+#include "io/shard_cache.h"
 #include "io/tar_dataset.h"
 #include "test_util.h"
 
@@ -38,8 +40,9 @@ std::string Body(int n) {
 
 // Serves /slow/<n> (200 after 20 ms), /ok/<n> (200), /flaky/<n> (503 the first time each, then
 // 200), /reset/<n> (the connection closed without an answer the first time, then 200), /forbidden
-// (403), /file/<name> (bytes given to serve_file), anything else 404. Honours Range: bytes=a-b
-// on /ok and /file.
+// (403), /file/<name> (bytes given to serve_file), .../redirect-to/<port>/<path> (302 to
+// http://127.0.0.1:<port>/<path>), .../redirect-ftp (302 to an ftp:// URL), anything else 404.
+// Honours Range: bytes=a-b on /ok and /file. Keeps every request's head (heads()).
 class TestServer {
  public:
   TestServer() {
@@ -73,6 +76,10 @@ class TestServer {
   }
   // The most /slow/ requests served at once.
   int max_concurrent() const { return max_concurrent_.load(); }
+  std::vector<std::string> heads() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return heads_;
+  }
 
  private:
   void AcceptLoop() {
@@ -100,6 +107,10 @@ class TestServer {
       const std::string head = buf.substr(0, end);
       buf.erase(0, end + 4);
       requests_.fetch_add(1);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        heads_.push_back(head);
+      }
       const size_t sp = head.find(' '), sp2 = head.find(' ', sp + 1);
       const std::string path = head.substr(sp + 1, sp2 - sp - 1);
       int64_t from = -1, to = -1;
@@ -135,6 +146,32 @@ class TestServer {
                            file.size(), "\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
           ::send(c, msg.data(), msg.size(), MSG_NOSIGNAL);
         }
+        continue;
+      }
+      if (const size_t r = path.find("/redirect-to/"); r != std::string::npos) {
+        const std::string rest = path.substr(r + 13);  // <port>/<path>
+        const std::string msg = absl::StrCat(
+            "HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:", rest.substr(0, rest.find('/')),
+            rest.substr(rest.find('/')), "\r\nContent-Length: 0\r\n\r\n");
+        ::send(c, msg.data(), msg.size(), MSG_NOSIGNAL);
+        continue;
+      }
+      if (path.find("list-type=2") != std::string::npos) {  // an S3 listing that loops
+        const std::string body =
+            path.find("empty") != std::string::npos
+                ? absl::StrCat("<ListBucketResult><IsTruncated>true</IsTruncated>"
+                               "<NextContinuationToken>t", requests_.load(),
+                               "</NextContinuationToken></ListBucketResult>")
+                : std::string("<ListBucketResult><Contents><Key>a.jpg</Key></Contents>"
+                              "<IsTruncated>true</IsTruncated><NextContinuationToken>same"
+                              "</NextContinuationToken></ListBucketResult>");
+        reply(200, body);
+        continue;
+      }
+      if (path.find("/redirect-ftp") != std::string::npos) {
+        const std::string msg = absl::StrCat("HTTP/1.1 302 Found\r\nLocation: ftp://127.0.0.1:",
+                                             port_, "/x\r\nContent-Length: 0\r\n\r\n");
+        ::send(c, msg.data(), msg.size(), MSG_NOSIGNAL);
         continue;
       }
       if (path.rfind("/slow/", 0) == 0) {  // 20 ms per request, as a remote store
@@ -183,6 +220,7 @@ class TestServer {
   std::vector<std::thread> workers_;
   std::map<std::string, int> seen_;
   std::map<std::string, std::string> files_;
+  std::vector<std::string> heads_;
 };
 
 HttpOptions Fast() {
@@ -380,6 +418,162 @@ TEST_CASE("http: a shard read by range gives the local shard's records, blocking
 
 namespace feedline {
 namespace {
+
+TEST_CASE("http: redirects stay on http(s); signed requests and their token never leave",
+          "[io]") {
+  TestServer a, b;
+  std::vector<uint8_t> out;
+  // A plain redirect to another host is followed.
+  const std::string other = absl::StrCat("/redirect-to/", b.url("").substr(17), "/ok/30");
+  REQUIRE(HttpFetch(a.url(other), 0, 0, Fast(), &out).ok());
+  CHECK(std::string(out.begin(), out.end()) == Body(30));
+  // A redirect to ftp:// is refused (libcurl would follow it by default).
+  const absl::Status ftp = HttpFetch(a.url("/redirect-ftp"), 0, 0, Fast(), &out);
+  CHECK(!ftp.ok());
+  // A signed S3 request that is redirected to another host: an error, and that host never sees
+  // the session token (a custom header, which libcurl would carry to any host).
+  auto s3 = std::make_shared<S3Config>();
+  s3->endpoint = a.url("");
+  s3->region = "us-east-1";
+  s3->access_key = "AKIDEXAMPLE";
+  s3->secret_key = "SECRETKEYSECRET";
+  s3->session_token = "TOKSECRET";
+  HttpOptions o = Fast();
+  o.s3 = s3;
+  const int before = b.requests();
+  const absl::Status st = HttpFetch(
+      absl::StrCat("s3://bucket/redirect-to/", b.url("").substr(17), "/ok/30"), 0, 0, o, &out);
+  CHECK(!st.ok());
+  CHECK_THAT(std::string(st.message()), Catch::Contains("redirect"));
+  CHECK(b.requests() == before);
+  for (const std::string& head : b.heads()) {
+    CHECK(head.find("TOKSECRET") == std::string::npos);
+    CHECK(head.find("AKIDEXAMPLE") == std::string::npos);
+  }
+  // The signed request did go to the endpoint, with its token.
+  bool signed_sent = false;
+  for (const std::string& head : a.heads()) signed_sent |= head.find("TOKSECRET") != std::string::npos;
+  CHECK(signed_sent);
+}
+
+// Sets (or, with nullptr, unsets) an environment variable for the scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    if (value != nullptr) {
+      ::setenv(name, value, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      ::setenv(name_.c_str(), old_.c_str(), 1);
+    } else {
+      ::unsetenv(name_.c_str());
+    }
+  }
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
+TEST_CASE("cache: a folder others can write or plant is refused; user files are never evicted",
+          "[io]") {
+  TestServer server;
+  testing::TempDir tmp;
+  namespace fs = std::filesystem;
+  {  // HOME and XDG_CACHE_HOME unset: the user's home from the password database, not /tmp
+    ScopedEnv a("FEEDLINE_CACHE_DIR", nullptr), b("HOME", nullptr), c("XDG_CACHE_HOME", nullptr);
+    const std::string dir = ShardCacheDir();
+    CHECK(dir.rfind("/tmp", 0) != 0);
+    CHECK_THAT(dir, Catch::EndsWith("/.cache/feedline/shards"));
+  }
+  {  // writable by others (a shared folder): refused, naming why
+    const std::string shared = tmp.path() + "/shared";
+    fs::create_directories(shared + "/shards");
+    fs::permissions(shared + "/shards", fs::perms::all);
+    ScopedEnv env("FEEDLINE_CACHE_DIR", shared.c_str());
+    const absl::StatusOr<std::string> copy = LocalCopy(server.url("/ok/100"));
+    REQUIRE(absl::IsPermissionDenied(copy.status()));
+    CHECK_THAT(std::string(copy.status().message()), Catch::Contains("writable by others"));
+  }
+  {  // a symbolic link planted where the cache folder goes: refused, nothing written through it
+    const std::string target = tmp.path() + "/elsewhere";
+    fs::create_directories(target);
+    fs::create_directories(tmp.path() + "/planted");
+    fs::create_symlink(target, tmp.path() + "/planted/shards");
+    ScopedEnv env("FEEDLINE_CACHE_DIR", (tmp.path() + "/planted").c_str());
+    const absl::StatusOr<std::string> copy = LocalCopy(server.url("/ok/100"));
+    REQUIRE(absl::IsPermissionDenied(copy.status()));
+    CHECK_THAT(std::string(copy.status().message()), Catch::Contains("symbolic link"));
+    CHECK(fs::is_empty(target));
+  }
+  {  // a private folder: made 0700; the copy is whole, 0600, no part file left; a user's own
+     // file in the folder survives a budget of 0
+    const std::string mine = tmp.path() + "/mine";
+    ScopedEnv env("FEEDLINE_CACHE_DIR", mine.c_str());
+    ScopedEnv budget("FEEDLINE_SHARD_CACHE_BYTES", "0");
+    REQUIRE(EnsurePrivateDir(mine + "/shards").ok());
+    CHECK((fs::status(mine + "/shards").permissions() & fs::perms::all) == fs::perms::owner_all);
+    testing::WriteFile(mine + "/shards/notes.txt", "the user's own");
+    testing::WriteFile(mine + "/shards/old.part", "the user's own too");
+    for (int k = 0; k < 2; ++k) {
+      const absl::StatusOr<std::string> copy = LocalCopy(server.url(absl::StrCat("/ok/", 100 + k)));
+      REQUIRE(copy.ok());
+      CHECK(testing::ReadFile(*copy) == Body(100 + k));
+      CHECK((fs::status(*copy).permissions() & fs::perms::all) ==
+            (fs::perms::owner_read | fs::perms::owner_write));
+    }
+    CHECK(testing::ReadFile(mine + "/shards/notes.txt") == "the user's own");
+    CHECK(fs::exists(mine + "/shards/old.part"));
+    for (const auto& e : fs::directory_iterator(mine + "/shards")) {
+      const std::string name = e.path().filename().string();
+      CHECK((name == "old.part" || name.find(".part") == std::string::npos));
+    }
+  }
+}
+
+TEST_CASE("s3 listing: a server that repeats a token or never lists a key is an error",
+          "[io]") {
+  TestServer server;
+  HttpOptions o = Fast();
+  auto s3 = std::make_shared<S3Config>();
+  s3->endpoint = server.url("");
+  s3->region = "us-east-1";
+  o.s3 = s3;
+  const absl::StatusOr<S3Listing> loop = S3List("bucket", "train/", false, o);
+  REQUIRE(absl::IsDataLoss(loop.status()));
+  CHECK_THAT(std::string(loop.status().message()), Catch::Contains("repeats a continuation"));
+  CHECK(server.requests() == 2);
+  const absl::StatusOr<S3Listing> empty = S3List("bucket", "empty/", false, o);
+  REQUIRE(absl::IsDataLoss(empty.status()));
+  CHECK(server.requests() <= 2 + 100);
+}
+
+TEST_CASE("brace ranges: the product is bounded before anything is made", "[io]") {
+  auto two = ExpandBraces("s3://b/x-{0000..0002}-{00..01}.tar");
+  REQUIRE(two.ok());
+  CHECK(*two == std::vector<std::string>{"s3://b/x-0000-00.tar", "s3://b/x-0000-01.tar",
+                                         "s3://b/x-0001-00.tar", "s3://b/x-0001-01.tar",
+                                         "s3://b/x-0002-00.tar", "s3://b/x-0002-01.tar"});
+  CHECK(ExpandBraces("d/train-{000000..999999}.tar").ok());  // a million: the bound itself
+  const auto t0 = std::chrono::steady_clock::now();
+  // Two ranges of 3,000 (9M names) and three of 200: refused at once, naming the count.
+  const auto product = ExpandBraces("https://u:pw@h/{0000..2999}/{0000..2999}.tar?sig=S");
+  REQUIRE(absl::IsInvalidArgument(product.status()));
+  CHECK_THAT(std::string(product.status().message()), Catch::Contains("9000000 names"));
+  CHECK(std::string(product.status().message()).find("pw") == std::string::npos);
+  CHECK(absl::IsInvalidArgument(ExpandBraces("{000..199}{000..199}{000..199}").status()));
+  // A long pattern: bounded in bytes as well.
+  const std::string long_name(4096, 'x');
+  CHECK(absl::IsInvalidArgument(ExpandBraces(long_name + "{000000..099999}").status()));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  CHECK(absl::IsInvalidArgument(ExpandBraces("d/{5..3}.tar").status()));
+  CHECK(absl::IsInvalidArgument(ExpandBraces("d/{0..99999999999999999999}.tar").status()));
+}
 
 TEST_CASE("ShownName: no byte of a password or a signature survives", "[io]") {
   // Passwords with every delimiter a URL parser could stop at, unencoded as users write them.
