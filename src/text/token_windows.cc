@@ -19,13 +19,26 @@
 namespace feedline::text {
 namespace {
 
-// The read-only mapping of one token file, unmapped with the last holder.
+// The read-only mapping of one token file, unmapped with the last holder. The file stays open:
+// a file cut short under a running loader would turn the mapping's reads past its new end into
+// SIGBUS, so every sample first checks that the file still holds the bytes it reads (one fstat).
 struct Mapping {
   std::string path;
   const uint8_t* data = nullptr;
   size_t bytes = 0;
+  int fd = -1;
   ~Mapping() {
     if (data != nullptr) munmap(const_cast<uint8_t*>(data), bytes);
+    if (fd >= 0) ::close(fd);
+  }
+  // OK when bytes [0, end) are still in the file; else a DataError naming it.
+  absl::Status Holds(uint64_t end) const {
+    struct stat st {};
+    if (fd >= 0 && ::fstat(fd, &st) == 0 && uint64_t(st.st_size) >= end) return absl::OkStatus();
+    return absl::DataLossError(absl::StrCat(
+        path, ": the token file was cut to ", fd >= 0 ? int64_t(st.st_size) : 0,
+        " bytes while in use (it had ", bytes, "; this sample reads up to byte ", end,
+        "): replace such files by renaming a new one into place, never by rewriting them"));
   }
 };
 
@@ -76,6 +89,7 @@ class TokenWindowTransform final : public SampleTransform {
   template <typename T>
   absl::Status Copy(int64_t start, int64_t* ids, int64_t* labels) const {
     const int64_t n = o_.seq_len;
+    if (absl::Status s = map_->Holds(uint64_t(start + n + 1) * sizeof(T)); !s.ok()) return s;
     const uint8_t* base = map_->data + size_t(start) * sizeof(T);
     T prev;
     std::memcpy(&prev, base, sizeof(T));  // unaligned-safe; little-endian hosts
@@ -131,8 +145,11 @@ absl::StatusOr<std::shared_ptr<const Mapping>> MapTokenFile(const std::string& p
   }
   void* p = mmap(nullptr, size_t(bytes), PROT_READ, MAP_SHARED, fd, 0);
   const int err = errno;
-  ::close(fd);
-  if (p == MAP_FAILED) return ErrnoStatus(err, name, "mmap");
+  if (p == MAP_FAILED) {
+    ::close(fd);
+    return ErrnoStatus(err, name, "mmap");
+  }
+  map->fd = fd;
   map->data = static_cast<const uint8_t*>(p);
   map->bytes = size_t(bytes);
   // Samples are read in a shuffled order: tell the kernel not to read ahead sequentially.
@@ -187,7 +204,12 @@ class TokenDocumentTransform final : public SampleTransform {
   absl::Status Apply(const Record&, const SampleContext& ctx, WorkerState*,
                      SampleWriter& out) const override {
     const int64_t a = int64_t(docs_->begin(ctx.index())), b = int64_t(docs_->end(ctx.index()));
-    if (a == b) return absl::DataLossError("empty document");
+    if (a == b) {  // an empty document: no tokens, and the packer skips and counts it
+      absl::StatusOr<int32_t*> none = out.Shaped<int32_t>(0, {0});
+      return none.ok() ? absl::OkStatus() : none.status();
+    }
+    const size_t token_bytes = o_.dtype == TokenDType::kUint16 ? 2 : 4;
+    if (absl::Status s = map_->Holds(uint64_t(b) * token_bytes); !s.ok()) return s;
     const int64_t eos = o_.eos_id >= 0 ? 1 : 0;
     const int64_t n = std::min(b - a + eos, o_.max_length);
     if (o_.cut) o_.cut->Add(b - a + eos - n);

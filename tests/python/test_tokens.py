@@ -217,3 +217,32 @@ def test_document_index_errors(tmp_path):
     ld = feedline.TokenLoader(path, seq_len=64, index=index, pack="concat", vocab_size=100)
     with pytest.raises(feedline.DataError, match="docs.bin: document .*not below vocab_size 100"):
         list(ld)
+
+
+_SHRINK = r"""
+import os, sys
+import numpy as np
+import feedline
+path = sys.argv[1]
+np.arange(200_000, dtype=np.uint16).tofile(path)
+loader = feedline.TokenLoader(path, seq_len=63, batch_size=8, dtype="uint16", workers=1,
+                              prefetch=1, shuffle=False)
+it = iter(loader)
+next(it)
+os.truncate(path, 2 * 1000)          # cut under the running loader
+try:
+    for b in it:
+        pass
+except feedline.DataError as e:
+    print("DataError:", e)
+"""
+
+
+def test_a_token_file_cut_under_a_running_loader_is_a_data_error(tmp_path):
+    """Reading a mapped file past its new end raised SIGBUS and killed the process."""
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-c", _SHRINK, str(tmp_path / "t.bin")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+    assert "DataError:" in p.stdout and "t.bin" in p.stdout and "was cut to 2000 bytes" in p.stdout
