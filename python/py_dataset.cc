@@ -552,14 +552,37 @@ absl::Status PyTransform::ApplyProcess(int64_t position, SampleWriter& out) cons
     Io io = WriteAll(p.request_fd, request.data(), request.size() * 8) ? Io::kOk : Io::kEof;
     if (io == Io::kOk) io = ReadAll(p.reply_fd, reply, sizeof reply, timeout, closed_, stopping_);
     std::vector<uint8_t> inline_payload;
-    if (io == Io::kOk && reply[1] != 0) {
-      if (reply[2] < 0 || reply[2] > (int64_t(1) << 40)) {
-        io = Io::kError;
-      } else {
-        inline_payload.resize(size_t(reply[2]));
-        io = ReadAll(p.reply_fd, inline_payload.data(), inline_payload.size(), timeout, closed_,
-                     stopping_);
+    // Every field of the reply is checked before it is used: a status and an "inline" flag of 0
+    // or 1, a size within what the staging area holds (or, inline, within kMaxInlineReply, and
+    // only what this process can allocate). Anything else is a malformed reply: the error of
+    // this sample, and the worker is replaced (its pipe may hold the rest of the lie).
+    std::string malformed;
+    if (io == Io::kOk) {
+      if ((reply[0] != 0 && reply[0] != 1) || (reply[1] != 0 && reply[1] != 1)) {
+        malformed = absl::StrCat("status ", reply[0], ", inline ", reply[1]);
+      } else if (reply[2] < 0 || (reply[1] == 0 && uint64_t(reply[2]) > p.staging_bytes) ||
+                 (reply[1] != 0 && reply[2] > kMaxInlineReply)) {
+        malformed = absl::StrCat("a payload of ", reply[2], " bytes (staging area ",
+                                 p.staging_bytes, ", inline at most ", kMaxInlineReply, ")");
+      } else if (reply[1] != 0) {
+        try {
+          inline_payload.resize(size_t(reply[2]));
+        } catch (const std::bad_alloc&) {
+          malformed = absl::StrCat("a payload of ", reply[2], " bytes, which cannot be allocated");
+        }
+        if (malformed.empty()) {
+          io = ReadAll(p.reply_fd, inline_payload.data(), inline_payload.size(), timeout,
+                       closed_, stopping_);
+        }
       }
+    }
+    if (!malformed.empty()) {
+      malformed_.fetch_add(1);
+      ::kill(p.pid, SIGKILL);
+      Respawn(i);
+      return Failed(position, absl::StrCat("feedline: worker process ", p.pid,
+                                           " sent a malformed reply (", malformed, ") for ",
+                                           what, "; it was replaced\n{\"type\": \"RuntimeError\"}"));
     }
     if (io == Io::kClosed) {
       ReleaseProc(i);
@@ -590,10 +613,6 @@ absl::Status PyTransform::ApplyProcess(int64_t position, SampleWriter& out) cons
     }
     const uint8_t* payload = reply[1] != 0 ? inline_payload.data() : p.staging;
     const size_t n = size_t(reply[2]);
-    if (reply[1] == 0 && n > p.staging_bytes) {
-      ReleaseProc(i);
-      return Failed(position, "feedline: a worker's reply overruns its staging area");
-    }
     absl::Status st;
     if (reply[0] != 0) {
       st = Failed(position, std::string(reinterpret_cast<const char*>(payload), n));
@@ -650,6 +669,7 @@ py::dict PyTransform::Stats() const {
   d["worker_deaths"] = deaths_.load();
   d["retries"] = retries_.load();
   d["timeouts"] = timeouts_.load();
+  d["malformed_replies"] = malformed_.load();
   d["processes"] = processes();
   return d;
 }

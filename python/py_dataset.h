@@ -43,6 +43,10 @@
 
 namespace feedline::python {
 
+// The largest reply a worker process may send inline (a sample or a batch-mode result larger
+// than its staging area): past it the reply is malformed, never allocated.
+inline constexpr int64_t kMaxInlineReply = int64_t{4} << 30;
+
 // Positions 0..n-1 with nothing to read: the transform makes each sample.
 std::shared_ptr<const Dataset> MakePositions(int64_t n, uint64_t fingerprint);
 
@@ -126,7 +130,7 @@ class PyTransform : public SampleTransform {
   // Worker threads: gil_wait_ns_ waiting to take the GIL for a sample, call_ns_ in the dataset's
   // code (wall), off_cpu_ns_ the part of it off a CPU (the GIL taken back, I/O, a core).
   mutable std::atomic<int64_t> samples_{0}, gil_wait_ns_{0}, call_ns_{0}, off_cpu_ns_{0},
-      deaths_{0}, retries_{0}, timeouts_{0};
+      deaths_{0}, retries_{0}, timeouts_{0}, malformed_{0};
 };
 
 }  // namespace feedline::python

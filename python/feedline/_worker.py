@@ -48,6 +48,27 @@ def _write_all(fd, data):
         view = view[n:]
 
 
+def exit_with_parent(parent_pid, period_s=0.5):
+    """The worker ends when the loader's process does (SIGKILL, or SIGTERM as schedulers send):
+    a daemon thread checks the parent every `period_s` and ends this process at once when it is
+    gone, whatever the worker is blocked in (a full queue's put, the dataset's own code). Not
+    PR_SET_PDEATHSIG: that fires when the *thread* that forked exits, and iter(loader) may run
+    on a thread that ends long before the loader does."""
+    import threading
+    import time
+
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+    def watch():
+        while True:
+            time.sleep(period_s)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="feedline-parent-watch", daemon=True).start()
+
+
 def set_worker_info(worker_id, num_workers, seed, dataset):
     from torch.utils.data._utils import worker as tw
     tw._worker_info = tw.WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed,
@@ -70,8 +91,11 @@ def seed_worker(base_seed, worker_id):
 
 
 def main(dataset, schema, batch_mode, collate_fn, request_fd, reply_fd, staging_fd,
-         staging_bytes, worker_id, num_workers, base_seed, worker_init_fn, close_fds):
+         staging_bytes, worker_id, num_workers, base_seed, worker_init_fn, close_fds,
+         parent_pid=None):
     """The worker's loop: until the loader asks it to stop or goes away."""
+    if parent_pid is not None:  # also when a sample's code never returns
+        exit_with_parent(parent_pid)
     import torch
     from . import _collate
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training loop's

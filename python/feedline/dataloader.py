@@ -16,6 +16,7 @@ robin as torch takes them.
 
 import atexit
 import collections
+import copy
 import hashlib
 import inspect
 import itertools
@@ -24,6 +25,7 @@ import os
 import pickle
 import threading
 import time
+import typing
 import weakref
 
 import torch
@@ -60,17 +62,22 @@ def _close_all():  # before the interpreter goes: no engine thread may wait for 
 
 # get_worker_info() inside thread workers: torch's function reads one module global, so the
 # thread executor answers per thread (None outside feedline's threads, as in the main process).
+# torch's own function object is made to look there (its code replaced, its globals kept), so
+# that a `from torch.utils.data import get_worker_info` made before feedline was imported, or
+# held by any other module, answers the same.
 _tls = threading.local()
-_torch_get_worker_info = tud.get_worker_info
+tud._utils.worker._feedline_tls = _tls
 
 
-def _get_worker_info():
-    info = getattr(_tls, "info", None)
-    return info if info is not None else _torch_get_worker_info()
+def _thread_aware_get_worker_info():
+    # Runs with torch.utils.data._utils.worker's globals (the code is moved into torch's
+    # function below): _feedline_tls and _worker_info are that module's.
+    info = getattr(_feedline_tls, "info", None)  # noqa: F821
+    return info if info is not None else _worker_info  # noqa: F821
 
 
-tud.get_worker_info = _get_worker_info
-tud._utils.worker.get_worker_info = _get_worker_info
+if tud._utils.worker.get_worker_info.__code__.co_freevars == ():
+    tud._utils.worker.get_worker_info.__code__ = _thread_aware_get_worker_info.__code__
 
 
 def _resolve_type(name):
@@ -138,7 +145,10 @@ def _order_fingerprint(batches):
     return h.hexdigest()
 
 
-class DataLoader:
+_T_co = typing.TypeVar("_T_co", covariant=True)
+
+
+class DataLoader(typing.Generic[_T_co]):
     """A drop-in for ``torch.utils.data.DataLoader`` (same arguments, same batches).
 
     feedline's own keyword arguments:
@@ -156,8 +166,12 @@ class DataLoader:
 
     ``num_workers=0`` loads in the calling thread as torch does; any other count (or None)
     loads in parallel with the worker count tuned (``workers=N`` fixes it). For an
-    IterableDataset ``num_workers`` is the number of replicas, as in torch (None: one per core).
+    IterableDataset ``num_workers`` is the number of replicas, as in torch; left out it is 0,
+    torch's default (replicas of an IterableDataset each yield the whole stream unless it
+    shards itself by ``get_worker_info()``, so feedline never makes them on its own).
     """
+
+    __initialized = False
 
     def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None,
                  num_workers=None, collate_fn=None, pin_memory=False, drop_last=False,
@@ -194,6 +208,22 @@ class DataLoader:
                              "own collation (leave collate_fn=None)")
         if isinstance(pad_value, bool) or not isinstance(pad_value, (int, float)):
             raise TypeError(f"pad_value: expected a number, got {type(pad_value).__name__}")
+        if multiprocessing_context is not None:
+            import multiprocessing as _mp
+            if num_workers == 0:
+                raise ValueError("multiprocessing_context can only be used with multi-process "
+                                 f"loading (num_workers > 0), but got num_workers={num_workers}")
+            if isinstance(multiprocessing_context, str):
+                valid = _mp.get_all_start_methods()
+                if multiprocessing_context not in valid:
+                    raise ValueError("multiprocessing_context option should specify a valid start "
+                                     f"method in {valid!r}, but got multiprocessing_context="
+                                     f"{multiprocessing_context!r}")
+                multiprocessing_context = _mp.get_context(multiprocessing_context)
+            elif not isinstance(multiprocessing_context, _mp.context.BaseContext):
+                raise TypeError("multiprocessing_context option should be a valid context object "
+                                "or a string specifying the start method, but got "
+                                f"multiprocessing_context={multiprocessing_context}")
         if prefetch_factor not in (None, _TORCH_PREFETCH_DEFAULT) and num_workers == 0:
             raise ValueError("prefetch_factor option could only be specified in multiprocessing."
                              "let num_workers > 0 to enable multiprocessing.")
@@ -284,6 +314,16 @@ class DataLoader:
         self._resume = None
         self._epoch_state = None
         _LIVE.add(self)
+        self.__initialized = True
+
+    def __setattr__(self, attr, val):
+        # As torch: the loading layout is fixed once the loader exists (a change would be
+        # silently ignored by the batches already planned).
+        if self.__initialized and attr in ("batch_size", "batch_sampler", "sampler", "drop_last",
+                                           "dataset", "persistent_workers"):
+            raise ValueError(f"{attr} attribute should not be set after "
+                             f"{self.__class__.__name__} is initialized")
+        super().__setattr__(attr, val)
 
     # --- torch's attributes ---------------------------------------------------------------
     @property
@@ -679,9 +719,17 @@ class DataLoader:
         # worker_init_fn, once for the loader's life (persistent workers).
         info = self._thread_workers.get(worker)
         if info is None:
+            # Each worker its own (shallow) copy of the dataset, as each of torch's worker
+            # processes has: what worker_init_fn stores on get_worker_info().dataset (torch's
+            # documented idiom for sharding) stays that worker's. A dataset that cannot be
+            # copied is shared, as before.
+            try:
+                own = copy.copy(self.dataset)
+            except Exception:  # noqa: BLE001
+                own = self.dataset
             info = tud._utils.worker.WorkerInfo(
                 id=worker, num_workers=max(_cpus(), worker + 1), seed=torch.initial_seed(),
-                dataset=self.dataset)
+                dataset=own)
             _tls.info = info
             if self.worker_init_fn is not None:
                 try:
@@ -691,21 +739,22 @@ class DataLoader:
                                               "a feedline worker thread")
             self._thread_workers[worker] = info
         _tls.info = info
+        dataset = info.dataset
         if self._batch_mode:
             keys = self._keys[position]
             what = f"the batch of dataset{keys}"
             try:
                 if self._auto_collation:
-                    out = self._collate_batch([self.dataset[k] for k in keys])
+                    out = self._collate_batch([dataset[k] for k in keys])
                 else:
-                    out = self.collate_fn(self.dataset[keys[0]])
+                    out = self.collate_fn(dataset[keys[0]])
             except Exception as e:  # noqa: BLE001
                 return _worker.error_text(e, what, "a feedline worker thread")
             self._results[position] = out
             return None
         key = self._keys[position]
         try:
-            return _collate.flatten(self.dataset[key], self._schema, contiguous=False)
+            return _collate.flatten(dataset[key], self._schema, contiguous=False)
         except Exception as e:  # noqa: BLE001
             return _worker.error_text(e, f"dataset[{key}]", "a feedline worker thread")
 
@@ -736,7 +785,7 @@ class DataLoader:
                               self._collate_batch if self._auto_collation else None, req_r, rep_w,
                               sfd, self._staging, i, self._transform.processes or 1,
                               self._base_seed_procs, self.worker_init_fn,
-                              list(close_fds) + [req_w, rep_r]))
+                              list(close_fds) + [req_w, rep_r], os.getpid()))
         p.start()
         os.close(req_r)
         os.close(rep_w)
@@ -1083,7 +1132,7 @@ class _IterableIter(_BaseIter):
     def __init__(self, owner, base_seed):
         super().__init__(owner)
         o = owner
-        n = o.num_workers if o.num_workers is not None else _cpus()
+        n = o.num_workers if o.num_workers is not None else 0  # torch's default
         self._n = n
         if n == 0:
             o._executor, o._executor_reason = "main", "num_workers=0"
@@ -1109,7 +1158,7 @@ class _IterableIter(_BaseIter):
             self._workers = [ctx.Process(target=_iterable_worker, daemon=True,
                                          args=(o.dataset, o.batch_size, o.drop_last,
                                                o.collate_fn, self._queues[i], self._stop, i, n,
-                                               base_seed, o.worker_init_fn))
+                                               base_seed, o.worker_init_fn, os.getpid()))
                              for i in range(n)]
         for w in self._workers:
             w.start()
@@ -1130,13 +1179,17 @@ class _IterableIter(_BaseIter):
 
     def _thread_main(self, i, base_seed):
         o = self._owner
+        try:  # each replica its own copy, as in torch's worker processes (see _fetch)
+            own = copy.copy(o.dataset)
+        except Exception:  # noqa: BLE001
+            own = o.dataset
         _tls.info = tud._utils.worker.WorkerInfo(id=i, num_workers=self._n, seed=base_seed + i,
-                                                 dataset=o.dataset)
+                                                 dataset=own)
         q = self._queues[i]
         try:
             if o.worker_init_fn is not None:
                 o.worker_init_fn(i)
-            for b in self._batched(iter(o.dataset)):
+            for b in self._batched(iter(own)):
                 while not self._stop.is_set():
                     try:
                         q.put(("batch", b), timeout=0.1)
@@ -1202,8 +1255,9 @@ class _IterableIter(_BaseIter):
 
 
 def _iterable_worker(dataset, batch_size, drop_last, collate_fn, q, stop, i, n, base_seed,
-                     init_fn):
+                     init_fn, parent_pid):
     import signal
+    _worker.exit_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     seed = _worker.seed_worker(base_seed, i)

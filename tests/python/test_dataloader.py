@@ -270,7 +270,10 @@ class Hangs(tud.Dataset):
         return torch.tensor([i])
 
 ds = Hangs()
-loader = feedline.DataLoader(ds, batch_size=4, num_workers=2, executor="thread", timeout=1)
+# persistent_workers=False (torch's default): each epoch's workers see the dataset as it is at
+# iter(loader) (their own copies are made anew), so the change below reaches them.
+loader = feedline.DataLoader(ds, batch_size=4, num_workers=2, executor="thread", timeout=1,
+                             persistent_workers=False)
 t0 = time.monotonic()
 try:
     for b in loader:
@@ -317,6 +320,46 @@ class KillsItsWorker(tud.Dataset):
         return torch.tensor([i])
 
 
+class LiesInItsReply(tud.Dataset):
+    """Sample `victim` makes its worker process send a malformed reply header."""
+
+    def __init__(self, header):
+        self.header = header
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        if i == 5 and tud.get_worker_info() is not None:
+            from feedline import _worker
+            real = _worker._write_all
+            header = self.header
+
+            def lie(fd, data):
+                _worker._write_all = real
+                real(fd, _worker._HEADER.pack(*header))
+            _worker._write_all = lie
+        return torch.tensor([i])
+
+
+@pytest.mark.parametrize("header", [(0, 1, 1 << 40), (0, 1, (1 << 62)), (0, 0, 1 << 40),
+                                    (0, 1, -5), (7, 0, 8), (0, 3, 8)])
+def test_a_malformed_worker_reply_is_the_samples_error_and_the_worker_is_replaced(header):
+    """A reply that claims a 1 TiB inline payload once threw bad_alloc in the process executor:
+    the worker slot was never released and training waited forever for its batch."""
+    loader = feedline.DataLoader(LiesInItsReply(header), batch_size=1, num_workers=2,
+                                 executor="process", timeout=60)
+    t = time.monotonic()
+    it = iter(loader)
+    got = [int(next(it)) for _ in range(5)]
+    with pytest.raises(RuntimeError, match="malformed reply"):
+        next(it)
+    got += [int(b) for b in it]
+    assert got == [i for i in range(12) if i != 5]
+    assert loader.stats()["python"]["malformed_replies"] == 1
+    assert time.monotonic() - t < 30
+
+
 def test_a_dead_worker_is_replaced_and_its_sample_retried(tmp_path):
     loader = feedline.DataLoader(KillsItsWorker(str(tmp_path / "m")), batch_size=4,
                                  num_workers=2, executor="process")
@@ -334,47 +377,48 @@ def test_a_sample_that_always_kills_its_worker_is_a_clear_error(tmp_path):
         list(loader)
 
 
-class Slow(tud.Dataset):
+class KillsItsWorkerAtRandom(tud.Dataset):
+    """Samples that SIGKILL the worker process loading them, ~8% of them each round, each at
+    most once per round (a marker file made exclusively before the kill): a worker that dies
+    twice on one sample is an error by design, so the test must never do that, whatever the
+    machine's speed (a killer thread choosing processes by age could hit a retry on a loaded
+    machine)."""
+
+    def __init__(self, markers):
+        self.markers = markers
+        self.round = 0
+
     def __len__(self):
         return 300
 
     def __getitem__(self, i):
         time.sleep(0.002)
+        if tud.get_worker_info() is not None and (i * 7919 + self.round * 104729) % 13 == 0:
+            try:
+                fd = os.open(os.path.join(self.markers, f"{self.round}-{i}"),
+                             os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                os.close(fd)
+                os.kill(os.getpid(), signal.SIGKILL)
+            except FileExistsError:
+                pass
         return torch.tensor([i])
 
 
-def test_soak_random_worker_kills_lose_no_sample():
-    loader = feedline.DataLoader(Slow(), batch_size=10, num_workers=2, executor="process")
-    rng = random.Random(5)
-    stop = threading.Event()
-
-    seen = {}  # pid -> when the killer first saw it
-
-    def killer():
-        # A worker that dies twice on one sample is an error by design (the retry runs on a
-        # fresh process): kill only workers that have lived 0.25 s, so each retry can finish
-        # even on a loaded machine.
-        while not stop.wait(rng.uniform(0.03, 0.1)):
-            now = time.monotonic()
-            procs = [p for p in loader._procs.values()
-                     if p.is_alive() and now - seen.setdefault(p.pid, now) > 0.25]
-            if procs:
-                try:
-                    os.kill(rng.choice(procs).pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-
-    for _ in range(4):
-        t = threading.Thread(target=killer)
-        t.start()
-        try:
-            values = torch.cat(list(loader)).flatten().tolist()
-        finally:
-            stop.set()
-            t.join()
-        stop.clear()
+def test_soak_random_worker_kills_lose_no_sample(tmp_path):
+    ds = KillsItsWorkerAtRandom(str(tmp_path))
+    killed = 0
+    for r in range(4):
+        # persistent_workers=False: each round's workers see the round (their dataset copies
+        # are made at iter()).
+        loader = feedline.DataLoader(ds, batch_size=10, num_workers=2, executor="process",
+                                     persistent_workers=False)
+        ds.round = r
+        values = torch.cat(list(loader)).flatten().tolist()
         assert values == list(range(300))
-    assert loader.stats()["python"]["worker_deaths"] >= 3
+        deaths = loader.stats()["python"]["worker_deaths"]
+        assert deaths == len([f for f in os.listdir(tmp_path) if f.startswith(f"{r}-")])
+        killed += deaths
+    assert killed >= 40
 
 
 @pytest.mark.parametrize("executor", EXECUTORS)
@@ -1051,3 +1095,91 @@ def test_device_cuda_goes_through_the_copy_stage_and_fails_clearly_without_a_gpu
         next(iter(loader))
     assert time.perf_counter() - t < 10
     assert loader.executor in ("thread", "process")  # the copy stage needs the engine
+
+
+class _Range(tud.IterableDataset):
+    def __iter__(self):
+        return iter(range(20))
+
+
+def test_torch_api_details_of_the_loader_object():
+    """What torch's DataLoader does that a rename must keep: typing subscripts, attributes
+    fixed after construction, multiprocessing_context checked, an IterableDataset left at
+    torch's num_workers=0 (replicas would each yield the whole stream)."""
+    from typing import List
+    assert feedline.DataLoader[List[torch.Tensor]] is not None
+    dl = feedline.DataLoader(Mixed(), batch_size=2)
+    for attr, value in [("batch_size", 4), ("sampler", None), ("batch_sampler", None),
+                        ("drop_last", True), ("dataset", Mixed()), ("persistent_workers", True)]:
+        with pytest.raises(ValueError, match=f"{attr} attribute should not be set after "
+                                             "DataLoader is initialized"):
+            setattr(dl, attr, value)
+    dl.num_workers = 0  # not one of them, as in torch
+    with pytest.raises(ValueError, match="multi-process loading"):
+        feedline.DataLoader(Mixed(), num_workers=0, multiprocessing_context="fork")
+    with pytest.raises(ValueError, match="valid start method"):
+        feedline.DataLoader(Mixed(), num_workers=2, multiprocessing_context="nope")
+    with pytest.raises(TypeError, match="valid context object"):
+        feedline.DataLoader(Mixed(), num_workers=2, multiprocessing_context=3)
+    feedline.DataLoader(Mixed(), num_workers=2, multiprocessing_context="fork")
+    items = [int(x) for b in feedline.DataLoader(_Range(), batch_size=1) for x in b]
+    assert items == list(range(20))
+
+
+_EARLY_IMPORT = r"""
+from torch.utils.data import get_worker_info   # before feedline, as many datasets do
+import torch
+import torch.utils.data as tud
+import feedline
+
+class WhoAmI(tud.Dataset):
+    def __len__(self):
+        return 16
+    def __getitem__(self, i):
+        info = get_worker_info()
+        return torch.tensor([-1 if info is None else info.id, -1 if info is None else info.num_workers])
+
+for executor in ("thread", "process"):
+    rows = torch.cat(list(feedline.DataLoader(WhoAmI(), batch_size=4, num_workers=2,
+                                              executor=executor)))
+    assert (rows[:, 0] >= 0).all() and (rows[:, 1] == 2).all(), (executor, rows.tolist())
+rows = torch.cat(list(feedline.DataLoader(WhoAmI(), batch_size=4, num_workers=0)))
+assert (rows[:, 0] == -1).all()
+assert get_worker_info() is None
+print("ok")
+"""
+
+
+def test_get_worker_info_imported_before_feedline_answers_in_thread_workers():
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-c", _EARLY_IMPORT], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0 and "ok" in p.stdout, p.stderr[-3000:]
+
+
+class _Sharded(tud.IterableDataset):
+    """torch's documented idiom: worker_init_fn narrows get_worker_info().dataset's range."""
+
+    def __init__(self, start, end):
+        self.start, self.end = start, end
+
+    def __iter__(self):
+        return iter(range(self.start, self.end))
+
+
+def _narrow(worker_id):
+    info = tud.get_worker_info()
+    ds = info.dataset
+    per = (ds.end - ds.start) // info.num_workers
+    ds.start, ds.end = ds.start + worker_id * per, ds.start + (worker_id + 1) * per
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_each_worker_has_its_own_dataset_object(executor):
+    ds = _Sharded(0, 40)
+    dl = feedline.DataLoader(ds, batch_size=5, num_workers=2, worker_init_fn=_narrow,
+                             executor=executor)
+    got = sorted(int(x) for b in dl for x in b)
+    assert got == list(range(40))  # each item once: the workers' narrowing did not collide
+    assert (ds.start, ds.end) == (0, 40)  # the loader's own dataset is untouched

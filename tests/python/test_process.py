@@ -66,3 +66,76 @@ def test_thin_and_tiny_images(tmp_path):
                                       transform=transform, shuffle=False)
         (x, y), = list(loader)
         assert x.shape == (3, 3, 64, 64)
+
+
+_KILLED_PARENT = """
+import os, sys, time
+import torch
+import feedline
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        i = 0
+        while True:          # endless: the workers block on a full queue
+            yield torch.full((256,), float(i))
+            i += 1
+
+class Slow(torch.utils.data.Dataset):
+    def __len__(self):
+        return 1000
+    def __getitem__(self, i):
+        if torch.utils.data.get_worker_info() is not None:
+            time.sleep(3600)     # a sample whose code never returns, in a worker process
+        return i
+
+kind = sys.argv[1]
+if kind == "iterable":
+    loader = feedline.DataLoader(Stream(), batch_size=4, num_workers=2, executor="process")
+    it = iter(loader)
+    next(it)
+else:
+    loader = feedline.DataLoader(Slow(), batch_size=1, num_workers=2, executor="process")
+    import threading
+    threading.Thread(target=lambda: next(iter(loader)), daemon=True).start()
+    time.sleep(3)
+print(" ".join(str(c.pid) for c in __import__("multiprocessing").active_children()), flush=True)
+time.sleep(3600)
+"""
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("kind", ["iterable", "map"])
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_worker_processes_exit_with_a_killed_parent(kind, sig):
+    """Schedulers end jobs with SIGTERM (then SIGKILL): the loader's worker processes must not
+    outlive the training process (IterableDataset workers blocked in a queue put stayed forever,
+    ~138 MB each; a worker in a sample's code that never returns too)."""
+    import signal
+    p = subprocess.Popen([sys.executable, "-c", _KILLED_PARENT, kind], stdout=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        line = p.stdout.readline()
+        children = [int(x) for x in line.split()]
+        assert len(children) == 2, line
+        assert all(_alive(c) for c in children)
+        os.kill(p.pid, getattr(signal, sig))
+        p.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_alive(c) for c in children):
+            time.sleep(0.1)
+        assert not any(_alive(c) for c in children), children
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
