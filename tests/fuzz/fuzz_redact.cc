@@ -42,7 +42,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto strip = [](std::string s, std::string_view drop) {
     std::string out;
     for (char c : s) {
-      if (drop.find(c) == std::string_view::npos && static_cast<unsigned char>(c) >= 0x20) {
+      const unsigned char u = static_cast<unsigned char>(c);
+      if (drop.find(c) == std::string_view::npos && u >= 0x20 && u != 0x7f) {
         out.push_back(c);
       }
     }
@@ -55,16 +56,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string path = "/" + strip(part[3], "?#");
   const std::string& query = part[4];
   if (host.empty()) return 0;
-  // A password that starts with digits and then '/' reads as a port (redact.h says why).
+  // A password that reads as a port (a number up to 65535, then / ? # or nothing) is taken for
+  // one (redact.h says why): those are left out.
   size_t d = 0;
-  while (d < password.size() && password[d] >= '0' && password[d] <= '9') ++d;
-  if (d < password.size() && password[d] == '/') return 0;
+  uint32_t value = 0;
+  while (d < password.size() && d < 6 && password[d] >= '0' && password[d] <= '9') {
+    value = value * 10 + uint32_t(password[d++] - '0');
+  }
+  if (d > 0 && d <= 5 && value <= 65535 &&
+      (d == password.size() || password[d] == '/' || password[d] == '?' || password[d] == '#')) {
+    return 0;
+  }
   for (const char* scheme : {"http", "https", "s3"}) {
     const std::string url =
         std::string(scheme) + "://" + user + ":" + password + "@" + host + path + "?" + query;
-    const std::string shown = feedline::ShownName(url);
+    std::string shown = feedline::ShownName(url);
     CheckNoControl(shown);
-    const std::string visible = std::string(scheme) + "://" + host + path;  // may be shown
+    const std::string prefix = std::string(scheme) + "://";
+    FUZZ_CHECK(shown.compare(0, prefix.size(), prefix) == 0, shown);
+    shown.erase(0, prefix.size());  // pieces are looked for in what follows the scheme
+    // The marker RedactUrl writes for a URL it cannot show is not the input's.
+    if (shown == "[redacted]") shown.clear();
+    const std::string visible = host + path;  // may be shown
     for (size_t a = 0; a + 4 <= password.size(); ++a) {
       const std::string_view piece = std::string_view(password).substr(a, 4);
       if (Has(visible, piece)) continue;
