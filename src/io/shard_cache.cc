@@ -221,7 +221,14 @@ absl::StatusOr<std::vector<ShardSource>> PrepareRemoteShards(const std::vector<s
     std::mutex mu;
     OnThreads(known.size(), 64, [&](size_t k) {
       const ShardSource& s = out[known[k]];
-      if (!ChangedOnServer(s.url, SummarizeTarCatalog(s.catalog).etag, o)) return;
+      const TarCatalogSummary summary = SummarizeTarCatalog(s.catalog);
+      // A copy shorter than its catalog says (a crash between write and rename on a file system
+      // that lost the tail, a disk-full copy, a user's cut) is damaged: fetched again, never
+      // served (cut at a member boundary it gave half its samples without a word).
+      struct stat st {};
+      const bool damaged = ::stat(s.path.c_str(), &st) == 0 && summary.bytes >= 0 &&
+                           int64_t(st.st_size) < summary.bytes;
+      if (!damaged && !ChangedOnServer(s.url, summary.etag, o)) return;
       std::error_code e;
       std::filesystem::remove(s.path, e);
       std::filesystem::remove(s.catalog, e);

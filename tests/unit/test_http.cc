@@ -536,6 +536,36 @@ TEST_CASE("cache: a folder others can write or plant is refused; user files are 
   }
 }
 
+TEST_CASE("cache: a cached shard shorter than its catalog is fetched again, never served",
+          "[io]") {
+  TestServer server;
+  testing::TempDir tmp;
+  ScopedEnv env("FEEDLINE_CACHE_DIR", tmp.path().c_str());
+  std::vector<std::pair<std::string, std::string>> members;
+  for (int i = 0; i < 8; ++i) {
+    members.emplace_back(absl::StrCat("k", i, ".txt"), std::string(1000 + i, char('a' + i)));
+  }
+  const std::string tar = testing::Tar(members);
+  server.serve_file("s.tar", tar);
+  const std::string url = server.url("/file/s.tar");
+  auto first = PrepareRemoteShards({url}, Fast());
+  REQUIRE(first.ok());
+  const std::string cached = (*first)[0].path;
+  REQUIRE(!cached.empty());
+  REQUIRE(testing::ReadFile(cached) == tar);
+  // Cut at a member boundary (what a crash can leave), then in the middle of a member.
+  for (size_t cut : {size_t(512 + 1024) * 4, size_t(3000)}) {
+    INFO("cut to " << cut);
+    std::filesystem::resize_file(cached, cut);
+    auto again = PrepareRemoteShards({url}, Fast());
+    REQUIRE(again.ok());
+    CHECK(testing::ReadFile((*again)[0].path) == tar);
+    auto ds = TarDataset::Open(*again, url, TarDataset::Mode::kMembers, Fast());
+    REQUIRE(ds.ok());
+    CHECK((*ds)->size() == 8);
+  }
+}
+
 TEST_CASE("s3 listing: a server that repeats a token or never lists a key is an error",
           "[io]") {
   TestServer server;
