@@ -805,6 +805,12 @@ class _EpochIterator:
         if previous is not None:
             previous._supersede()
         owner._current_iterator = weakref.ref(self)
+        self._errors_at_start = _error_count(owner)
+
+    def _ended(self):
+        """The epoch is over: say once if samples were replaced (on_error="skip")."""
+        _warn_replaced(self._owner, self._errors_at_start)
+        _warn_cut(self._owner)
 
     def __iter__(self):
         return self
@@ -830,6 +836,7 @@ class _EpochIterator:
             images, labels, indices, _ = self._epoch.next()
         except StopIteration:
             self.close()
+            self._ended()
             raise
         images = self._from_dlpack(images)
         labels = self._from_dlpack(labels)
@@ -849,6 +856,33 @@ class _EpochIterator:
             self.close()
         except Exception:
             pass
+
+
+def _error_count(owner):
+    try:
+        return owner.stats().get("error_count", 0)
+    except Exception:  # noqa: BLE001 (a loader without the figure)
+        return 0
+
+
+def _warn_replaced(owner, at_start):
+    """With on_error="skip" a failed sample is replaced by another sample of the epoch: counted
+    in stats() and said once per epoch here, never silent (the batches hold a duplicate)."""
+    try:
+        st = owner.stats()
+    except Exception:  # noqa: BLE001
+        return
+    n = st.get("error_count", 0) - at_start
+    if n <= 0:
+        return
+    errors = st.get("errors") or []
+    first = errors[-n] if len(errors) >= n else (errors[0] if errors else None)
+    what = f"; the first: {first.get('path', '?')}: {first.get('cause', '?')}" if isinstance(
+        first, dict) else ""
+    import warnings
+    warnings.warn(f"feedline.{type(owner).__name__}: {n} sample(s) failed this epoch and were "
+                  f"replaced by other samples of it (on_error='skip'){what}; stats()['errors'] "
+                  "lists them", RuntimeWarning, stacklevel=3)
 
 
 def _warn_cut(owner):
@@ -893,7 +927,7 @@ class _FieldsIterator(_EpochIterator):
             fields, indices, _ = self._epoch.next_fields()
         except StopIteration:
             self.close()
-            _warn_cut(self._owner)
+            self._ended()
             raise
         out = {name: self._from_dlpack(view) for name, view in fields.items()
                if name not in self._drop}

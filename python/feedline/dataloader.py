@@ -26,6 +26,7 @@ import pickle
 import threading
 import time
 import typing
+import warnings
 import weakref
 
 import torch
@@ -313,8 +314,11 @@ class DataLoader(typing.Generic[_T_co]):
         self._epochs_started = 0
         self._resume = None
         self._epoch_state = None
+        self._IterableDataset_len_called = None  # what len(loader) said, as torch keeps it
         _LIVE.add(self)
         self.__initialized = True
+        if self.num_workers:  # torch warns at construction and at each iter()
+            tud.dataloader.DataLoader.check_worker_number_rationality(self)
 
     def __setattr__(self, attr, val):
         # As torch: the loading layout is fixed once the loader exists (a change would be
@@ -332,7 +336,7 @@ class DataLoader(typing.Generic[_T_co]):
 
     def __len__(self):
         if self._is_iterable:
-            length = len(self.dataset)
+            length = self._IterableDataset_len_called = len(self.dataset)
             if self.batch_size is not None:
                 from math import ceil
                 length = length // self.batch_size if self.drop_last else ceil(
@@ -362,6 +366,8 @@ class DataLoader(typing.Generic[_T_co]):
 
     # --- iteration ------------------------------------------------------------------------
     def __iter__(self):
+        if self.num_workers:  # torch's warning for more workers than the machine suggests
+            tud.dataloader.DataLoader.check_worker_number_rationality(self)
         previous = self._iterator
         if previous is not None:
             previous._cancel("a newer iter(loader) started another epoch")
@@ -1126,12 +1132,34 @@ class _EngineIter(_BaseIter):
                          on_device=self._on_device)
 
 
+def _raise_if_out_of_fds(cause):
+    """RuntimeError with torch's advice when this process is within reach of its open-file
+    limit (a batch's tensors from a worker process each take a descriptor while alive)."""
+    import errno
+    import tempfile
+    try:
+        files = [tempfile.TemporaryFile() for _ in range(10)]
+    except OSError as e:
+        if e.errno == errno.EMFILE:
+            raise RuntimeError(
+                "Too many open files. Communication with the workers is no longer possible. "
+                "Please increase the limit using `ulimit -n` in the shell or change the sharing "
+                "strategy by calling `torch.multiprocessing.set_sharing_strategy('file_system')` "
+                "at the beginning of your code (feedline.DataLoader: tensors from worker "
+                "processes hold a file descriptor each while they live)") from cause
+        return
+    for f in files:
+        f.close()
+
+
 class _IterableIter(_BaseIter):
     """An IterableDataset: one replica per worker, batches round robin (torch's order)."""
 
     def __init__(self, owner, base_seed):
         super().__init__(owner)
         o = owner
+        self._len_called = o._IterableDataset_len_called
+        self._num_yielded = 0
         n = o.num_workers if o.num_workers is not None else 0  # torch's default
         self._n = n
         if n == 0:
@@ -1204,6 +1232,24 @@ class _IterableIter(_BaseIter):
                                                f"feedline worker thread {i}")))
 
     def __next__(self):
+        data = self._next_data()
+        # As torch: once len(loader) was asked, yielding more than it said is warned about
+        # (replicas that do not shard themselves by get_worker_info() repeat the data).
+        self._num_yielded += 1
+        if self._len_called is not None and self._num_yielded > self._len_called:
+            o = self._owner
+            msg = (f"Length of IterableDataset {o.dataset} was reported to be {self._len_called} "
+                   f"(when accessing len(dataloader)), but {self._num_yielded} samples have been "
+                   "fetched. ")
+            if self._n > 0:
+                msg += ("For multiprocessing data-loading, this could be caused by not properly "
+                        "configuring the IterableDataset replica at each worker. Please see "
+                        "https://pytorch.org/docs/stable/data.html#torch.utils.data."
+                        "IterableDataset for examples.")
+            warnings.warn(msg)
+        return data
+
+    def _next_data(self):
         self._check()
         o = self._owner
         if self._serial is not None:
@@ -1230,6 +1276,11 @@ class _IterableIter(_BaseIter):
                     if deadline is not None and time.monotonic() > deadline:
                         self._close()
                         raise RuntimeError(f"DataLoader timed out after {o.timeout} seconds")
+                except (RuntimeError, OSError) as e:
+                    # Tensors come from worker processes as file descriptors: out of them, say
+                    # so and what to do, as torch does, rather than "received 0 items of ancdata".
+                    _raise_if_out_of_fds(e)
+                    raise
             if kind == "end":
                 self._active.remove(i)
                 continue

@@ -138,7 +138,10 @@ def test_skip_keeps_batches_full(bad_folder):
     assert len(bad_idx) == 3
     for epoch in range(2):
         sizes = []
-        with util.deadline(30, "an epoch with on_error='skip'"):
+        # Replacements are never silent: counted in stats() and said once per epoch.
+        with util.deadline(30, "an epoch with on_error='skip'"), pytest.warns(
+                RuntimeWarning, match=r"3 sample\(s\) failed this epoch and were replaced .*"
+                                      r"the first: .*: ") as said:
             for images, labels, idx in loader:
                 sizes.append(int(images.shape[0]))
                 for img, label, i in zip(images, labels.tolist(), idx.tolist()):
@@ -146,6 +149,7 @@ def test_skip_keeps_batches_full(bad_folder):
                     assert label == loader.samples[i][1]
                     assert img.float().std() > 1.0  # a real picture, not a blank
         assert sizes == [5, 5, 5, 1]  # n = 16: full batches, as without errors
+        assert len([w for w in said if "replaced" in str(w.message)]) == 1
         s = loader.stats()
         assert s["error_count"] == len(bad) * (epoch + 1)
         assert len(s["errors"]) == s["error_count"]
