@@ -452,6 +452,15 @@ int PyTransform::processes() const {
 }
 
 std::string PyTransform::Respawn(int i) const {
+  // Taken without the GIL (a caller may hold it: UseProcesses): the respawn that holds this
+  // lock needs the GIL to start its process.
+  std::unique_lock<std::mutex> spawn(spawn_mu_, std::defer_lock);
+  if (PyGILState_Check()) {
+    py::gil_scoped_release nogil;
+    spawn.lock();
+  } else {
+    spawn.lock();
+  }
   std::vector<int> fds;
   {
     std::lock_guard<std::mutex> lock(mu_);

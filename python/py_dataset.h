@@ -115,6 +115,10 @@ class PyTransform : public SampleTransform {
   pybind11::object respawn_;  // processes
 
   mutable std::mutex mu_;
+  // One Respawn at a time: a respawn closes its old process's pipes while another passes the
+  // list of descriptors its new process must close; their numbers, reused by the other's new
+  // pipes, made a new worker close its own (EBADF on its staging area: it died at once).
+  mutable std::mutex spawn_mu_;
   mutable std::condition_variable idle_;
   mutable std::vector<Proc> procs_;
   std::shared_ptr<const std::vector<int64_t>> keys_, offsets_;
