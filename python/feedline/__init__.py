@@ -360,7 +360,7 @@ class ImageLoader:
     def __iter__(self):
         self._recheck_world()
         # The iterator holds the loader: `for x, y in ImageLoader(...)` must see every batch.
-        return _EpochIterator(self._loader.start_epoch(), self._return_index, self)
+        return _EpochIterator(_start_epoch(self), self._return_index, self)
 
     @property
     def dataset(self):
@@ -597,9 +597,9 @@ class TokenLoader:
 
     def __iter__(self):
         if self.pack is not None:
-            return _FieldsIterator(self._loader.start_epoch(), self._return_index, self,
+            return _FieldsIterator(_start_epoch(self), self._return_index, self,
                                    drop=("cu_seqlens_offsets",))
-        return _FieldsIterator(self._loader.start_epoch(), self._return_index, self)
+        return _FieldsIterator(_start_epoch(self), self._return_index, self)
 
     @property
     def num_samples(self):
@@ -753,9 +753,9 @@ class TextLoader:
 
     def __iter__(self):
         if self.pack is not None:
-            return _FieldsIterator(self._loader.start_epoch(), self._return_index, self,
+            return _FieldsIterator(_start_epoch(self), self._return_index, self,
                                    drop=("cu_seqlens_offsets",))
-        return _FieldsIterator(self._loader.start_epoch(), self._return_index, self,
+        return _FieldsIterator(_start_epoch(self), self._return_index, self,
                                padded="input_ids")
 
     @property
@@ -805,7 +805,9 @@ class _EpochIterator:
         if previous is not None:
             previous._supersede()
         owner._current_iterator = weakref.ref(self)
-        self._errors_at_start = _error_count(owner)
+        # Counted before the epoch started (_start_epoch): its first samples may fail before
+        # this line runs.
+        self._errors_at_start = getattr(owner, "_errors_before_epoch", 0)
 
     def _ended(self):
         """The epoch is over: say once if samples were replaced (on_error="skip")."""
@@ -856,6 +858,12 @@ class _EpochIterator:
             self.close()
         except Exception:
             pass
+
+
+def _start_epoch(owner):
+    """Starts the loader's next epoch, noting its error count first (_warn_replaced)."""
+    owner._errors_before_epoch = _error_count(owner)
+    return owner._loader.start_epoch()
 
 
 def _error_count(owner):
