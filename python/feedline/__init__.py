@@ -388,7 +388,7 @@ class ImageLoader:
         """(path, class index) pairs, as torchvision's ImageFolder.samples."""
         if self._samples is None:
             # Paths and URLs as messages show them: a URL without its credentials or query.
-            self._samples = [(_feedline.shown_name(p), c) for p, c in self._loader.samples]
+            self._samples = [(_shown(p), c) for p, c in self._loader.samples]
         return self._samples
 
     @property
@@ -461,7 +461,7 @@ class _DatasetView:
     samples = property(lambda self: self._loader.samples)
     imgs = samples
     targets = property(lambda self: self._loader.targets)
-    root = property(lambda self: _feedline.shown_name(self._loader.source))
+    root = property(lambda self: _shown(self._loader.source))
 
     def __repr__(self):
         return f"feedline dataset view ({len(self)} samples of {_shown(self._loader.source)!r})"
@@ -811,8 +811,12 @@ class _EpochIterator:
 
     def _ended(self):
         """The epoch is over: say once if samples were replaced (on_error="skip")."""
-        _warn_replaced(self._owner, self._errors_at_start)
-        _warn_cut(self._owner)
+        try:
+            st = self._owner.stats()
+        except Exception:  # noqa: BLE001 (a loader without stats)
+            return
+        _warn_replaced(self._owner, st, self._errors_at_start)
+        _warn_cut(self._owner, st)
 
     def __iter__(self):
         return self
@@ -873,13 +877,10 @@ def _error_count(owner):
         return 0
 
 
-def _warn_replaced(owner, at_start):
+def _warn_replaced(owner, st, at_start):
     """With on_error="skip" a failed sample is replaced by another sample of the epoch: counted
-    in stats() and said once per epoch here, never silent (the batches hold a duplicate)."""
-    try:
-        st = owner.stats()
-    except Exception:  # noqa: BLE001
-        return
+    in stats() (`st`) and said once per epoch here, never silent (the batches hold a
+    duplicate)."""
     n = st.get("error_count", 0) - at_start
     if n <= 0:
         return
@@ -893,12 +894,11 @@ def _warn_replaced(owner, at_start):
                   "lists them", RuntimeWarning, stacklevel=3)
 
 
-def _warn_cut(owner):
-    """A text loader whose documents were cut to max_length says so, once: the tokens past it
-    are in no row (packed) or batch (padded)."""
+def _warn_cut(owner, st):
+    """A text loader whose documents were cut to max_length (`st`: its stats()) says so, once:
+    the tokens past it are in no row (packed) or batch (padded)."""
     if getattr(owner, "_cut_warned", False) or not hasattr(owner, "max_length"):
         return
-    st = owner.stats()
     if "truncation" in st:
         documents, tokens = st["truncation"]["documents"], st["truncation"]["tokens"]
         where = "in no batch"

@@ -725,14 +725,8 @@ class DataLoader(typing.Generic[_T_co]):
         # worker_init_fn, once for the loader's life (persistent workers).
         info = self._thread_workers.get(worker)
         if info is None:
-            # Each worker its own (shallow) copy of the dataset, as each of torch's worker
-            # processes has: what worker_init_fn stores on get_worker_info().dataset (torch's
-            # documented idiom for sharding) stays that worker's. A dataset that cannot be
-            # copied is shared, as before.
-            try:
-                own = copy.copy(self.dataset)
-            except Exception:  # noqa: BLE001
-                own = self.dataset
+            # Each worker its own copy of the dataset, as each of torch's worker processes has.
+            own = _worker_copy(self.dataset)
             info = tud._utils.worker.WorkerInfo(
                 id=worker, num_workers=max(_cpus(), worker + 1), seed=torch.initial_seed(),
                 dataset=own)
@@ -1132,6 +1126,16 @@ class _EngineIter(_BaseIter):
                          on_device=self._on_device)
 
 
+def _worker_copy(dataset):
+    """A worker thread's own (shallow) copy of the dataset, as each of torch's worker processes
+    has one: what worker_init_fn stores on get_worker_info().dataset (torch's documented idiom
+    for sharding) stays that worker's. A dataset that cannot be copied is shared."""
+    try:
+        return copy.copy(dataset)
+    except Exception:  # noqa: BLE001
+        return dataset
+
+
 def _raise_if_out_of_fds(cause):
     """RuntimeError with torch's advice when this process is within reach of its open-file
     limit (a batch's tensors from a worker process each take a descriptor while alive)."""
@@ -1207,10 +1211,7 @@ class _IterableIter(_BaseIter):
 
     def _thread_main(self, i, base_seed):
         o = self._owner
-        try:  # each replica its own copy, as in torch's worker processes (see _fetch)
-            own = copy.copy(o.dataset)
-        except Exception:  # noqa: BLE001
-            own = o.dataset
+        own = _worker_copy(o.dataset)  # each replica its own, as in torch's worker processes
         _tls.info = tud._utils.worker.WorkerInfo(id=i, num_workers=self._n, seed=base_seed + i,
                                                  dataset=own)
         q = self._queues[i]

@@ -489,9 +489,13 @@ absl::Status Loader::LoadState(const State& st, bool resplit) {
   if (st.rank < 0 || st.rank >= st.world_size) {
     return bad("rank", st.rank, absl::StrCat("in [0, world_size=", st.world_size, ")"));
   }
-  // The most batches one rank can have in an epoch of the saved layout (padded shards).
-  const int64_t per_rank = (st.dataset_size + st.world_size - 1) / st.world_size;
-  const int64_t max_batches = (per_rank + st.batch_size - 1) / st.batch_size;
+  // The batches one rank has in an epoch of the saved layout.
+  SamplerConfig saved = shared_->sampler;
+  saved.dataset_size = st.dataset_size;
+  saved.batch_size = st.batch_size;
+  saved.world_size = st.world_size;
+  saved.rank = st.rank;
+  const int64_t max_batches = BatchesPerRank(saved);
   if (st.batches_done > max_batches) {
     return bad("batches_done", st.batches_done,
                absl::StrCat("at most ", max_batches, " (the batches of an epoch of ",

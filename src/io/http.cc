@@ -547,8 +547,7 @@ absl::Status HttpDownload(const std::string& url, const std::string& path, const
     ::unlink(part.c_str());
     return s;
   }
-  s = CommitPartFile(*fd, part, path);
-  return s;
+  return CommitPartFile(*fd, part, path);
 }
 
 absl::StatusOr<S3Listing> S3List(const std::string& bucket, const std::string& prefix,
@@ -563,6 +562,7 @@ absl::StatusOr<S3Listing> S3List(const std::string& bucket, const std::string& p
   absl::flat_hash_set<std::string> tokens;
   int empty_pages = 0;
   constexpr int kMaxEmptyPages = 100;
+  const std::string shown = ShownName(absl::StrCat("s3://", bucket, "/", prefix));
   for (;;) {
     // Via s3://bucket/?... so that the request is signed; the query carries the listing.
     std::string url =
@@ -583,7 +583,6 @@ absl::StatusOr<S3Listing> S3List(const std::string& bucket, const std::string& p
     const std::vector<std::string> truncated = XmlAll(xml, "IsTruncated");
     const std::vector<std::string> next = XmlAll(xml, "NextContinuationToken");
     if (truncated.empty() || truncated[0] != "true" || next.empty()) break;
-    const std::string shown = ShownName(absl::StrCat("s3://", bucket, "/", prefix));
     if (!tokens.insert(next[0]).second) {
       return absl::DataLossError(absl::StrCat(
           shown, ": the S3 listing repeats a continuation token (the server loops); ",

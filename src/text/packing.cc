@@ -119,7 +119,6 @@ void SetLabels(Row* row, bool mask_doc_ends, int64_t after) {
   for (int64_t t = 0; t + 1 < n; ++t) row->labels[size_t(t)] = row->ids[size_t(t + 1)];
   if (n > 0) row->labels[size_t(n - 1)] = after;
   for (const Segment& s : row->segments) {
-    if (s.len <= 0) continue;  // never made (DocStream skips empty documents); never written
     if (s.doc_end && mask_doc_ends) row->labels[size_t(s.start + s.len - 1)] = kIgnoreLabel;
   }
 }

@@ -19,6 +19,8 @@
 namespace feedline::text {
 namespace {
 
+int64_t TokenBytes(TokenDType t) { return t == TokenDType::kUint16 ? 2 : 4; }
+
 // The read-only mapping of one token file, unmapped with the last holder. The file stays open:
 // a file cut short under a running loader would turn the mapping's reads past its new end into
 // SIGBUS, so every sample first checks that the file still holds the bytes it reads (one fstat).
@@ -112,7 +114,6 @@ class TokenWindowTransform final : public SampleTransform {
     }
     return absl::OkStatus();
   }
-  static int64_t TokenBytes(TokenDType t) { return t == TokenDType::kUint16 ? 2 : 4; }
 
   std::shared_ptr<const Mapping> map_;
   const TokenFileOptions o_;
@@ -208,8 +209,9 @@ class TokenDocumentTransform final : public SampleTransform {
       absl::StatusOr<int32_t*> none = out.Shaped<int32_t>(0, {0});
       return none.ok() ? absl::OkStatus() : none.status();
     }
-    const size_t token_bytes = o_.dtype == TokenDType::kUint16 ? 2 : 4;
-    if (absl::Status s = map_->Holds(uint64_t(b) * token_bytes); !s.ok()) return s;
+    if (absl::Status s = map_->Holds(uint64_t(b) * uint64_t(TokenBytes(o_.dtype))); !s.ok()) {
+      return s;
+    }
     const int64_t eos = o_.eos_id >= 0 ? 1 : 0;
     const int64_t n = std::min(b - a + eos, o_.max_length);
     if (o_.cut) o_.cut->Add(b - a + eos - n);
@@ -241,7 +243,7 @@ class TokenDocumentTransform final : public SampleTransform {
 absl::StatusOr<TokenWindows> OpenTokenWindows(const TokenFileOptions& o) {
   if (o.seq_len < 1) return absl::InvalidArgumentError("seq_len: must be >= 1");
   if (o.vocab_size < 0) return absl::InvalidArgumentError("vocab_size: must be >= 0");
-  const int64_t token_bytes = o.dtype == TokenDType::kUint16 ? 2 : 4;
+  const int64_t token_bytes = TokenBytes(o.dtype);
   struct stat st {};
   // Messages name the file as the user gave it, without credentials or control characters.
   const std::string name = ShownName(o.name.empty() ? o.path : o.name);
@@ -271,7 +273,7 @@ absl::StatusOr<TokenDocuments> OpenTokenDocuments(const TokenDocumentOptions& o)
   if (o.vocab_size < 0) return absl::InvalidArgumentError("vocab_size: must be >= 0");
   if (o.max_length < 1) return absl::InvalidArgumentError("max_length: must be >= 1");
   if (o.index_path.empty()) return absl::InvalidArgumentError("index: a document index is needed");
-  const int64_t token_bytes = o.dtype == TokenDType::kUint16 ? 2 : 4;
+  const int64_t token_bytes = TokenBytes(o.dtype);
   struct stat st {};
   // Messages name the file as the user gave it, without credentials or control characters.
   const std::string name = ShownName(o.name.empty() ? o.path : o.name);
