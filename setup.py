@@ -17,6 +17,7 @@ import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.egg_info import egg_info
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -48,6 +49,17 @@ class CMakeBuild(build_ext):
         shutil.copyfile(plugin, os.path.join(os.path.dirname(dest), os.path.basename(plugin)))
 
 
+class EggInfoInBuild(egg_info):
+    """The package metadata under build/pip, not feedline.egg-info beside the sources: pip
+    builds in the source tree, which stays as it was (an explicit --egg-base still wins)."""
+
+    def initialize_options(self):
+        super().initialize_options()
+        base = os.environ.get("FEEDLINE_BUILD_DIR", os.path.join(HERE, "build", "pip"))
+        os.makedirs(base, exist_ok=True)
+        self.egg_base = os.path.relpath(base, os.getcwd())
+
+
 setup(
     name="feedline",
     version=version(),
@@ -56,7 +68,7 @@ setup(
     packages=["feedline"],
     package_dir={"feedline": "python/feedline"},
     ext_modules=[Extension("feedline._feedline", sources=[])],
-    cmdclass={"build_ext": CMakeBuild},
+    cmdclass={"build_ext": CMakeBuild, "egg_info": EggInfoInBuild},
     python_requires=">=3.9",
     zip_safe=False,
 )

@@ -779,8 +779,16 @@ PYBIND11_MODULE(_feedline, m) {
              t.StopProcesses();
            })
       .def_property_readonly("processes", &feedline::python::PyTransform::processes)
-      .def("set_keys", &feedline::python::PyTransform::SetKeys)
+      .def("set_keys", &feedline::python::PyTransform::SetKeys, py::arg("keys"),
+           py::arg("offsets"), py::arg("seed") = 0, py::arg("first_index") = 0)
       .def("set_timeout", &feedline::python::PyTransform::set_timeout_s)
+      .def("adopt_processes",
+           [](feedline::python::PyTransform& t, feedline::python::PyTransform& from,
+              const py::bytes& config) {
+             std::string c = config;
+             py::gil_scoped_release release;
+             t.AdoptProcesses(from, c);
+           })
       .def("close", &feedline::python::PyTransform::Close)
       .def("take_error", &feedline::python::PyTransform::TakeError)
       .def("take_result", [](const feedline::python::PyTransform& t,

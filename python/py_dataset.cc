@@ -420,7 +420,7 @@ void PyTransform::UseProcesses(py::object respawn, int count) {
 
 void PyTransform::CloseProc(Proc& p) const {
   if (p.request_fd >= 0) {
-    const int64_t bye[3] = {0, 0, 0};
+    const int64_t bye[5] = {0, 0, 0, 0, 0};
     if (p.alive) (void)WriteAll(p.request_fd, bye, sizeof bye);
     ::close(p.request_fd);
   }
@@ -464,6 +464,7 @@ std::string PyTransform::Respawn(int i) const {
   std::vector<int> fds;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (size_t(i) >= procs_.size()) return "";  // stopped, or adopted by another transform
     CloseProc(procs_[size_t(i)]);
     if (stopping_.load()) {  // no new process while they are being stopped
       idle_.notify_all();
@@ -497,6 +498,12 @@ std::string PyTransform::Respawn(int i) const {
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (size_t(i) >= procs_.size()) {  // stopped meanwhile: the new process is not wanted
+    if (fresh.alive) ::kill(fresh.pid, SIGKILL);
+    CloseProc(fresh);
+    idle_.notify_all();
+    return old;
+  }
   Proc& p = procs_[size_t(i)];
   p = fresh;
   if (!p.alive) CloseProc(p);
@@ -521,35 +528,33 @@ int PyTransform::AcquireProc() const {
   }
 }
 
+int PyTransform::AcquireProc(int only) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    if (size_t(only) >= procs_.size() || !procs_[size_t(only)].alive || Stopped()) return -1;
+    if (!procs_[size_t(only)].busy) {
+      procs_[size_t(only)].busy = true;
+      return only;
+    }
+    idle_.wait_for(lock, std::chrono::milliseconds(200));
+  }
+}
+
 void PyTransform::ReleaseProc(int i) const {
   std::lock_guard<std::mutex> lock(mu_);
   procs_[size_t(i)].busy = false;
   idle_.notify_all();  // a worker waiting for a process, or StopProcesses for this one
 }
 
-absl::Status PyTransform::ApplyProcess(int64_t position, SampleWriter& out) const {
-  std::shared_ptr<const std::vector<int64_t>> keys, offsets;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    keys = keys_;
-    offsets = offsets_;
-  }
-  if (!keys || position + 1 >= int64_t(offsets->size())) {
-    return Failed(position, absl::StrCat("feedline: no keys for position ", position));
-  }
-  const int64_t b = (*offsets)[size_t(position)], e = (*offsets)[size_t(position) + 1];
-  std::vector<int64_t> request = {1, position, e - b};
-  request.insert(request.end(), keys->begin() + b, keys->begin() + e);
-  const std::string what =
-      e - b == 1 ? absl::StrCat("dataset[", (*keys)[size_t(b)], "]")
-                 : absl::StrCat("the batch of dataset[",
-                                absl::StrJoin(keys->begin() + b, keys->begin() + e, ", "), "]");
+absl::Status PyTransform::Exchange(const std::vector<int64_t>& request, const std::string& what,
+                                   Reply& r, int only) const {
   std::string died;  // the first death, if the retry dies too
   for (int attempt = 0; attempt < 2; ++attempt) {
-    const int i = AcquireProc();
+    const int i = only >= 0 ? AcquireProc(only) : AcquireProc();
     if (i < 0) {
       if (Stopped()) return absl::CancelledError("the loader is closed");
-      return Failed(position, absl::StrCat("feedline: no worker process is running (", what, ")"));
+      return absl::UnknownError(
+          absl::StrCat("feedline: no worker process is running (", what, ")"));
     }
     Proc p;
     {
@@ -560,11 +565,11 @@ absl::Status PyTransform::ApplyProcess(int64_t position, SampleWriter& out) cons
     int64_t reply[3] = {0, 0, 0};
     Io io = WriteAll(p.request_fd, request.data(), request.size() * 8) ? Io::kOk : Io::kEof;
     if (io == Io::kOk) io = ReadAll(p.reply_fd, reply, sizeof reply, timeout, closed_, stopping_);
-    std::vector<uint8_t> inline_payload;
+    r.inline_payload.clear();
     // Every field of the reply is checked before it is used: a status and an "inline" flag of 0
     // or 1, a size within what the staging area holds (or, inline, within kMaxInlineReply, and
     // only what this process can allocate). Anything else is a malformed reply: the error of
-    // this sample, and the worker is replaced (its pipe may hold the rest of the lie).
+    // this request, and the worker is replaced (its pipe may hold the rest of the lie).
     std::string malformed;
     if (io == Io::kOk) {
       if ((reply[0] != 0 && reply[0] != 1) || (reply[1] != 0 && reply[1] != 1)) {
@@ -575,12 +580,12 @@ absl::Status PyTransform::ApplyProcess(int64_t position, SampleWriter& out) cons
                                  p.staging_bytes, ", inline at most ", kMaxInlineReply, ")");
       } else if (reply[1] != 0) {
         try {
-          inline_payload.resize(size_t(reply[2]));
+          r.inline_payload.resize(size_t(reply[2]));
         } catch (const std::bad_alloc&) {
           malformed = absl::StrCat("a payload of ", reply[2], " bytes, which cannot be allocated");
         }
         if (malformed.empty()) {
-          io = ReadAll(p.reply_fd, inline_payload.data(), inline_payload.size(), timeout,
+          io = ReadAll(p.reply_fd, r.inline_payload.data(), r.inline_payload.size(), timeout,
                        closed_, stopping_);
         }
       }
@@ -589,9 +594,9 @@ absl::Status PyTransform::ApplyProcess(int64_t position, SampleWriter& out) cons
       malformed_.fetch_add(1);
       ::kill(p.pid, SIGKILL);
       Respawn(i);
-      return Failed(position, absl::StrCat("feedline: worker process ", p.pid,
-                                           " sent a malformed reply (", malformed, ") for ",
-                                           what, "; it was replaced\n{\"type\": \"RuntimeError\"}"));
+      return absl::UnknownError(absl::StrCat(
+          "feedline: worker process ", p.pid, " sent a malformed reply (", malformed, ") for ",
+          what, "; it was replaced\n{\"type\": \"RuntimeError\"}"));
     }
     if (io == Io::kClosed) {
       ReleaseProc(i);
@@ -601,52 +606,127 @@ absl::Status PyTransform::ApplyProcess(int64_t position, SampleWriter& out) cons
       timeouts_.fetch_add(1);
       ::kill(p.pid, SIGKILL);
       Respawn(i);
-      return Failed(position,
-                    absl::StrCat("DataLoader timed out after ", timeout, " seconds (", what,
-                                 ", worker process ", p.pid, ")\n{\"type\": \"RuntimeError\"}"));
+      return absl::UnknownError(absl::StrCat("DataLoader timed out after ", timeout, " seconds (",
+                                             what, ", worker process ", p.pid,
+                                             ")\n{\"type\": \"RuntimeError\"}"));
     }
     if (io != Io::kOk) {  // the process died (or its pipe broke): replace it, retry once
       deaths_.fetch_add(1);
       const std::string code = Respawn(i);
+      // Worded as torch's ("DataLoader worker (pid N) is killed by signal: ..."), then what.
       const std::string text =
-          absl::StrCat("worker process ", p.pid, " died (exit code ",
-                       code.empty() ? "unknown" : code, ") while loading ", what);
+          absl::StrCat("DataLoader worker (pid ", p.pid, ") ",
+                       code.empty() ? "exited unexpectedly." : code, " (loading ", what, ")");
       if (attempt == 0) {
         died = text;
         retries_.fetch_add(1);
         continue;
       }
-      return Failed(position, absl::StrCat("feedline: ", text, "; retried on a new process, ",
-                                           "which died too (first: ", died, ")",
-                                           "\n{\"type\": \"RuntimeError\"}"));
+      return absl::UnknownError(absl::StrCat(
+          text, "; feedline retried it on a new worker, which died too (first: ", died, ")",
+          "\n{\"type\": \"RuntimeError\"}"));
     }
-    const uint8_t* payload = reply[1] != 0 ? inline_payload.data() : p.staging;
-    const size_t n = size_t(reply[2]);
-    absl::Status st;
-    if (reply[0] != 0) {
-      st = Failed(position, std::string(reinterpret_cast<const char*>(payload), n));
-    } else if (batch_mode_) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        results_[position].assign(reinterpret_cast<const char*>(payload), n);
-      }
-      *out.Fixed<int64_t>(0) = position;
-    } else {
-      st = WriteFields(payload, n, out);
-      if (!st.ok()) st = Failed(position, absl::StrCat(what, ": ", st.message()));
-    }
-    ReleaseProc(i);  // only now: the staging area has been copied
-    return st;
+    r.proc = i;
+    r.status = reply[0];
+    r.data = reply[1] != 0 ? r.inline_payload.data() : p.staging;
+    r.size = size_t(reply[2]);
+    return absl::OkStatus();
   }
   return absl::InternalError("unreachable");
 }
 
-void PyTransform::SetKeys(std::vector<int64_t> keys, std::vector<int64_t> offsets) {
+absl::Status PyTransform::ApplyProcess(int64_t position, SampleWriter& out) const {
+  std::shared_ptr<const std::vector<int64_t>> keys, offsets;
+  int64_t seed = 0, first_index = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    keys = keys_;
+    offsets = offsets_;
+    seed = seed_;
+    first_index = first_index_;
+  }
+  if (!keys || position + 1 >= int64_t(offsets->size())) {
+    return Failed(position, absl::StrCat("feedline: no keys for position ", position));
+  }
+  const int64_t b = (*offsets)[size_t(position)], e = (*offsets)[size_t(position) + 1];
+  std::vector<int64_t> request = {1, position, e - b, seed, first_index + b};
+  request.insert(request.end(), keys->begin() + b, keys->begin() + e);
+  const std::string what =
+      e - b == 1 ? absl::StrCat("dataset[", (*keys)[size_t(b)], "]")
+                 : absl::StrCat("the batch of dataset[",
+                                absl::StrJoin(keys->begin() + b, keys->begin() + e, ", "), "]");
+  Reply r;
+  absl::Status st = Exchange(request, what, r);
+  if (absl::IsCancelled(st)) return st;
+  if (!st.ok()) return Failed(position, std::string(st.message()));
+  if (r.status != 0) {
+    st = Failed(position, std::string(reinterpret_cast<const char*>(r.data), r.size));
+  } else if (batch_mode_) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      results_.emplace(position, std::string(reinterpret_cast<const char*>(r.data), r.size));
+    }
+    *out.Fixed<int64_t>(0) = position;
+  } else {
+    st = WriteFields(r.data, r.size, out);
+    if (!st.ok()) st = Failed(position, absl::StrCat(what, ": ", st.message()));
+  }
+  ReleaseProc(r.proc);  // only now: the staging area has been copied
+  return st;
+}
+
+void PyTransform::AdoptProcesses(PyTransform& from, const std::string& config) {
+  std::vector<Proc> procs;
+  {
+    // No respawn of `from`'s in progress (it writes procs_[i] after dropping mu_), and no
+    // request: a worker thread of a cancelled epoch may still be inside one. It is let finish
+    // (not cut short as StopProcesses does): a request given up would leave its reply in the
+    // pipe, read by the next request as its own.
+    std::unique_lock<std::mutex> spawn(from.spawn_mu_);
+    std::unique_lock<std::mutex> lock(from.mu_);
+    from.idle_.wait(lock, [&] {
+      return std::none_of(from.procs_.begin(), from.procs_.end(),
+                          [](const Proc& p) { return p.busy; });
+    });
+    procs.swap(from.procs_);
+    from.idle_.notify_all();
+  }
+  {
+    py::gil_scoped_acquire gil;
+    respawn_ = from.respawn_;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Proc& p : procs_) CloseProc(p);
+    procs_ = std::move(procs);
+  }
+  // Every process takes the new configuration: [op=3, nbytes, words, 0, 0, payload words].
+  const int64_t words = int64_t((config.size() + 7) / 8);
+  std::vector<int64_t> request = {3, int64_t(config.size()), words, 0, 0};
+  request.resize(request.size() + size_t(words), 0);
+  std::memcpy(request.data() + 5, config.data(), config.size());
+  for (int i = 0; i < processes(); ++i) {
+    Reply r;
+    absl::Status st = Exchange(request, "the loader's new batch layout", r, i);
+    if (st.ok()) {
+      const bool failed = r.status != 0;
+      ReleaseProc(r.proc);
+      if (failed) Respawn(i);  // made with the new configuration (Python's respawn has it)
+    } else if (!absl::IsCancelled(st)) {
+      Respawn(i);
+    }
+  }
+}
+
+void PyTransform::SetKeys(std::vector<int64_t> keys, std::vector<int64_t> offsets, int64_t seed,
+                          int64_t first_index) {
   auto k = std::make_shared<const std::vector<int64_t>>(std::move(keys));
   auto o = std::make_shared<const std::vector<int64_t>>(std::move(offsets));
   std::lock_guard<std::mutex> lock(mu_);
   keys_ = std::move(k);
   offsets_ = std::move(o);
+  seed_ = seed;
+  first_index_ = first_index;
   errors_.clear();
   results_.clear();
 }

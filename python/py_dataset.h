@@ -13,8 +13,11 @@
 // A worker process that dies is replaced (`respawn`, in Python) and its sample retried once on
 // the new process; dying again fails the sample with the exit status.
 //
-// Wire format (little-endian int64 words). Request: [op=1, position, n, key_0 .. key_n-1];
-// op=0 asks the process to exit. Reply: [status, inline, nbytes] then, when `inline`, nbytes of
+// Wire format (little-endian int64 words). Request: [op=1, position, n, seed, index, key_0 ..
+// key_n-1]: `seed` is the epoch's base seed and `index` the place of key_0 in the epoch's whole
+// order (resumed epochs included), so the process seeds each sample's RNGs from (seed, index +
+// j) whichever process makes it; op=0 asks the process to exit (the other words are 0); op=3
+// (AdoptProcesses) is described there. Reply: [status, inline, nbytes] then, when `inline`, nbytes of
 // payload on the pipe (else the payload is at the start of the staging area). status 0: the
 // payload is the sample's fields in schema order, each as its shape (one word per dimension)
 // then its elements, padded to 8 bytes; in batch mode the payload is opaque (a pickled batch,
@@ -72,9 +75,16 @@ class PyTransform : public SampleTransform {
   // Stops using the processes (asks them to exit, closes the pipes).
   void StopProcesses();
   int processes() const;
-  // The epoch's keys: position p is keys[offsets[p] .. offsets[p + 1]) (processes only).
-  void SetKeys(std::vector<int64_t> keys, std::vector<int64_t> offsets);
+  // The epoch's keys: position p is keys[offsets[p] .. offsets[p + 1]) (processes only);
+  // `seed` and `first_index` (the epoch order's index of keys[0]) go with every request.
+  void SetKeys(std::vector<int64_t> keys, std::vector<int64_t> offsets, int64_t seed = 0,
+               int64_t first_index = 0);
   void set_timeout_s(double s) { timeout_s_.store(s); }
+  // Takes over `from`'s processes (and its respawn) and sends each the new configuration
+  // (op=3: [3, nbytes, words, 0, 0] then `config`, pickled by Python); a process that does not
+  // take it is replaced. The processes and what worker_init_fn set up in them are kept when the
+  // batch layout changes (learned at the first epoch, a padded bound grown).
+  void AdoptProcesses(PyTransform& from, const std::string& config);
   // Refuses further work (the loader is closing): Apply fails at once.
   void Close() { closed_.store(true); }
 
@@ -100,10 +110,24 @@ class PyTransform : public SampleTransform {
   void ReturnWorkerId(int id) const;
   absl::Status ApplyThread(int64_t position, ThreadWorker* state, SampleWriter& out) const;
   absl::Status ApplyProcess(int64_t position, SampleWriter& out) const;
+  // One request to an idle worker process (process `only`, if >= 0), its reply checked; a
+  // death is retried once on the new process. On success the process stays taken (its staging
+  // area holds the payload) until ReleaseProc(r.proc). Errors: Cancelled (closing), else
+  // Unknown with the error text for Python.
+  struct Reply {
+    int proc = -1;
+    int64_t status = 0;
+    const uint8_t* data = nullptr;
+    size_t size = 0;
+    std::vector<uint8_t> inline_payload;
+  };
+  absl::Status Exchange(const std::vector<int64_t>& request, const std::string& what, Reply& r,
+                        int only = -1) const;
   // Parses a sample's payload into the slot.
   absl::Status WriteFields(const uint8_t* p, size_t n, SampleWriter& out) const;
   absl::Status Failed(int64_t position, const std::string& text) const;
   int AcquireProc() const;  // blocks for an idle process; -1 when there are none
+  int AcquireProc(int only) const;  // blocks for process `only`; -1 when it is not running
   void ReleaseProc(int i) const;
   // Replaces process i (GIL taken inside); returns the old one's exit code text.
   std::string Respawn(int i) const;
@@ -122,7 +146,11 @@ class PyTransform : public SampleTransform {
   mutable std::condition_variable idle_;
   mutable std::vector<Proc> procs_;
   std::shared_ptr<const std::vector<int64_t>> keys_, offsets_;
-  mutable std::map<int64_t, std::string> errors_, results_;
+  int64_t seed_ = 0, first_index_ = 0;  // the epoch's (mu_)
+  mutable std::map<int64_t, std::string> errors_;
+  // Batch mode: a position's batches. Under on_error="skip" a failed batch's place is taken by
+  // another position, which is then made twice (the same bytes): each make is taken once.
+  mutable std::multimap<int64_t, std::string> results_;
   mutable std::vector<bool> worker_ids_;  // taken ids (mu_)
   std::atomic<double> timeout_s_{0};
   std::atomic<bool> closed_{false};

@@ -26,8 +26,8 @@ struct StageStats {
 };
 
 struct SampleError {
-  std::string path;
-  std::string cause;
+  std::string path;   // the sample, as the data set names it
+  std::string cause;  // what went wrong (without the name)
   int64_t sample = -1;  // index in the data set
   int64_t epoch = -1;
 };

@@ -258,6 +258,22 @@ def resolve_pad(samples, schema, pad, pad_value, bounds):
     return schema
 
 
+def with_bounds(schema, bounds):
+    """A copy of `schema` whose padded dimensions are at least the bounds grown since it was
+    learned ({(field, dim): max})."""
+    import copy
+    out = copy.deepcopy(schema)
+    for f in out.fields:
+        shape = list(f.shape)
+        for (fi, d), m in bounds.items():
+            if fi == f.index and d < len(shape):
+                shape[d] = -max(abs(shape[d]), m)
+        if tuple(shape) != f.shape:
+            f.shape = tuple(shape)
+            _name_lengths(out, f)
+    return out
+
+
 def _name_lengths(schema, f):
     """A variable leaf in a mapping gets its lengths under `<key>_lengths` beside it (when the
     mapping has no such key); elsewhere the leaf becomes a (padded, lengths) pair."""

@@ -4,6 +4,15 @@ A worker serves requests from the loader's C++ threads: the dataset keys of one 
 sample (or, in batch mode, the collated batch) back. Tensor data goes into the worker's
 shared-memory staging area, never through pickle; only batch mode's user collate results and
 error texts are serialized.
+
+Every sample's RNGs (torch's, `random`'s, numpy's global ones) are seeded from (the epoch's base
+seed, the sample's index in the epoch's order) just before `dataset[key]`: a random augmentation
+draws the same numbers whichever worker makes the sample, with any number of workers, and after a
+resume. A batch-mode reply is the pickle of (batch, learned): while the loader does not know the
+batch layout yet (`learn`), the worker learns it from the samples of its first batch
+(`_collate.infer`, then `resolve_pad`) and sends it as `learned`; op=3 then gives the worker the
+loader's layout, and its samples go into the batch slots in place. The loader itself never calls
+the dataset when it has workers.
 """
 
 import json
@@ -15,7 +24,9 @@ import signal
 import struct
 import traceback
 
-_HEADER = struct.Struct("<qqq")
+_HEADER = struct.Struct("<qqq")  # a reply: status, inline, nbytes
+_REQUEST = struct.Struct("<qqqqq")  # op, position, n, seed, index (then n keys)
+_M64 = (1 << 64) - 1
 
 
 def error_text(exc, what, where):
@@ -24,10 +35,16 @@ def error_text(exc, what, where):
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     message = (f"Caught {name} in {where} loading {what}.\nOriginal Traceback (most recent call "
                f"last):\n" + tb.split("\n", 1)[1] if "\n" in tb else tb)
+    if "stack expects each tensor to be equal size" in str(exc):  # torch's default_collate
+        message += ("feedline: DataLoader(pad=True) pads the leaves whose shape varies, with "
+                    "their lengths beside them\n")
     summary = f"{what}: {name}: {exc}".replace("\n", " ")
     details = {"type": f"{type(exc).__module__}.{type(exc).__qualname__}", "message": message}
     if not getattr(exc, "replaceable", True):  # the loop must see it, also with on_error="skip"
         details["replace"] = False
+    if getattr(exc, "unpicklable", False):  # the batch was made; it cannot travel
+        details["replace"] = False
+        details["unpicklable"] = True
     return summary + "\n" + json.dumps(details)
 
 
@@ -90,10 +107,86 @@ def seed_worker(base_seed, worker_id):
     return seed
 
 
+def sample_seed(seed, index):
+    """A 64-bit seed for the sample at `index` of an epoch whose base seed is `seed`
+    (SplitMix64's finalizer over both: neighbouring indices get unrelated seeds)."""
+    z = (seed + 0x9E3779B97F4A7C15 * (index + 1)) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+# The global RNGs seeded per sample: all three, less those that worker_init_fn seeded itself
+# (its seeding stands, as in torch: a dataset that reads torch.initial_seed() sees it).
+_PER_SAMPLE = {"torch", "random", "numpy"}
+
+
+def seed_sample(seed, index):
+    """Seeds torch's, random's and (when loaded) numpy's global RNGs for one sample."""
+    import sys
+    import torch
+    s = sample_seed(seed, index)
+    if "torch" in _PER_SAMPLE:
+        torch.default_generator.manual_seed(s)  # not torch.manual_seed: no CUDA when forked
+    if "random" in _PER_SAMPLE:
+        random.seed(s)
+    np = sys.modules.get("numpy")
+    if np is not None and "numpy" in _PER_SAMPLE:
+        np.random.seed([s & 0xFFFFFFFF, s >> 32])
+
+
+def _rng_states():
+    import sys
+    import torch
+    np = sys.modules.get("numpy")
+    return {"torch": torch.initial_seed(), "random": random.getstate(),
+            "numpy": pickle.dumps(np.random.get_state()) if np is not None else None}
+
+
+def run_worker_init_fn(worker_init_fn, worker_id):
+    """worker_init_fn(worker_id); the RNGs it seeded are not seeded per sample afterwards."""
+    before = _rng_states()
+    try:
+        worker_init_fn(worker_id)
+    finally:
+        after = _rng_states()
+        for name in before:
+            if before[name] is not None and before[name] != after[name]:
+                _PER_SAMPLE.discard(name)
+
+
+def layout(samples, pad):
+    """The batch layout learned from a batch's samples: ("layout", a `_collate.Schema` or None
+    when the samples have no layout the slots can hold)."""
+    from . import _collate
+    schema = _collate.infer(samples[0])
+    if schema is not None and pad is not None:
+        pad_arg, pad_value, bounds = pad
+        schema = _collate.resolve_pad(samples, schema, pad_arg, pad_value, bounds)
+    return ("layout", schema)
+
+
+def _keep_heap():
+    """Samples allocate and free arrays of the same large sizes over and over (a decoded image,
+    its float copy). glibc serves an allocation past its mmap threshold (128 KiB at first) with
+    a fresh mapping, whose pages fault in zeroed each time: numpy samples of 600 KB cost 2.4 ms
+    of CPU where 1.0 ms is the work. The threshold only rises after such a block is freed, so a
+    worker's speed depended on what it happened to allocate first. Fixed at 32 MiB (the most
+    glibc's own adjustment reaches), with freed memory kept up to 64 MiB."""
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 64 << 20)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
 def main(dataset, schema, batch_mode, collate_fn, request_fd, reply_fd, staging_fd,
          staging_bytes, worker_id, num_workers, base_seed, worker_init_fn, close_fds,
-         parent_pid=None):
-    """The worker's loop: until the loader asks it to stop or goes away."""
+         parent_pid=None, pad=None, learn=False):
+    """The worker's loop: until the loader asks it to stop or goes away. `pad` is (pad,
+    pad_value, bounds grown so far); `learn`: learn the layout from the first batch made."""
     if parent_pid is not None:  # also when a sample's code never returns
         exit_with_parent(parent_pid)
     import torch
@@ -105,41 +198,70 @@ def main(dataset, schema, batch_mode, collate_fn, request_fd, reply_fd, staging_
         except OSError:
             pass
     torch.set_num_threads(1)
+    _keep_heap()
     seed = seed_worker(base_seed, worker_id)
     set_worker_info(worker_id, num_workers, seed, dataset)
     where = f"feedline worker process {worker_id} (pid {os.getpid()})"
     init_error = None
     if worker_init_fn is not None:
         try:
-            worker_init_fn(worker_id)
+            run_worker_init_fn(worker_init_fn, worker_id)
         except Exception as e:  # noqa: BLE001 (reported with every request)
             init_error = e
     staging = mmap.mmap(staging_fd, staging_bytes)
     os.close(staging_fd)
     view = memoryview(staging)
     while True:
-        head = _read_exact(request_fd, _HEADER.size)
+        head = _read_exact(request_fd, _REQUEST.size)
         if head is None:
             break
-        op, position, n = _HEADER.unpack(head)
+        op, position, n, epoch_seed, index = _REQUEST.unpack(head)
         if op == 0:
             break
         raw = _read_exact(request_fd, 8 * n)
         if raw is None:
             break
+        if op == 3:  # a new batch layout (AdoptProcesses): `position` bytes of pickle
+            try:
+                schema, batch_mode, learn, pad = pickle.loads(raw[:position])
+                status = 0
+            except Exception:  # noqa: BLE001 (the loader replaces this process)
+                status = 1
+            _write_all(reply_fd, _HEADER.pack(status, 0, 0))
+            continue
         keys = struct.unpack(f"<{n}q", raw)
         what = f"dataset[{keys[0]}]" if n == 1 else f"the batch of dataset{list(keys)}"
         try:
             if init_error is not None:
                 raise init_error
             if batch_mode:
+                samples = []
+                for j, k in enumerate(keys):
+                    what = f"dataset[{k}]"  # the sample that fails is the one named
+                    seed_sample(epoch_seed, index + j)
+                    samples.append(dataset[k])
+                what = f"the batch of dataset{list(keys)}" if n > 1 else f"dataset[{keys[0]}]"
                 if collate_fn is None:  # batch_size=None: one sample, converted
-                    out = torch.utils.data.default_convert(dataset[keys[0]])
+                    out = torch.utils.data.default_convert(samples[0])
                 else:
-                    out = collate_fn([dataset[k] for k in keys])
-                payload = pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
+                    out = collate_fn(samples)
+                learned = None
+                if learn:
+                    learn = False
+                    try:
+                        learned = layout(samples, pad)
+                    except ValueError as e:  # pad= names no field of the samples
+                        learned = ("error", str(e))
+                    except Exception:  # noqa: BLE001 (another batch teaches it)
+                        learned = None
+                try:
+                    payload = pickle.dumps((out, learned), protocol=pickle.HIGHEST_PROTOCOL)
+                except Exception as e:  # noqa: BLE001 (a type pickle cannot find by its name)
+                    e.unpicklable = True
+                    raise
                 parts = None
             else:
+                seed_sample(epoch_seed, index)
                 leaves = _collate.flatten(dataset[keys[0]], schema)
                 parts, size = [], 0
                 for f, a in zip(schema.fields, leaves):

@@ -2,20 +2,26 @@
 
     loader = feedline.DataLoader(dataset, batch_size=64, shuffle=True, num_workers=8)
 
-takes every argument torch's DataLoader takes and gives the same batches. What changes is where
-the work runs: map-style datasets run on feedline's engine (python/py_dataset.h) — positions of
-the epoch's order claimed by C++ worker threads, each sample made either by the thread itself
-under the GIL (when the dataset's work releases it: numpy, PIL decode, torch ops) or by a
-persistent forked worker process (when it holds it: pure-Python parsing), chosen by measuring
-the dataset at the first epoch, and collated in place into the batch slot (torch's
-default_collate semantics, see _collate.py). The worker count is tuned by the engine, as for
-images; ``workers=N`` fixes it. ``num_workers=0`` loads in the calling thread, as in torch.
+takes every argument torch's DataLoader takes and gives the same batches. What changes is how
+the work is done: map-style datasets run on feedline's engine (python/py_dataset.h) — positions
+of the epoch's order claimed by C++ worker threads, each sample made by a persistent forked
+worker process (as torch's workers: the training process keeps its GIL, its RNGs and its life
+when a sample crashes) and written in place into the batch slot (torch's default_collate
+semantics, see _collate.py); or, with ``executor="thread"`` or keys that are not ints, each
+batch made whole by an engine thread under the GIL. The worker count is tuned by the engine, as
+for images; ``workers=N`` fixes it. ``num_workers=0`` loads in the calling thread, as in torch.
+
+With workers, the training process never calls the dataset. In place needs the batch layout,
+which the worker processes learn from their first batch: the first batch of each worker is
+made whole by torch's collation, as torch's workers make it, every later one in place. In worker processes every sample's RNGs are seeded from (the epoch's base seed, the
+sample's index in the epoch): the same seed gives the same augmentations for any worker count
+and after a resume.
+
 Iterable datasets run one replica per worker (``get_worker_info()`` set), batches taken round
 robin as torch takes them.
 """
 
 import atexit
-import collections
 import copy
 import hashlib
 import inspect
@@ -37,17 +43,6 @@ from ._feedline import DataError
 
 __all__ = ["DataLoader"]
 
-# Samples read to learn which dimensions of pad=True leaves vary (and their bounds).
-_PAD_PROBE = 32
-# Below this cost per sample (one thread, measured at the first epoch) the calling thread loads
-# (as num_workers=0 does): a hand-off to a worker thread or process costs more than the sample
-# (bench/peer_pydataset.py "python": 58 us samples, 17.4k/s in the calling thread vs 11.6k/s
-# on two processes and 4.2k/s on two GIL-bound threads).
-_INLINE_US = 40
-# After the first epoch, an automatic choice is revisited when the consumer waited at least this
-# share of the time (the loader was the bottleneck), over at least this many batches.
-_REVISIT_WAIT = 0.5
-_REVISIT_BATCHES = 10
 
 _LIVE = weakref.WeakSet()
 
@@ -59,6 +54,24 @@ def _close_all():  # before the interpreter goes: no engine thread may wait for 
             loader.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+# A multiprocessing child (a training script's own worker process, torch's test harness) ends
+# through multiprocessing's exit function, not atexit: it joins the child processes it knows.
+# Its finalizers run first, so the loaders close there too; an engine thread that replaced a
+# dead worker after that join had begun forked a process nobody terminated, and the exit
+# waited for it forever (1 run in 12 of a dataset that segfaults).
+# A forked child starts with an empty registry: each process registers when it makes its
+# first loader.
+_finalizer_pid = None
+
+
+def _register_exit():
+    global _finalizer_pid
+    if _finalizer_pid != os.getpid():
+        import multiprocessing.util
+        multiprocessing.util.Finalize(None, _close_all, exitpriority=100)
+        _finalizer_pid = os.getpid()
 
 
 # get_worker_info() inside thread workers: torch's function reads one module global, so the
@@ -154,9 +167,14 @@ class DataLoader(typing.Generic[_T_co]):
 
     feedline's own keyword arguments:
       workers: "auto" (tuned while running) or a fixed count of engine workers.
-      executor: "auto" (measured at the first epoch), "thread" or "process".
+      executor: "auto" (processes, as torch; threads when the sample keys are not ints),
+        "thread" (the engine's threads run the dataset under the GIL: no pickling, but they
+        share the training thread's GIL and RNGs, so random augmentations are not
+        reproducible there) or "process".
       memory_budget: bytes of batch slots in flight ("auto": a share of the machine's memory).
-      on_error: "raise" (the sample's exception reaches the loop) or "skip" (replaced, counted).
+      on_error: "raise" (the sample's exception reaches the loop) or "skip" (replaced, counted;
+        where batches are made whole, by worker threads or a collate_fn, the failed sample's
+        batch is replaced by another batch of the epoch).
       seed: seeds the shuffle (a torch.Generator) when no ``generator`` is given.
       device: where batches arrive. "cuda"/"cuda:N": batches collated by feedline are copied
         from pinned slots on a side stream (the consumer's stream waits on an event, as with
@@ -239,7 +257,13 @@ class DataLoader(typing.Generic[_T_co]):
         self.persistent_workers = persistent_workers
         self._is_iterable = isinstance(dataset, tud.IterableDataset)
         if self._is_iterable:
-            if shuffle not in (None, False):
+            if isinstance(dataset, tud.IterDataPipe):
+                # As torch: shuffle= turns the pipe's Shuffler stages on or off.
+                if shuffle is not None:
+                    dataset = torch.utils.data.graph_settings.apply_shuffle_settings(
+                        dataset, shuffle=shuffle)
+                    self.dataset = dataset
+            elif shuffle not in (None, False):
                 raise ValueError("DataLoader with IterableDataset: expected unspecified shuffle "
                                  f"option, but got shuffle={shuffle}")
             if sampler is not None:
@@ -294,11 +318,12 @@ class DataLoader(typing.Generic[_T_co]):
         self._pad_bounds = {}  # (field, dim) -> bound, grown when a sample overflowed one
         self._pad_restarts = 0
         self._schema = None
-        self._probe_rate = None  # samples/s of one thread (the executor probe)
-        self._flat_keys = []
-        self._revisited = False
-        self._epochs_finished = 0
-        self._last_epoch = None  # the last full engine epoch: samples, seconds, consumer wait
+        self._learned = None  # (batch layout or None) learned in a worker, kept for the loader
+        self._spawn_seed = 0  # the base seed worker processes are seeded with at their start
+        self._pad_config = None  # (pad, pad_value, bounds): how worker processes learn layouts
+        self._past_errors = {"error_count": 0, "errors": []}  # of replaced engine runs
+        self._past_py = {}  # of replaced transforms
+        self._wants_layout = False  # this epoch's batches could go in place (see _layout)
         # Engine state, kept across epochs (persistent workers).
         self._transform = None
         self._transform_key = None
@@ -316,6 +341,7 @@ class DataLoader(typing.Generic[_T_co]):
         self._epoch_state = None
         self._IterableDataset_len_called = None  # what len(loader) said, as torch keeps it
         _LIVE.add(self)
+        _register_exit()
         self.__initialized = True
         if self.num_workers:  # torch warns at construction and at each iter()
             tud.dataloader.DataLoader.check_worker_number_rationality(self)
@@ -383,16 +409,23 @@ class DataLoader(typing.Generic[_T_co]):
                 self.generator.set_state(torch.ByteTensor(list(resume["generator_state"])))
                 gen_state = self.generator.get_state()
             skip = resume["batches_done"]
-        # As torch's iterator: a base seed for the workers first, then the sampler's draws.
+        # As torch's iterator: a DataPipe's shared seed (its shufflers draw from it, the same in
+        # every worker), a base seed for the workers, then the sampler's draws.
+        shared_seed = None
+        if isinstance(self.dataset, tud.IterDataPipe):
+            shared_seed = int(torch.empty((), dtype=torch.int64).random_(
+                generator=self.generator).item())
         base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator)
                         .item())
         self._epochs_started += 1
         if not self.persistent_workers:
-            # As torch's workers made anew for each epoch: worker_init_fn runs again in every
-            # worker thread, with a new WorkerInfo (the threads themselves are kept).
+            # As torch's workers made anew for each epoch: worker processes are, so they see the
+            # dataset as it is now; worker_init_fn runs again in every worker thread, with a new
+            # WorkerInfo and copy of the dataset (the threads themselves are kept).
             self._thread_workers.clear()
+            self._stop_processes()
         if self._is_iterable:
-            it = _IterableIter(self, base_seed)
+            it = _IterableIter(self, base_seed, shared_seed)
             self._epoch_state = None
         else:
             batches = [list(b) if self._auto_collation else [b] for b in self._index_sampler]
@@ -405,10 +438,6 @@ class DataLoader(typing.Generic[_T_co]):
                                  "generator_state": None if gen_state is None else
                                  bytes(gen_state.numpy().tobytes()),
                                  "order": fp, "batches": len(batches)}
-            if (self.num_workers != 0 and self._executor_option == "auto"
-                    and self._executor in ("thread", "process") and not self._revisited
-                    and self._epochs_finished >= 1 and self._loader is not None):
-                self._revisit()
             if self.num_workers == 0 or self._executor == "main":
                 it = _SerialIter(self, batches, skip)
             else:
@@ -417,47 +446,67 @@ class DataLoader(typing.Generic[_T_co]):
         return it
 
     def _engine_iter(self, batches, skip, base_seed):
+        # As torch's iter(): the workers start (worker_init_fn runs in them) and begin on the
+        # epoch's first batches; their errors reach the loop at the batch they belong to.
+        if not batches[skip:]:
+            return _EmptyIter()
+        it = _EngineIter(self, batches, skip, base_seed)
+        it._begin()
+        return it
+
+    def _start_engine(self, batches, skip, base_seed):
+        """Starts the engine over batches[skip:]: (engine epoch, schema or None, engine batch,
+        learning) or None when there is nothing to load. `learning`: the layout is not known
+        yet, and the engine makes only as many whole batches as there are worker processes
+        (each learns the layout from its batch); the caller starts it again after them, in
+        place. No batch is made twice, and every worker is busy at once, as torch's are."""
         left = batches[skip:]
+        if not left:
+            return None
         sizes = {len(b) for b in left[:-1]}
         regular = self._auto_collation and len(sizes) <= 1 and (
-            not left or not sizes or len(left[-1]) <= min(sizes))
-        schema = None
-        if left and regular and self.collate_fn is tud.default_collate:
-            schema = _collate.infer(self.dataset[left[0][0]])
-            if schema is not None and (self._pad or self._pad_bounds):
-                keys = [k for b in left for k in b]
-                probe = keys[::max(1, len(keys) // _PAD_PROBE)][:_PAD_PROBE]
-                schema = _collate.resolve_pad([self.dataset[k] for k in probe], schema,
-                                              self._pad, self._pad_value, self._pad_bounds)
+            not sizes or len(left[-1]) <= min(sizes))
+        first_index = sum(len(b) for b in batches[:skip])  # the epoch order's index of left[0][0]
+        flat = [k for b in left for k in b]
+        if self._executor is None:
+            self._executor, self._executor_reason = self._choose_executor(flat)
+        if self._executor == "process" and not all(isinstance(k, int) for k in flat):
+            raise TypeError("executor='process' needs int sample keys; use executor='thread'")
+        if not self._procs_started():
+            self._spawn_seed = base_seed
+        if self._device is not None and self._device.type == "cuda":
+            _check_cuda(self._engine_device())  # a clear DeviceError now, in any mode
+        # In place needs the layout, which worker processes learn from their first batch.
+        self._wants_layout = (regular and self.collate_fn is tud.default_collate
+                              and self._executor == "process")
+        self._pad_config = ((self._pad, self._pad_value, dict(self._pad_bounds))
+                            if self._pad else None)
+        schema = self._layout() if self._wants_layout else None
+        learning = self._learning()
+        if learning:
+            from . import _parse_count
+            left = left[:max(1, _parse_count("workers", self._workers) or _cpus())]
+            flat = [k for b in left for k in b]
         batch_mode = schema is None
         if batch_mode:
             engine_batch = 1
-            flat = [k for b in left for k in b]
             offsets = list(itertools.accumulate([0] + [len(b) for b in left]))
         else:
             engine_batch = max(len(left[0]), 1)
-            flat = [b for batch in left for b in batch]
             offsets = list(range(len(flat) + 1))
-        self._flat_keys = flat
-        if self._executor is None:
-            self._executor, self._executor_reason = self._choose_executor(schema, flat)
-        if self._executor == "main":
-            return _SerialIter(self, batches, skip)
-        self._ensure_transform(schema, batch_mode, flat)
+        self._ensure_transform(schema, batch_mode)
         self._keys = flat if not batch_mode else left
         self._key_offsets = offsets
         if self._executor == "process":
-            if not all(isinstance(k, int) for k in flat):
-                raise TypeError("executor='process' needs int sample keys; use executor='thread'")
-            self._transform.set_keys([int(k) for k in flat], offsets)
+            self._transform.set_keys(flat, offsets, _signed64(base_seed), first_index)
         else:
             self._transform.set_keys([], [0])
-        positions = len(left)if batch_mode else len(flat)
+        positions = len(left) if batch_mode else len(flat)
         key = (positions, engine_batch)
         if self._loader is None or self._loader_key != key:
+            if self._loader is not None:
+                self._retire(loader=self._loader)
             self._loader = None
-            if positions == 0:
-                return _EmptyIter()
             from . import _parse_bytes, _parse_count
             workers = _parse_count("workers", self._workers)
             self._loader = _feedline.python_loader(
@@ -470,58 +519,72 @@ class DataLoader(typing.Generic[_T_co]):
                 device=(self._engine_device() if schema is not None else None) or "cpu")
             self._loader_key = key
         self._results.clear()
-        return _EngineIter(self, self._loader.start_epoch(), schema, engine_batch, skip, batches)
+        return self._loader.start_epoch(), schema, engine_batch, learning
 
-    def _ensure_transform(self, schema, batch_mode, flat):
+    def _learning(self):
+        return self._wants_layout and self._learned is None
+
+    def _procs_started(self):
+        return self._transform is not None and self._transform.processes > 0
+
+    def _layout(self):
+        """The batch layout (a _collate.Schema) for worker processes to write samples into the
+        batch slots in place, or None: batches are made whole in the workers (as torch's are).
+        Until the layout is known the workers learn it from the samples of their first batch
+        (with pad=, the bounds from that batch's longest; a longer sample later grows them):
+        the epoch's first batches, one per worker process, are made whole, the rest in place,
+        and no sample is made for the layout alone. Worker threads always make whole batches:
+        they share the training thread's GIL, which in-place writes would not spare."""
+        if self._learned is None or self._learned[0] is None:
+            return None
+        schema = self._learned[0]
+        if self._pad_bounds:
+            schema = _collate.with_bounds(schema, self._pad_bounds)
+        return schema
+
+    def _learn(self, learned):
+        """A worker process's ("layout", schema or None) or ("error", text) of pad= naming no
+        field of the samples."""
+        if learned is None or self._learned is not None:
+            return
+        if learned[0] == "error":
+            raise ValueError(learned[1])
+        self._learned = (learned[1],)
+
+    def _ensure_transform(self, schema, batch_mode):
+        """The transform for this layout. Worker processes outlive a change of layout (learned
+        at the first epoch, a padded bound grown): the new transform adopts them and sends them
+        the layout, so worker_init_fn runs once per process, as torch's persistent workers."""
         key = (None if schema is None else [f for f in schema.engine_fields()], batch_mode)
         if self._transform is not None and self._transform_key == key:
+            if self._executor == "process" and not self._procs_started():
+                self._use_processes()  # persistent_workers=False: this epoch's new workers
             return
-        self._stop_processes()
         self._schema = schema
         self._batch_mode = batch_mode
         fields = schema.engine_fields() if schema is not None else [("batch", "int64", [], False)]
+        old = self._transform
+        if self._loader is not None:
+            self._retire(loader=self._loader)
+        if old is not None:
+            self._retire(transform=old)
         self._transform = _feedline.PythonTransform(fields, batch_mode, _weak(self._fetch))
         self._transform.set_timeout(float(self.timeout))
         self._transform_key = key
         self._loader = None
-        if self._executor == "process":
-            self._staging = 64 << 20
-            if schema is not None:
-                per = sum(8 * len(f.shape) + 8 + f.slot_elements() *
-                          torch.empty((), dtype=f.dtype).element_size() for f in schema.fields)
-                self._staging = max(16 << 20, 2 * per + _collate.OBJECT_BYTES + 4096)
-            from . import _parse_count
-            count = _parse_count("workers", self._workers) or _cpus()
-            self._base_seed_procs = int(torch.empty((), dtype=torch.int64).random_().item())
-            self._transform.use_processes(_weak(self._spawn), count)
+        if self._executor != "process":
+            return
+        if old is not None and old.processes > 0:
+            self._transform.adopt_processes(old, pickle.dumps(
+                (schema, batch_mode, self._learning(), self._pad_config)))
+            return
+        self._use_processes()
 
-    def _timed_fetch(self, schema, ring, threads, seconds):
-        """(samples per second, CPU seconds per wall second) of `threads` threads fetching
-        samples (and flattening them into the schema's columns) for about `seconds`. The second
-        figure is the tell: threads that hold the GIL take turns (about 1 CPU second per second,
-        however many), threads whose work releases it run at once."""
-        stop = time.perf_counter() + seconds
-        counts = [0] * threads
-        cpu = [0.0] * threads
-
-        def run(t):
-            c0 = time.thread_time()
-            while counts[t] < 4 or time.perf_counter() < stop:
-                sample = self.dataset[next(ring)]
-                if schema is not None:
-                    _collate.flatten(sample, schema)
-                counts[t] += 1
-            cpu[t] = time.thread_time() - c0
-
-        t0 = time.perf_counter()
-        pool = [threading.Thread(target=run, args=(t,)) for t in range(1, threads)]
-        for t in pool:
-            t.start()
-        run(0)
-        for t in pool:
-            t.join()
-        wall = time.perf_counter() - t0
-        return sum(counts) / wall, sum(cpu) / wall
+    def _use_processes(self):
+        self._stop_processes()
+        from . import _parse_count
+        count = _parse_count("workers", self._workers) or _cpus()
+        self._transform.use_processes(_weak(self._spawn), count)
 
     @property
     def _collate_batch(self):
@@ -533,110 +596,14 @@ class DataLoader(typing.Generic[_T_co]):
             return self._padded_collate
         return self.collate_fn
 
-    def _choose_executor(self, schema, flat):
+    def _choose_executor(self, flat):
+        """Stable for a loader's arguments, and made without calling the dataset."""
         if self._executor_option != "auto":
             return self._executor_option, "forced (executor=)"
-        keys = flat if flat else [0]
-        ring = itertools.cycle(keys)
-        try:
-            with _GlobalRngWatch() as rng:
-                self._timed_fetch(schema, ring, 1, 0)  # warm-up, watched
-            one, busy = self._timed_fetch(schema, ring, 1, 0.05)
-        except Exception:  # noqa: BLE001 (the sample's error comes again, at its batch)
-            return "thread", "the probe's sample failed"
-        self._probe_rate = one
-        if rng.calls and all(isinstance(k, int) for k in flat[:64]) and _cpus() >= 2:
-            # Never run in two threads, not even to measure: their draws would interleave, and
-            # torch 1.13 can deadlock (a thread holding the generator's lock waits for the GIL
-            # that a thread waiting for that lock holds).
-            calls = ", ".join(f"{n} x{c}" for n, c in sorted(rng.calls.items()))
-            return "process", (f"the dataset sets torch's global RNG state ({calls}: "
-                               "FakeData does): threads would share it, processes keep their own")
-        if one > 1e6 / _INLINE_US and self._inline_allowed() and self._thread_safe(keys):
-            return "main", (f"{1e6 / one:.0f} us per sample: the calling thread loads (as "
-                            "num_workers=0), cheaper than a hand-off to a worker")
-        if one > 1 / 30e-6:
-            return "thread", (f"{1e6 / one:.0f} us per sample: cheaper than a hand-off to "
-                              "a process")
         if not all(isinstance(k, int) for k in flat[:64]):
-            return "thread", "sample keys are not ints"
-        if _cpus() < 2:
-            return "thread", "one core: nothing to gain from processes"
-        if busy < 0.5:  # I/O, sleeps: the GIL is free while it waits
-            return "thread", (f"the dataset waits more than it computes ({busy:.2f} CPU "
-                              "seconds per second in one thread)")
-        try:
-            # Two rounds, the more parallel one: a busy machine only ever lowers the figure.
-            parallel = max(self._timed_fetch(schema, ring, 2, 0.1)[1] for _ in range(2))
-        except Exception:  # noqa: BLE001
-            return "thread", "the probe's sample failed"
-        if parallel >= 1.3:
-            if not self._thread_safe(keys):
-                return "process", ("the dataset gives each sample the same bytes alone but not "
-                                   "from two threads at once (it changes global state, such as "
-                                   "torch's RNG): processes keep torch's isolation")
-            return "thread", (f"the dataset releases the GIL: 2 threads ran {parallel:.2f} CPU "
-                              "seconds per second")
-        return "process", (f"the dataset holds the GIL: 2 threads ran only {parallel:.2f} CPU "
-                           "seconds per second")
-
-    def _revisit(self):
-        """Once, after the first epoch of an automatic choice: when the loader was the
-        bottleneck (the consumer waited), moves to what the measurements say is faster — the
-        calling thread when one thread loads faster than the workers delivered, processes when
-        worker threads spent their time waiting for the GIL."""
-        self._revisited = True
-        last = self._last_epoch or {}
-        rate = last.get("samples", 0) / max(last.get("seconds", 0.0), 1e-9)
-        wait = last.get("wait_fraction", 0.0)
-        py = self._transform.stats() if self._transform is not None else {}
-        if wait < _REVISIT_WAIT:
-            return  # the consumer is the bottleneck: the loader keeps up
-        if last.get("batches", 0) < _REVISIT_BATCHES:
-            return  # a short epoch is mostly the pipeline filling: nothing to conclude
-        was = f"{self._executor} workers delivered {rate:.0f} samples/s"
-        if self._inline_allowed() and self._auto_collation:
-            # A quick look first (20 ms of samples, no collation: an upper bound); only when
-            # even it would beat the workers is the calling thread measured for real.
-            rng = torch.get_rng_state()  # the measurement's draws must not shift the epoch's
-            try:
-                keys = itertools.cycle(self._flat_keys or [0])
-                quick = self._timed_fetch(None, keys, 1, 0.02)[0]
-                one = self._inline_rate() if quick > 1.25 * rate else 0.0
-            except Exception:  # noqa: BLE001 (the sample's error comes again, at its batch)
-                one = 0.0
-            finally:
-                torch.set_rng_state(rng)
-            # A dataset that changes global state (reseeds torch's RNG, as FakeData does) would
-            # change it in the training's own thread: it keeps its workers.
-            if one > 1.25 * rate and self._thread_safe(self._flat_keys[:64] or [0]):
-                self._switch("main", f"revisited after epoch 1: {was} while the consumer waited "
-                                     f"{wait:.0%}; one thread loads {one:.0f}/s, so the calling "
-                                     "thread does (as num_workers=0)")
-                return
-        # Waiting: to take the GIL for a sample, and inside the dataset's code off a CPU (to
-        # take the GIL back after a C call released it, mostly; I/O waits count too, but a
-        # dataset that mostly waits for I/O was given threads by the probe and stays there).
-        call, gil = py.get("call_s", 0.0), py.get("gil_wait_s", 0.0)
-        waiting = (gil + py.get("off_cpu_s", 0.0)) / max(gil + call, 1e-9)
-        if self._executor == "thread" and call > 0 and waiting > 0.3 and all(
-                isinstance(k, int) for k in self._flat_keys[:64]) and _cpus() >= 2:
-            self._switch("process", f"revisited after epoch 1: {was}, waiting for the GIL "
-                                    f"{waiting:.0%} of their time; processes each have one")
-
-    def _inline_rate(self):
-        """Samples/s of the calling thread loading and collating whole batches as num_workers=0
-        does (at least a batch and 0.1 s, distinct samples of the epoch: a few samples fetched
-        over and over stay in the caches and look cheaper than they are)."""
-        keys, bs = self._flat_keys, max(self.batch_size or 1, 1)
-        t0 = time.perf_counter()
-        n = 0
-        for i in range(0, len(keys), bs):
-            self._collate_batch([self.dataset[k] for k in keys[i:i + bs]])
-            n += len(keys[i:i + bs])
-            if time.perf_counter() - t0 >= 0.1:
-                break
-        return n / max(time.perf_counter() - t0, 1e-9)
+            return "thread", "sample keys are not ints: worker processes take int keys"
+        return "process", ("as torch's workers: each process has its own GIL and RNGs, a crash "
+                           "is the worker's, and the training thread keeps its GIL")
 
     def _engine_device(self):
         """"cuda:N" when batches go to a GPU through the engine's copy stage (pinned slots, a
@@ -648,81 +615,44 @@ class DataLoader(typing.Generic[_T_co]):
         from . import _resolve_cuda
         return _resolve_cuda("cuda")
 
-    def _inline_allowed(self):
-        """The calling thread may load only where nothing tells it from a worker: no
-        worker_init_fn to run, no timeout to enforce, no failed sample to replace."""
-        return (self.worker_init_fn is None and not self.timeout and self._on_error == "raise"
-                and self._device is None)
-
-    def _switch(self, executor, reason):
-        self._stop_processes()
-        self._transform = None
-        self._transform_key = None
-        self._loader = None
-        self._executor, self._executor_reason = executor, reason
-
-    def _thread_safe(self, keys):
-        """False when samples that are deterministic one at a time change when two threads
-        load them together (a dataset that reseeds torch's global RNG, as torchvision's
-        FakeData does, or keeps a shared cursor). Random datasets cannot be told apart: True."""
-        def feed(x, h):  # tensors' pickles are not deterministic: their bytes are
-            if isinstance(x, torch.Tensor):
-                h.update(str((x.dtype, tuple(x.shape))).encode())
-                t = x.detach().cpu().contiguous()
-                h.update((t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()
-                         .tobytes())
-            elif isinstance(x, dict):
-                for k, v in x.items():
-                    h.update(repr(k).encode())
-                    feed(v, h)
-            elif isinstance(x, (list, tuple)):
-                h.update(b"[%d" % len(x))
-                for v in x:
-                    feed(v, h)
-            elif hasattr(x, "tobytes"):  # numpy arrays, PIL images
-                h.update(x.tobytes())
-            else:
-                h.update(repr(x).encode())
-
-        def digest(k):
-            h = hashlib.sha1()
-            feed(self.dataset[k], h)
-            return h.digest()
-
-        ks = list(itertools.islice(itertools.cycle(keys), 8))
-        alone = [digest(k) for k in ks]
-        if alone != [digest(k) for k in ks]:
-            return True  # random per fetch (augmentations): nothing to compare
-        together = {}
-
-        def run(t):
-            for _ in range(4):
-                for i, k in enumerate(ks):
-                    if together.setdefault((t, i), digest(k)) != digest(k) or \
-                            together[(t, i)] != alone[i]:
-                        together["differs"] = True
-
-        import sys
-        interval = sys.getswitchinterval()
-        sys.setswitchinterval(1e-6)  # interleave the threads as finely as the engine's would
-        try:
-            threads = [threading.Thread(target=run, args=(t,)) for t in range(2)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-        finally:
-            sys.setswitchinterval(interval)
-        return "differs" not in together
-
     # Thread executor: called by the engine's worker threads, with the GIL.
     def _fetch(self, position, worker=0):
+        """Makes the whole batch at `position` (worker threads always do: see _layout); None,
+        or the error text naming the sample that failed."""
         # `worker`: the engine thread's id, 0..threads-1, the same in every epoch. The engine
         # keeps its worker threads (and their Python thread states, so their thread-local data)
         # from epoch to epoch; the WorkerInfo is still kept here by id and set each time, for a
         # sample made elsewhere (a replacement on the calling thread) and for an id whose thread
         # was replaced (it was stuck in a cancelled epoch's sample). An id's first sample runs
         # worker_init_fn, once for the loader's life (persistent workers).
+        info = self._thread_worker(worker)
+        if isinstance(info, str):
+            return info
+        _tls.info = info
+        dataset = info.dataset
+        keys = self._keys[position]
+        samples = []
+        try:
+            for k in keys:
+                samples.append(dataset[k])
+        except Exception as e:  # noqa: BLE001
+            return _worker.error_text(e, f"dataset[{keys[len(samples)]}]",
+                                      "a feedline worker thread")
+        try:
+            if self._auto_collation:
+                out = self._collate_batch(samples)
+            else:
+                out = self.collate_fn(samples[0])
+        except Exception as e:  # noqa: BLE001
+            return _worker.error_text(e, f"the batch of dataset{keys}", "a feedline worker thread")
+        # A list: under on_error="skip" a failed batch's place is taken by another position,
+        # which is then made twice.
+        self._results.setdefault(position, []).append(out)
+        return None
+
+    def _thread_worker(self, worker):
+        """Worker thread `worker`'s WorkerInfo, made (and worker_init_fn run) at its first
+        sample; or the error text of its worker_init_fn (tried again at the next sample)."""
         info = self._thread_workers.get(worker)
         if info is None:
             # Each worker its own copy of the dataset, as each of torch's worker processes has.
@@ -734,33 +664,18 @@ class DataLoader(typing.Generic[_T_co]):
             if self.worker_init_fn is not None:
                 try:
                     self.worker_init_fn(worker)
-                except Exception as e:  # noqa: BLE001 (tried again at the id's next sample)
+                except Exception as e:  # noqa: BLE001
                     return _worker.error_text(e, f"worker_init_fn({worker})",
                                               "a feedline worker thread")
             self._thread_workers[worker] = info
-        _tls.info = info
-        dataset = info.dataset
-        if self._batch_mode:
-            keys = self._keys[position]
-            what = f"the batch of dataset{keys}"
-            try:
-                if self._auto_collation:
-                    out = self._collate_batch([dataset[k] for k in keys])
-                else:
-                    out = self.collate_fn(dataset[keys[0]])
-            except Exception as e:  # noqa: BLE001
-                return _worker.error_text(e, what, "a feedline worker thread")
-            self._results[position] = out
-            return None
-        key = self._keys[position]
-        try:
-            return _collate.flatten(dataset[key], self._schema, contiguous=False)
-        except Exception as e:  # noqa: BLE001
-            return _worker.error_text(e, f"dataset[{key}]", "a feedline worker thread")
+        return info
 
     # Process executor: (re)starts worker i, from the engine's thread (GIL held).
     def _spawn(self, i, close_fds):
         import multiprocessing as mp
+        import sys
+        if sys.is_finalizing():
+            raise RuntimeError("the interpreter is exiting")
         old = self._procs.get(i)
         code = None
         if old is not None:
@@ -768,29 +683,45 @@ class DataLoader(typing.Generic[_T_co]):
             if old.is_alive():
                 old.kill()
                 old.join(timeout=2)
+            # As torch says it (its SIGCHLD handler's words): "is killed by signal: ..."
             code = old.exitcode
             if code is not None and code < 0:
                 import signal
                 try:
-                    code = f"{code}, {signal.Signals(-code).name}"
+                    code = (f"is killed by signal: {signal.strsignal(-code)} "
+                            f"({signal.Signals(-code).name}).")
                 except ValueError:
-                    pass
+                    code = f"is killed by signal {-code}."
+            elif code is not None:
+                code = f"exited unexpectedly with exit code {code}."
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         sfd = os.memfd_create(f"feedline-worker-{i}")
-        os.ftruncate(sfd, self._staging)
+        staging = self._staging_bytes()
+        os.ftruncate(sfd, staging)
         ctx = mp.get_context("fork")
         p = ctx.Process(target=_worker.main, daemon=True, name=f"feedline-worker-{i}",
                         args=(self.dataset, self._schema, self._batch_mode,
                               self._collate_batch if self._auto_collation else None, req_r, rep_w,
-                              sfd, self._staging, i, self._transform.processes or 1,
-                              self._base_seed_procs, self.worker_init_fn,
-                              list(close_fds) + [req_w, rep_r], os.getpid()))
+                              sfd, staging, i, self._transform.processes or 1,
+                              self._spawn_seed, self.worker_init_fn,
+                              list(close_fds) + [req_w, rep_r], os.getpid(),
+                              self._pad_config, self._learning()))
         p.start()
         os.close(req_r)
         os.close(rep_w)
         self._procs[i] = p
-        return (p.pid, req_w, rep_r, sfd, self._staging, code)
+        return (p.pid, req_w, rep_r, sfd, staging, code)
+
+    def _staging_bytes(self):
+        """A worker process's shared staging area: two samples of the layout (a larger reply
+        goes through the pipe), 64 MiB while the layout is not known. Pages are only used
+        when written."""
+        if self._schema is None:
+            return 64 << 20
+        per = sum(8 * len(f.shape) + 8 + f.slot_elements() *
+                  torch.empty((), dtype=f.dtype).element_size() for f in self._schema.fields)
+        return max(16 << 20, 2 * per + _collate.OBJECT_BYTES + 4096)
 
     def _stop_processes(self):
         if self._transform is not None:
@@ -848,17 +779,33 @@ class DataLoader(typing.Generic[_T_co]):
         self._epochs_started = state.get("epochs_started", 0)
         self._resume = state if "batches_done" in state else None
 
+    def _retire(self, loader=None, transform=None):
+        """Keeps the counts of an engine run or a transform that is being replaced (a new
+        layout, a grown bound): stats() spans the loader's life."""
+        if loader is not None:
+            st = loader.stats()
+            self._past_errors["error_count"] += st.get("error_count", 0)
+            self._past_errors["errors"] += list(st.get("errors") or [])
+        if transform is not None:
+            for k, v in transform.stats().items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._past_py[k] = self._past_py.get(k, 0) + v
+
     def stats(self):
         """The engine's figures, and a "python" stage: the executor chosen and why; for worker
         threads the time they waited to take the GIL for a sample (gil_wait_s), spent in the
         dataset's code (call_s) and, of that, off a CPU (off_cpu_s: taking the GIL back after a
         C call released it, I/O, waiting for a core)."""
         out = self._loader.stats() if self._loader is not None else {}
+        if self._past_errors["error_count"]:
+            out["error_count"] = out.get("error_count", 0) + self._past_errors["error_count"]
+            out["errors"] = self._past_errors["errors"] + list(out.get("errors") or [])
         py = {"executor": self._executor or ("main" if self.num_workers == 0 else None),
-              "reason": self._executor_reason if self.num_workers != 0 else "num_workers=0",
-              "probe_samples_per_s": self._probe_rate}
+              "reason": self._executor_reason if self.num_workers != 0 else "num_workers=0"}
         if self._transform is not None:
             py.update(self._transform.stats())
+        for k, v in self._past_py.items():
+            py[k] = py.get(k, 0) + v
         if self._pad:
             py["pad_bounds"] = {} if self._schema is None else {
                 _collate._name(f.path): [-d for d in f.shape if d < 0]
@@ -975,35 +922,6 @@ class _EmptyIter(_BaseIter):
         return 0
 
 
-class _GlobalRngWatch:
-    """Counts, while active, the calls that set or save torch's global CPU RNG state
-    (manual_seed, seed, get_rng_state, set_rng_state; fork_rng uses them). For a single-threaded
-    probe only: it swaps module attributes."""
-
-    _NAMES = ("manual_seed", "seed", "get_rng_state", "set_rng_state")
-
-    def __enter__(self):
-        self.calls = collections.Counter()
-        self._saved = []
-        for module in (torch, torch.random):
-            for name in self._NAMES:
-                fn = getattr(module, name, None)
-                if fn is None:
-                    continue
-                self._saved.append((module, name, fn))
-
-                def counted(*a, _fn=fn, _name=name, **kw):
-                    self.calls[_name] += 1
-                    return _fn(*a, **kw)
-                setattr(module, name, counted)
-        return self
-
-    def __exit__(self, *exc):
-        for module, name, fn in reversed(self._saved):
-            setattr(module, name, fn)
-        return False
-
-
 class _SerialIter(_BaseIter):
     """num_workers=0: the calling thread does the work, as torch does."""
 
@@ -1028,22 +946,32 @@ class _SerialIter(_BaseIter):
 
 
 class _EngineIter(_BaseIter):
-    def __init__(self, owner, epoch, schema, engine_batch, skip, batches):
+    def __init__(self, owner, batches, skip, base_seed):
         super().__init__(owner)
-        self._epoch = epoch
-        self._schema = schema
-        self._engine_batch = engine_batch
+        self._epoch = None
+        self._started = False
+        self._base_seed = base_seed
+        self._schema = None
+        self._engine_batch = 1
         self._batches_done = skip
         self._batches = batches  # the epoch's whole order: a restart continues in it
         self._position_batch = 0  # the engine's batches handed out (errors included)
-        # This epoch's own figures for the revisit (the engine's stats span every epoch and
-        # the pauses between them, e.g. a validation loop).
-        self._t0 = time.perf_counter()
-        self._waited = 0.0
-        self._samples = sum(len(b) for b in batches[skip:])
-        self._epoch_batches = len(batches) - skip
-        # Collated batches come from the copy stage already on the GPU (see _engine_iter).
-        self._on_device = schema is not None and owner._engine_device() is not None
+        self._on_device = False
+        self._serial = None  # the rest of the epoch's batches, when the calling thread loads
+        self._learning_run = False  # this engine run makes the first batches, to learn the layout
+
+    def _begin(self):
+        """Starts (or, after a grown bound, restarts) the engine at the next batch to give."""
+        self._started = True
+        o = self._owner
+        got = o._start_engine(self._batches, self._batches_done, self._base_seed)
+        if got is None:
+            self._finished = True
+            return
+        self._epoch, self._schema, self._engine_batch, self._learning_run = got
+        self._position_batch = 0
+        # Collated batches come from the copy stage already on the GPU (see _start_engine).
+        self._on_device = self._schema is not None and o._engine_device() is not None
 
     def _grow_and_restart(self, overflow):
         """A padded sample was longer than its field's bound: the bound grows (kept for later
@@ -1053,39 +981,51 @@ class _EngineIter(_BaseIter):
         o._pad_bounds[(f, d)] = _collate.learned_bound(n)
         o._pad_restarts += 1
         self._close()
-        new = o._engine_iter(self._batches, self._batches_done, None)
-        if isinstance(new, _EmptyIter):
-            self._finished = True
+        self._begin()
+        if self._epoch is None:
             raise StopIteration
-        self._epoch, self._schema = new._epoch, new._schema
-        self._engine_batch, self._on_device = new._engine_batch, new._on_device
-        self._position_batch = 0
-        new._epoch = None
 
     def _close(self):
         epoch, self._epoch = self._epoch, None
         if epoch is not None:
             epoch.cancel()
 
+    @property
+    def _workers(self):
+        """The worker processes (multiprocessing.Process, by worker id), as torch's iterator
+        lists them; worker threads are not listed."""
+        procs = self._owner._procs
+        return [procs[i] for i in sorted(procs)]
+
     def __next__(self):
         self._check()
+        if self._serial is not None:  # the calling thread took over (see below)
+            o = self._owner
+            try:
+                keys = next(self._serial)
+            except StopIteration:
+                self._finished = True
+                raise
+            if o._auto_collation:
+                return self._out(o._collate_batch([o.dataset[k] for k in keys]))
+            return self._out(o.collate_fn(o.dataset[keys[0]]))
+        if not self._started:
+            self._begin()
         if self._epoch is None:
+            self._finished = True
             raise StopIteration
         o = self._owner
-        t = time.perf_counter()
         try:
             # timeout=: worker processes time each sample themselves (the hung one is killed
             # and its sample named); worker threads cannot be, so the wait for the batch is.
             fields, _, index = self._epoch.next_fields(
                 o.timeout if o._executor == "thread" else 0)
         except StopIteration:
-            self._finished = True
-            o._epochs_finished += 1
-            seconds = time.perf_counter() - self._t0
-            o._last_epoch = {"samples": self._samples, "batches": self._epoch_batches,
-                             "seconds": seconds,
-                             "wait_fraction": min(1.0, self._waited / max(seconds, 1e-9))}
             self._close()
+            if self._learning_run and self._batches_done < len(self._batches):
+                self._begin()  # the rest of the epoch, in place once the layout is known
+                return self.__next__()
+            self._finished = True
             raise
         except DataError:
             k = self._position_batch
@@ -1098,19 +1038,35 @@ class _EngineIter(_BaseIter):
                     if overflow is not None:
                         self._grow_and_restart(overflow)
                         return self.__next__()
+            if o.num_workers is None and any('"unpicklable": true' in t for t in texts):
+                # A batch that cannot travel between processes (a namedtuple pickle cannot find
+                # by its name): with num_workers left out, the calling thread loads, as torch's
+                # default (num_workers=0) does; torch's own workers would fail here too.
+                self._close()
+                o._executor, o._executor_reason = "main", (
+                    "num_workers not given and the batches cannot be pickled: the calling "
+                    "thread loads, as torch's default")
+                o._stop_processes()
+                self._serial = iter(self._batches[self._batches_done:])
+                return self.__next__()
             self._position_batch += 1
             self._batches_done += 1
             for text in texts:
                 if text:
                     _raise_from_text(text)
             raise
-        self._waited += time.perf_counter() - t
         self._position_batch += 1
         if self._schema is None:  # batch mode: the batch was made in Python
             pos = int(torch.from_dlpack(fields["batch"])[0])
             if o._executor == "process":
-                return self._out(pickle.loads(o._transform.take_result(pos)))
-            return self._out(o._results.pop(pos))
+                out, learned = pickle.loads(o._transform.take_result(pos))
+                o._learn(learned)
+                return self._out(out)
+            made = o._results[pos]
+            out = made.pop()
+            if not made:
+                del o._results[pos]
+            return self._out(out)
         columns = []
         for f in self._schema.fields:
             columns.append(_collate.as_field_dtype(torch.from_dlpack(fields[f"f{f.index}"]), f))
@@ -1124,6 +1080,21 @@ class _EngineIter(_BaseIter):
                        for i in range(len(offs) - 1)]
         return self._out(_collate.rebuild(self._schema, columns, objects, lengths),
                          on_device=self._on_device)
+
+
+def _check_cuda(device):
+    """DeviceError when `device` ("cuda:N") is not a GPU the CUDA runtime sees."""
+    from ._feedline import DeviceError
+    info = _feedline.build_info()
+    index = int(device.partition(":")[2] or 0)
+    if index >= len(info["cuda_devices"]):
+        raise DeviceError(f"device={device!r}: " + (
+            info["cuda_unavailable_reason"] or f"{len(info['cuda_devices'])} CUDA device(s)"))
+
+
+def _signed64(seed):
+    """A base seed (torch's: 0 .. 2**64 - 1) as the int64 word the wire carries."""
+    return seed - (1 << 64) if seed >= 1 << 63 else seed
 
 
 def _worker_copy(dataset):
@@ -1159,16 +1130,19 @@ def _raise_if_out_of_fds(cause):
 class _IterableIter(_BaseIter):
     """An IterableDataset: one replica per worker, batches round robin (torch's order)."""
 
-    def __init__(self, owner, base_seed):
+    def __init__(self, owner, base_seed, shared_seed=None):
         super().__init__(owner)
         o = owner
+        self._shared_seed = shared_seed
         self._len_called = o._IterableDataset_len_called
         self._num_yielded = 0
         n = o.num_workers if o.num_workers is not None else 0  # torch's default
         self._n = n
         if n == 0:
             o._executor, o._executor_reason = "main", "num_workers=0"
-            self._serial = self._batched(iter(o.dataset))
+            ws, rank = tud.dataloader._get_distributed_settings()
+            ds = _replica(o.dataset, shared_seed, rank, ws)
+            self._serial = self._batched(iter(ds))
             return
         self._serial = None
         use_threads = o._executor_option == "thread"
@@ -1190,7 +1164,8 @@ class _IterableIter(_BaseIter):
             self._workers = [ctx.Process(target=_iterable_worker, daemon=True,
                                          args=(o.dataset, o.batch_size, o.drop_last,
                                                o.collate_fn, self._queues[i], self._stop, i, n,
-                                               base_seed, o.worker_init_fn, os.getpid()))
+                                               base_seed, o.worker_init_fn, os.getpid(),
+                                               shared_seed))
                              for i in range(n)]
         for w in self._workers:
             w.start()
@@ -1211,11 +1186,16 @@ class _IterableIter(_BaseIter):
 
     def _thread_main(self, i, base_seed):
         o = self._owner
-        own = _worker_copy(o.dataset)  # each replica its own, as in torch's worker processes
-        _tls.info = tud._utils.worker.WorkerInfo(id=i, num_workers=self._n, seed=base_seed + i,
-                                                 dataset=own)
         q = self._queues[i]
         try:
+            # Each replica its own dataset, as in torch's worker processes (a DataPipe's graph
+            # copied whole: sharding sets state inside it).
+            own = (copy.deepcopy(o.dataset) if isinstance(o.dataset, tud.IterDataPipe)
+                   else _worker_copy(o.dataset))
+            ws, rank = tud.dataloader._get_distributed_settings()
+            own = _replica(own, self._shared_seed, i * ws + rank, self._n * ws)
+            _tls.info = tud._utils.worker.WorkerInfo(id=i, num_workers=self._n,
+                                                     seed=base_seed + i, dataset=own)
             if o.worker_init_fn is not None:
                 o.worker_init_fn(i)
             for b in self._batched(iter(own)):
@@ -1306,13 +1286,30 @@ class _IterableIter(_BaseIter):
         self._workers = []
 
 
+def _replica(dataset, shared_seed, index, count):
+    """A DataPipe as torch 1.13 prepares it for replica `index` of `count` (workers times ranks):
+    its shufflers seeded from the epoch's shared seed, its sharding_filter set. Other datasets
+    are returned as they are."""
+    from torch.utils.data import graph_settings
+    if isinstance(dataset, tud.IterDataPipe) and shared_seed is not None:
+        rng = torch.Generator()
+        rng.manual_seed(shared_seed)
+        dataset = graph_settings.apply_random_seed(dataset, rng)
+    if isinstance(dataset, (tud.IterDataPipe, tud.MapDataPipe)):
+        graph_settings.apply_sharding(dataset, count, index)
+    return dataset
+
+
 def _iterable_worker(dataset, batch_size, drop_last, collate_fn, q, stop, i, n, base_seed,
-                     init_fn, parent_pid):
+                     init_fn, parent_pid, shared_seed=None):
     import signal
     _worker.exit_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
+    _worker._keep_heap()
     seed = _worker.seed_worker(base_seed, i)
+    ws, rank = tud.dataloader._get_distributed_settings()
+    dataset = _replica(dataset, shared_seed, i * ws + rank, n * ws)
     _worker.set_worker_info(i, n, seed, dataset)
     try:
         if init_fn is not None:

@@ -102,7 +102,7 @@ void LoaderShared::RecordError(SampleError e) {
 std::string LoaderShared::FirstErrorText() {
   std::lock_guard<std::mutex> lock(errors_mu_);
   if (errors_.empty()) return "";
-  return errors_.front().cause;  // the cause names the file
+  return absl::StrCat(errors_.front().path, ": ", errors_.front().cause);
 }
 
 Stats LoaderShared::Snapshot() {

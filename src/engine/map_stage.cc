@@ -176,7 +176,11 @@ void MapStage::ProcessItem(ReadItem* item, SampleTransform::WorkerState* state,
       const bool replaceable = !IsNotReplaceable(st);
       st = WithName(st, name);
       if (replaceable && replacement_->MarkBad(entry.sample)) {
-        sh.RecordError(SampleError{name, std::string(st.message()), entry.sample, core_->epoch});
+        // The cause without the name (st's message starts with it): stats() shows both.
+        absl::string_view cause = st.message();
+        if (absl::StartsWith(cause, name)) cause.remove_prefix(name.size());
+        if (absl::StartsWith(cause, ": ")) cause.remove_prefix(2);
+        sh.RecordError(SampleError{name, std::string(cause), entry.sample, core_->epoch});
       }
       if (replaceable && sh.options.on_error() == OnError::kSkip &&
           entry.attempt < Replacement::kAttempts) {

@@ -108,7 +108,7 @@ class TokenWindowTransform final : public SampleTransform {
   }
   absl::Status Check(uint64_t token, int64_t at) const {
     if (o_.vocab_size > 0 && token >= uint64_t(o_.vocab_size)) {
-      return absl::DataLossError(absl::StrCat(map_->path, ": token ", token, " at token offset ",
+      return absl::DataLossError(absl::StrCat("token ", token, " at token offset ",
                                               at, " (byte ", at * TokenBytes(o_.dtype),
                                               ") is not below vocab_size ", o_.vocab_size));
     }

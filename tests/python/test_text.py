@@ -438,7 +438,8 @@ def test_text_tokenizer_and_token_files_by_url(corpus, tmp_path, monkeypatch):
                                        shuffle=False)
         got = torch.cat([b["input_ids"] for b in windows])
         assert torch.equal(got, torch.from_numpy(ids[:5000].astype(np.int64)).view(50, 100)[:, :99])
-        with pytest.raises(feedline.DataError, match=rf"{base}/train\.bin: token"):
+        with pytest.raises(feedline.DataError, match=rf"{base}/train\.bin: window \d+ "
+                                                       r"\(tokens \d+\.\.\d+\): token"):
             list(feedline.TokenLoader(base + "/train.bin", seq_len=99, batch_size=10,
                                       vocab_size=100, shuffle=False))
         # A cache budget of 0 still keeps the two files opened together (token file + index).

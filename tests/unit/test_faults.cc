@@ -174,7 +174,10 @@ TEST_CASE("files deleted, emptied or replaced under a running loader", "[faults]
   const feedline::Stats s = (*loader)->stats();
   REQUIRE(s.error_count == 3);
   std::set<std::string> causes;
-  for (const auto& e : s.errors) causes.insert(e.cause);
+  for (const auto& e : s.errors) {
+    REQUIRE(e.cause.find(e.path) == std::string::npos);  // named once, in `path`
+    causes.insert(e.path + ": " + e.cause);
+  }
   bool empty = false, dir_err = false;
   for (const auto& c : causes) {
     empty |= c.find("img009.jpg: empty file") != std::string::npos;
