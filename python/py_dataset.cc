@@ -677,19 +677,26 @@ absl::Status PyTransform::ApplyProcess(int64_t position, SampleWriter& out) cons
 
 void PyTransform::AdoptProcesses(PyTransform& from, const std::string& config) {
   std::vector<Proc> procs;
-  {
-    // No respawn of `from`'s in progress (it writes procs_[i] after dropping mu_), and no
-    // request: a worker thread of a cancelled epoch may still be inside one. It is let finish
-    // (not cut short as StopProcesses does): a request given up would leave its reply in the
-    // pipe, read by the next request as its own.
-    std::unique_lock<std::mutex> spawn(from.spawn_mu_);
-    std::unique_lock<std::mutex> lock(from.mu_);
-    from.idle_.wait(lock, [&] {
-      return std::none_of(from.procs_.begin(), from.procs_.end(),
-                          [](const Proc& p) { return p.busy; });
-    });
+  // No request of `from`'s in flight: a worker thread of a cancelled epoch may still be inside
+  // one. It is let finish (not cut short as StopProcesses does): a request given up would leave
+  // its reply in the pipe, read by the next request as its own. And no respawn in progress (it
+  // writes procs_[i] after dropping mu_): spawn_mu_ is held for the swap, but not while
+  // waiting, since a request whose process died respawns it (under spawn_mu_) before it is idle.
+  const auto idle = [&] {
+    return std::none_of(from.procs_.begin(), from.procs_.end(),
+                        [](const Proc& p) { return p.busy; });
+  };
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(from.mu_);
+      from.idle_.wait(lock, idle);
+    }
+    std::lock_guard<std::mutex> spawn(from.spawn_mu_);
+    std::lock_guard<std::mutex> lock(from.mu_);
+    if (!idle()) continue;  // a request began meanwhile
     procs.swap(from.procs_);
     from.idle_.notify_all();
+    break;
   }
   {
     py::gil_scoped_acquire gil;
