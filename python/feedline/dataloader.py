@@ -596,6 +596,12 @@ class DataLoader(typing.Generic[_T_co]):
             return self._padded_collate
         return self.collate_fn
 
+    def _batch_in_caller(self, keys):
+        """The batch of `keys`, made in the calling thread as torch's num_workers=0 makes it."""
+        if self._auto_collation:
+            return self._collate_batch([self.dataset[k] for k in keys])
+        return self.collate_fn(self.dataset[keys[0]])
+
     def _choose_executor(self, flat):
         """Stable for a loader's arguments, and made without calling the dataset."""
         if self._executor_option != "auto":
@@ -940,9 +946,7 @@ class _SerialIter(_BaseIter):
         except StopIteration:
             self._finished = True
             raise
-        if o._auto_collation:
-            return self._out(o._collate_batch([o.dataset[k] for k in keys]))
-        return self._out(o.collate_fn(o.dataset[keys[0]]))
+        return self._out(o._batch_in_caller(keys))
 
 
 class _EngineIter(_BaseIter):
@@ -1006,9 +1010,7 @@ class _EngineIter(_BaseIter):
             except StopIteration:
                 self._finished = True
                 raise
-            if o._auto_collation:
-                return self._out(o._collate_batch([o.dataset[k] for k in keys]))
-            return self._out(o.collate_fn(o.dataset[keys[0]]))
+            return self._out(o._batch_in_caller(keys))
         if not self._started:
             self._begin()
         if self._epoch is None:
