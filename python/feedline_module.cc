@@ -780,7 +780,8 @@ PYBIND11_MODULE(_feedline, m) {
            })
       .def_property_readonly("processes", &feedline::python::PyTransform::processes)
       .def("set_keys", &feedline::python::PyTransform::SetKeys, py::arg("keys"),
-           py::arg("offsets"), py::arg("seed") = 0, py::arg("first_index") = 0)
+           py::arg("offsets"), py::arg("seed") = 0, py::arg("first_index") = 0,
+           py::arg("first_batch") = 0, py::arg("positions_per_batch") = 1)
       .def("set_timeout", &feedline::python::PyTransform::set_timeout_s)
       .def("adopt_processes",
            [](feedline::python::PyTransform& t, feedline::python::PyTransform& from,

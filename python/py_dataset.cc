@@ -470,6 +470,7 @@ std::string PyTransform::Respawn(int i) const {
       idle_.notify_all();
       return "";
     }
+    procs_[size_t(i)].respawning = true;  // a request for this process waits for the new one
     for (const Proc& p : procs_) {
       if (p.request_fd >= 0) fds.push_back(p.request_fd);
       if (p.reply_fd >= 0) fds.push_back(p.reply_fd);
@@ -531,8 +532,9 @@ int PyTransform::AcquireProc() const {
 int PyTransform::AcquireProc(int only) const {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    if (size_t(only) >= procs_.size() || !procs_[size_t(only)].alive || Stopped()) return -1;
-    if (!procs_[size_t(only)].busy) {
+    if (size_t(only) >= procs_.size() || Stopped()) return -1;
+    if (!procs_[size_t(only)].alive && !procs_[size_t(only)].respawning) return -1;
+    if (procs_[size_t(only)].alive && !procs_[size_t(only)].busy) {
       procs_[size_t(only)].busy = true;
       return only;
     }
@@ -553,8 +555,10 @@ absl::Status PyTransform::Exchange(const std::vector<int64_t>& request, const st
     const int i = only >= 0 ? AcquireProc(only) : AcquireProc();
     if (i < 0) {
       if (Stopped()) return absl::CancelledError("the loader is closed");
-      return absl::UnknownError(
-          absl::StrCat("feedline: no worker process is running (", what, ")"));
+      return absl::UnknownError(absl::StrCat(
+          "feedline: ", only >= 0 ? absl::StrCat("worker process ", only, " is not")
+                                  : std::string("no worker process is"),
+          " running (", what, ")"));
     }
     Proc p;
     {
@@ -638,12 +642,16 @@ absl::Status PyTransform::Exchange(const std::vector<int64_t>& request, const st
 absl::Status PyTransform::ApplyProcess(int64_t position, SampleWriter& out) const {
   std::shared_ptr<const std::vector<int64_t>> keys, offsets;
   int64_t seed = 0, first_index = 0;
+  int proc = -1;  // the batch's worker process
   {
     std::lock_guard<std::mutex> lock(mu_);
     keys = keys_;
     offsets = offsets_;
     seed = seed_;
     first_index = first_index_;
+    if (!procs_.empty() && position >= 0) {
+      proc = int((first_batch_ + position / per_batch_) % int64_t(procs_.size()));
+    }
   }
   if (!keys || position + 1 >= int64_t(offsets->size())) {
     return Failed(position, absl::StrCat("feedline: no keys for position ", position));
@@ -656,7 +664,7 @@ absl::Status PyTransform::ApplyProcess(int64_t position, SampleWriter& out) cons
                  : absl::StrCat("the batch of dataset[",
                                 absl::StrJoin(keys->begin() + b, keys->begin() + e, ", "), "]");
   Reply r;
-  absl::Status st = Exchange(request, what, r);
+  absl::Status st = Exchange(request, what, r, proc);
   if (absl::IsCancelled(st)) return st;
   if (!st.ok()) return Failed(position, std::string(st.message()));
   if (r.status != 0) {
@@ -726,7 +734,7 @@ void PyTransform::AdoptProcesses(PyTransform& from, const std::string& config) {
 }
 
 void PyTransform::SetKeys(std::vector<int64_t> keys, std::vector<int64_t> offsets, int64_t seed,
-                          int64_t first_index) {
+                          int64_t first_index, int64_t first_batch, int64_t positions_per_batch) {
   auto k = std::make_shared<const std::vector<int64_t>>(std::move(keys));
   auto o = std::make_shared<const std::vector<int64_t>>(std::move(offsets));
   std::lock_guard<std::mutex> lock(mu_);
@@ -734,6 +742,8 @@ void PyTransform::SetKeys(std::vector<int64_t> keys, std::vector<int64_t> offset
   offsets_ = std::move(o);
   seed_ = seed;
   first_index_ = first_index;
+  first_batch_ = std::max<int64_t>(0, first_batch);
+  per_batch_ = std::max<int64_t>(1, positions_per_batch);
   errors_.clear();
   results_.clear();
 }

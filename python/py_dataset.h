@@ -77,8 +77,13 @@ class PyTransform : public SampleTransform {
   int processes() const;
   // The epoch's keys: position p is keys[offsets[p] .. offsets[p + 1]) (processes only);
   // `seed` and `first_index` (the epoch order's index of keys[0]) go with every request.
+  // Position p belongs to the epoch's batch first_batch + p / positions_per_batch, which worker
+  // process (batch mod processes) makes, as torch's DataLoader sends batch k to worker k mod n.
   void SetKeys(std::vector<int64_t> keys, std::vector<int64_t> offsets, int64_t seed = 0,
-               int64_t first_index = 0);
+               int64_t first_index = 0, int64_t first_batch = 0,
+               int64_t positions_per_batch = 1);
+  // A batch is one worker process's work (see SetKeys), so the engine hands off whole batches.
+  bool WholeBatches() const override { return true; }
   void set_timeout_s(double s) { timeout_s_.store(s); }
   // Takes over `from`'s processes (and its respawn) and sends each the new configuration
   // (op=3: [3, nbytes, words, 0, 0] then `config`, pickled by Python); a process that does not
@@ -103,6 +108,7 @@ class PyTransform : public SampleTransform {
     size_t staging_bytes = 0;
     bool busy = false;
     bool alive = false;
+    bool respawning = false;  // Respawn is starting its replacement
   };
   struct ThreadWorker;  // a worker thread's id and Python thread state (NewWorkerState)
   class GilHold;        // the GIL for one sample, with that thread state (ApplyThread)
@@ -127,7 +133,8 @@ class PyTransform : public SampleTransform {
   absl::Status WriteFields(const uint8_t* p, size_t n, SampleWriter& out) const;
   absl::Status Failed(int64_t position, const std::string& text) const;
   int AcquireProc() const;  // blocks for an idle process; -1 when there are none
-  int AcquireProc(int only) const;  // blocks for process `only`; -1 when it is not running
+  // Blocks for process `only` (also while it is being respawned); -1 when it is not running.
+  int AcquireProc(int only) const;
   void ReleaseProc(int i) const;
   // Replaces process i (GIL taken inside); returns the old one's exit code text.
   std::string Respawn(int i) const;
@@ -146,7 +153,7 @@ class PyTransform : public SampleTransform {
   mutable std::condition_variable idle_;
   mutable std::vector<Proc> procs_;
   std::shared_ptr<const std::vector<int64_t>> keys_, offsets_;
-  int64_t seed_ = 0, first_index_ = 0;  // the epoch's (mu_)
+  int64_t seed_ = 0, first_index_ = 0, first_batch_ = 0, per_batch_ = 1;  // the epoch's (mu_)
   mutable std::map<int64_t, std::string> errors_;
   // Batch mode: a position's batches. Under on_error="skip" a failed batch's place is taken by
   // another position, which is then made twice (the same bytes): each make is taken once.

@@ -136,6 +136,11 @@ class SampleTransform {
     (void)index;
     return false;
   }
+  // True when each batch must be one worker thread's work, its samples made in order: the
+  // workers then hand off whole batches (never a share of one). For a transform that sends a
+  // batch to a resource of its own (feedline's Python worker processes send batch k to process
+  // k mod n, as torch's DataLoader does, so that a worker's identity is the same in every run).
+  virtual bool WholeBatches() const { return false; }
 };
 
 }  // namespace feedline

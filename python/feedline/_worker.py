@@ -127,7 +127,10 @@ def seed_sample(seed, index):
     import torch
     s = sample_seed(seed, index)
     if "torch" in _PER_SAMPLE:
-        torch.default_generator.manual_seed(s)  # not torch.manual_seed: no CUDA when forked
+        # 63 bits, as torch's worker seeds (base_seed + worker id, base_seed drawn as a
+        # non-negative int64): torch.initial_seed() stays a value default_collate can take.
+        # Not torch.manual_seed: no CUDA when forked.
+        torch.default_generator.manual_seed(s & 0x7FFFFFFFFFFFFFFF)
     if "random" in _PER_SAMPLE:
         random.seed(s)
     np = sys.modules.get("numpy")

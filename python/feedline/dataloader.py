@@ -8,8 +8,9 @@ of the epoch's order claimed by C++ worker threads, each sample made by a persis
 worker process (as torch's workers: the training process keeps its GIL, its RNGs and its life
 when a sample crashes) and written in place into the batch slot (torch's default_collate
 semantics, see _collate.py); or, with ``executor="thread"`` or keys that are not ints, each
-batch made whole by an engine thread under the GIL. The worker count is tuned by the engine, as
-for images; ``workers=N`` fixes it. ``num_workers=0`` loads in the calling thread, as in torch.
+batch made whole by an engine thread under the GIL. ``num_workers=N`` makes N worker processes,
+as torch's (batch k made by worker k mod N); how many work at once is tuned by the engine. Left
+out, one per core (``workers=N`` fixes it). ``num_workers=0`` loads in the calling thread.
 
 With workers, the training process never calls the dataset. In place needs the batch layout,
 which the worker processes learn from their first batch: the first batch of each worker is
@@ -166,7 +167,8 @@ class DataLoader(typing.Generic[_T_co]):
     """A drop-in for ``torch.utils.data.DataLoader`` (same arguments, same batches).
 
     feedline's own keyword arguments:
-      workers: "auto" (tuned while running) or a fixed count of engine workers.
+      workers: "auto" (tuned while running) or a fixed count of engine workers (with
+        num_workers left out, also the number of worker processes).
       executor: "auto" (processes, as torch; threads when the sample keys are not ints),
         "thread" (the engine's threads run the dataset under the GIL: no pickling, but they
         share the training thread's GIL and RNGs, so random augmentations are not
@@ -183,8 +185,9 @@ class DataLoader(typing.Generic[_T_co]):
         bounds}; padded to the batch's longest with ``pad_value``, lengths beside them
         (``"<key>_lengths"`` in a dict sample, else a (padded, lengths) pair).
 
-    ``num_workers=0`` loads in the calling thread as torch does; any other count (or None)
-    loads in parallel with the worker count tuned (``workers=N`` fixes it). For an
+    ``num_workers=0`` loads in the calling thread as torch does; ``num_workers=N`` makes N
+    worker processes as torch's (ids 0..N-1, batch k made by worker k mod N), how many work at
+    once tuned; left out (None), one per core (``workers=N`` fixes it). For an
     IterableDataset ``num_workers`` is the number of replicas, as in torch; left out it is 0,
     torch's default (replicas of an IterableDataset each yield the whole stream unless it
     shards itself by ``get_worker_info()``, so feedline never makes them on its own).
@@ -484,8 +487,7 @@ class DataLoader(typing.Generic[_T_co]):
         schema = self._layout() if self._wants_layout else None
         learning = self._learning()
         if learning:
-            from . import _parse_count
-            left = left[:max(1, _parse_count("workers", self._workers) or _cpus())]
+            left = left[:self._process_count()]
             flat = [k for b in left for k in b]
         batch_mode = schema is None
         if batch_mode:
@@ -498,21 +500,27 @@ class DataLoader(typing.Generic[_T_co]):
         self._keys = flat if not batch_mode else left
         self._key_offsets = offsets
         if self._executor == "process":
-            self._transform.set_keys(flat, offsets, _signed64(base_seed), first_index)
+            # Batch k of the epoch goes to worker process k mod n, as torch's batches go.
+            self._transform.set_keys(flat, offsets, _signed64(base_seed), first_index,
+                                     first_batch=skip, positions_per_batch=engine_batch)
         else:
             self._transform.set_keys([], [0])
         positions = len(left) if batch_mode else len(flat)
-        key = (positions, engine_batch)
+        key = (positions, engine_batch, learning)
         if self._loader is None or self._loader_key != key:
             if self._loader is not None:
                 self._retire(loader=self._loader)
             self._loader = None
             from . import _parse_bytes, _parse_count
             workers = _parse_count("workers", self._workers)
+            prefetch = _parse_count("prefetch", self.prefetch_factor)
+            if learning:  # every worker process makes its first batch, all at once (as torch's)
+                workers = len(left)
+                prefetch = max(prefetch or 0, len(left))
             self._loader = _feedline.python_loader(
                 self._transform, positions=positions, fingerprint=positions,
                 batch_size=engine_batch, drop_last=False, workers=workers,
-                prefetch=_parse_count("prefetch", self.prefetch_factor),
+                prefetch=prefetch,
                 memory_budget=_parse_bytes("memory_budget", self._memory_budget),
                 on_error=self._on_error,
                 max_errors=_parse_count("max_errors", self._max_errors),
@@ -580,11 +588,18 @@ class DataLoader(typing.Generic[_T_co]):
             return
         self._use_processes()
 
+    def _process_count(self):
+        """Worker processes: num_workers when it is given, as torch's workers (ids 0..n-1,
+        worker_init_fn once in each, batch k made by worker k mod n); left out, workers=N or
+        one per core. How many of them work at once is the engine's thread count, tuned."""
+        if self.num_workers:
+            return self.num_workers
+        from . import _parse_count
+        return _parse_count("workers", self._workers) or _cpus()
+
     def _use_processes(self):
         self._stop_processes()
-        from . import _parse_count
-        count = _parse_count("workers", self._workers) or _cpus()
-        self._transform.use_processes(_weak(self._spawn), count)
+        self._transform.use_processes(_weak(self._spawn), self._process_count())
 
     @property
     def _collate_batch(self):
@@ -794,8 +809,8 @@ class DataLoader(typing.Generic[_T_co]):
             self._past_errors["errors"] += list(st.get("errors") or [])
         if transform is not None:
             for k, v in transform.stats().items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self._past_py[k] = self._past_py.get(k, 0) + v
+                if k != "processes" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._past_py[k] = self._past_py.get(k, 0) + v  # counts, not the pool
 
     def stats(self):
         """The engine's figures, and a "python" stage: the executor chosen and why; for worker

@@ -276,6 +276,10 @@ absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOpt
         std::move(parts.dataset), options.simulated_read_latency_ms());
   }
   shared->inline_reads = shared->dataset->empty_records() || shared->dataset->in_memory();
+  if (shared->transform->WholeBatches()) {
+    shared->whole_batches = true;
+    shared->chunk.store(int(std::min<int64_t>(options.batch_size(), int64_t{1} << 30)));
+  }
   shared->layout =
       std::make_shared<const SlotLayout>(SlotLayout::Make(schema, options.batch_size()));
   shared->device = parts.device;

@@ -77,11 +77,13 @@ class LoaderShared {
   // the same cores, 0.89-0.92x of local files against 0.87-0.89x with one-sample chunks
   // (bench/remote_compare.py, 3 alternating pairs; level with 20 ms added per request).
   std::atomic<int> chunk{1};
+  bool whole_batches = false;  // transform->WholeBatches(): chunk is the batch size, always
   static constexpr int64_t kChunkWorkNs = 3'000'000;
   static constexpr int kMaxChunk = 64;
   // `map_ns`: a worker's smoothed map time per sample; the read time per sample (latency
   // included) is the read stage's average so far.
   void UpdateChunk(double map_ns) {
+    if (whole_batches) return;  // chunk == batch_size, set once
     // Asynchronous reads (URLs, remote shards) overlap: a chunk's reads are all in flight at
     // once, no thread waits for them, so their latency does not lengthen a chunk's work.
     const int64_t reads = dataset->async_reads() ? 0 : read.items.load(std::memory_order_relaxed);

@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <unordered_map>
 
 #include "absl/strings/ascii.h"
@@ -350,10 +351,14 @@ absl::Status ReadTarCatalog(const std::string& catalog, std::vector<TarMember>* 
     std::vector<absl::string_view> f;
     if (!line(&l)) return bad("truncated");
     f = absl::StrSplit(l, ' ');
+    // Each length against what is left of the file, one at a time: their sum could wrap (a
+    // name length near 2^64 passed a summed check and read past the end).
+    const uint64_t left = all.size() - pos;
     if (f.size() != 4 || !absl::SimpleAtoi(f[0], &offset) || !absl::SimpleAtoi(f[1], &size) ||
         !absl::SimpleAtoi(f[2], &name_len) || !absl::SimpleAtoi(f[3], &cls_len) || offset < 0 ||
-        size < 0 || name_len < 0 || cls_len < -1 ||
-        pos + size_t(name_len) + size_t(std::max<int64_t>(cls_len, 0)) + 1 > all.size()) {
+        size < 0 || size > std::numeric_limits<int64_t>::max() - offset || name_len < 0 ||
+        cls_len < -1 || uint64_t(name_len) >= left ||
+        uint64_t(std::max<int64_t>(cls_len, 0)) >= left - uint64_t(name_len)) {
       return bad(absl::StrCat("member ", i));
     }
     members->push_back(TarMember{std::string(all.substr(pos, size_t(name_len))), offset, size});

@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SECS=${1:-${FEEDLINE_FUZZ_SECONDS:-60}}
-TARGETS=${FEEDLINE_FUZZ_TARGETS:-"decode tar list_file word_cache redact"}
+TARGETS=${FEEDLINE_FUZZ_TARGETS:-"decode tar list_file word_cache redact catalog brace state"}
 JOBS=${JOBS:-$(nproc)}
 B=build-fuzz
 W=$B/fuzz   # seeds, working corpora, artifacts, logs
@@ -30,9 +30,11 @@ cmake --build "$B" -j"$JOBS" --target "${targets[@]}"
 
 echo "== seed corpora"
 rm -rf "$W/seeds"
-mkdir -p "$W/seeds/decode" "$W/seeds/tar" "$W/seeds/list_file" "$W/seeds/word_cache" "$W/seeds/redact"
-cp tests/fuzz/regressions/redact/* "$W/seeds/redact/"
-cp tests/fuzz/regressions/word_cache/* "$W/seeds/word_cache/"
+mkdir -p "$W/seeds/decode" "$W/seeds/tar" "$W/seeds/list_file"
+for t in word_cache redact catalog brace state; do  # their seeds are their regression inputs
+  mkdir -p "$W/seeds/$t"
+  cp tests/fuzz/regressions/$t/* "$W/seeds/$t/"
+done
 "$B/tests/fuzz/feedline_fuzz_seeds" "$W/seeds/decode"
 /usr/bin/python3 tests/fuzz/make_seeds.py "$W/seeds/decode" "$W/seeds/tar" "$W/seeds/list_file"
 # The real-world files (read in place, copied only into this build folder): those under the

@@ -642,6 +642,47 @@ def test_worker_ids_and_worker_init_fn_as_torchs_workers(executor, tmp_path):
     assert used <= set(inits) <= {0, 1}
 
 
+class WorkerOfEachSample(tud.Dataset):
+    """(the id worker_init_fn stored on this worker's dataset copy, num_workers, the sample, the
+    torch seed), as torch's TestWorkerQueueDataset."""
+
+    def __init__(self, n):
+        self.n = n
+        self.worker_id = None
+
+    def init(self, worker_id):
+        self.worker_id = worker_id
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        info = tud.get_worker_info()
+        return self.worker_id, info.num_workers, i, torch.initial_seed()
+
+
+@pytest.mark.parametrize("num_workers", [1, 3])
+@pytest.mark.parametrize("persistent", [True, False])
+def test_num_workers_n_makes_n_processes_and_batch_k_is_worker_k_mod_n(num_workers, persistent):
+    """num_workers=N is torch's N worker processes: ids 0..N-1 (3 on this 2-core machine too;
+    before, the count was one per core whatever N said), num_workers=N in get_worker_info(),
+    and batch k of every epoch made by worker k mod N (before: whichever worker was idle), in
+    the first epoch (learning the layout) and the later ones (in place). The per-sample torch
+    seed is a non-negative int64, as torch's worker seeds, so default_collate takes it."""
+    ds = WorkerOfEachSample(96)
+    loader = feedline.DataLoader(ds, batch_size=8, num_workers=num_workers, timeout=20,
+                                 worker_init_fn=ds.init, persistent_workers=persistent)
+    for epoch in range(2):
+        batches = list(loader)
+        assert len(batches) == 12
+        for k, (worker, n, index, seed) in enumerate(batches):
+            assert worker.tolist() == [k % num_workers] * 8, (epoch, k)
+            assert n.tolist() == [num_workers] * 8
+            assert index.tolist() == list(range(8 * k, 8 * k + 8))
+            assert bool((seed >= 0).all())
+    assert loader.stats()["python"]["processes"] == num_workers
+
+
 _local = threading.local()
 
 
