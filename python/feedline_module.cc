@@ -983,6 +983,7 @@ PYBIND11_MODULE(_feedline, m) {
              packing["empty"] = p.empty;
              packing["cut_documents"] = p.cut_documents;
              packing["cut_tokens"] = p.cut_tokens;
+             packing["cut_partly"] = p.cut_partly;
              packing["efficiency"] = p.efficiency();
              d["packing"] = packing;
              return d;
@@ -1026,7 +1027,9 @@ PYBIND11_MODULE(_feedline, m) {
       .def_property_readonly("documents",
                              [](const feedline::text::CutCounter& c) { return c.documents.load(); })
       .def_property_readonly("tokens",
-                             [](const feedline::text::CutCounter& c) { return c.tokens.load(); });
+                             [](const feedline::text::CutCounter& c) { return c.tokens.load(); })
+      .def_property_readonly("partly",
+                             [](const feedline::text::CutCounter& c) { return c.partly.load(); });
 
   py::class_<feedline::Loader, LoaderHolder>(m, "Loader")
       .def(py::init([](const std::string& source, const std::vector<std::string>& shards,

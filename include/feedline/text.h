@@ -44,14 +44,19 @@ enum class TokenDType { kUint16, kUint32 };
 
 // Documents a transform cut to its max_length, and the tokens that cut dropped (counted from any
 // worker thread; read by whoever shares it: PackOptions::cut, stats). Nothing is dropped
-// silently: a packed loader reports these in its PackStats.
+// silently: a packed loader reports these in its PackStats. A document of more than 64 KiB far
+// longer than max_length is tokenized only as far as its kept tokens need (the work and memory
+// are bounded by max_length, not by the document): it is counted in `partly`, and its dropped
+// tokens only as far as it was tokenized (so `tokens` is then a lower bound).
 struct CutCounter {
   std::atomic<int64_t> documents{0};
   std::atomic<int64_t> tokens{0};
-  void Add(int64_t dropped) {
+  std::atomic<int64_t> partly{0};
+  void Add(int64_t dropped, bool tokenized_in_part = false) {
     if (dropped <= 0) return;
     documents.fetch_add(1, std::memory_order_relaxed);
     tokens.fetch_add(dropped, std::memory_order_relaxed);
+    if (tokenized_in_part) partly.fetch_add(1, std::memory_order_relaxed);
   }
 };
 
@@ -108,7 +113,10 @@ struct TextFileOptions {
 absl::StatusOr<std::shared_ptr<const Dataset>> OpenTextLines(const TextFileOptions& options);
 
 // The tokenizer seam: text (valid UTF-8) to ids. Implementations must be thread-safe (one
-// instance is shared by every worker).
+// instance is shared by every worker). A document much longer than max_length is given in
+// prefixes (ending before whitespace where there is some): the first ids of a prefix must be the
+// whole text's, as SentencePiece's and BPE tokenizers' are (the last 64 of a prefix are never
+// kept).
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -223,7 +231,8 @@ struct PackStats {
   // Documents longer than the document transform's max_length, cut to it before packing, and
   // the tokens that dropped (PackOptions::cut; 0 without it).
   int64_t cut_documents = 0;
-  int64_t cut_tokens = 0;
+  int64_t cut_tokens = 0;    // a lower bound when cut_partly > 0
+  int64_t cut_partly = 0;    // of cut_documents, those tokenized only in part (CutCounter)
   double efficiency() const {  // real tokens / slots
     return slots > 0 ? double(tokens) / double(slots) : 0.0;
   }

@@ -772,7 +772,9 @@ class TextLoader:
     def stats(self):
         """As ImageLoader.stats(); padded batches add "truncation": the documents cut to
         max_length and the tokens past it, over the loader's life (every epoch's reads; packed
-        rows report theirs under "packing"); "tokenizer": whether the word cache is in use,
+        rows report theirs under "packing"); of them "partly_tokenized": documents of more than
+        64 KiB tokenized only as far as max_length needs, whose dropped tokens count only as far
+        as they were tokenized (then "tokens" is a lower bound); "tokenizer": whether the word cache is in use,
         and the documents and words encoded through it and the words found in it, over the
         loader's life."""
         s = ImageLoader.stats(self)
@@ -780,7 +782,7 @@ class TextLoader:
         cut = getattr(self, "_cut", None)
         if cut is not None:
             s["truncation"] = {"max_length": self.max_length, "documents": cut.documents,
-                               "tokens": cut.tokens}
+                               "tokens": cut.tokens, "partly_tokenized": cut.partly}
         return s
 
     def __repr__(self):
@@ -901,9 +903,11 @@ def _warn_cut(owner, st):
         return
     if "truncation" in st:
         documents, tokens = st["truncation"]["documents"], st["truncation"]["tokens"]
+        partly = st["truncation"].get("partly_tokenized", 0)
         where = "in no batch"
     elif "packing" in st:
         documents, tokens = st["packing"]["cut_documents"], st["packing"]["cut_tokens"]
+        partly = st["packing"].get("cut_partly", 0)
         where = "not packed" if getattr(owner, "pack", None) is not None else "in no batch"
     else:
         return
@@ -912,7 +916,8 @@ def _warn_cut(owner, st):
         import warnings
         warnings.warn(f"feedline.{type(owner).__name__}: {documents} document(s) longer "
                       f"than max_length={owner.max_length} tokens were cut to it "
-                      f"({tokens} tokens {where}); raise max_length to keep them",
+                      f"({'at least ' if partly else ''}{tokens} tokens {where}); raise "
+                      "max_length to keep them",
                       RuntimeWarning, stacklevel=3)
 
 

@@ -74,6 +74,53 @@ class SentencePieceTokenizer final : public Tokenizer {
   WordCachedEncoder encoder_;
 };
 
+// Where a prefix of `text` of at most `limit` bytes may end: just before the last ASCII space,
+// tab or newline in its second half (SentencePiece's pieces never cross whitespace, so the
+// prefix's pieces are the whole text's), else at the last UTF-8 character boundary (text without
+// spaces: CJK, base64, minified code; see EncodeKept for why that is still exact in practice).
+size_t PrefixEnd(absl::string_view text, size_t limit) {
+  for (size_t i = limit; i > limit / 2; --i) {
+    const char c = text[i - 1];
+    if (c == ' ' || c == '\t' || c == '\n') return i - 1;
+  }
+  size_t i = limit;
+  while (i > 0 && (static_cast<unsigned char>(text[i]) & 0xC0) == 0x80) --i;
+  return i;
+}
+
+// Encodes as much of `text` as its first `keep` tokens need. A long document is encoded a
+// prefix at a time, twice as long each time, until the prefix gives `keep` tokens and a margin:
+// the work and memory are bounded by what is kept, not by the document (a 16 MB line without
+// spaces took 4 GB and 33 s before max_length threw almost all of it away). A prefix that ends
+// at whitespace gives exactly the whole text's first pieces. One that ends inside a run without
+// spaces can change the pieces next to its end: the margin (kMarginTokens, never kept) holds
+// them. *partly: only a prefix was encoded (the tokens past it were not counted).
+absl::Status EncodeKept(const Tokenizer& t, absl::string_view text, int64_t keep,
+                        std::vector<int>* body, bool* partly) {
+  constexpr int64_t kMarginTokens = 64;
+  constexpr size_t kFirstBytesPerToken = 8;  // typical text: 3-5 bytes per token
+  // Up to here a document is tokenized whole (~16 MB of SentencePiece's lattice at most), so
+  // its cut tokens are counted exactly.
+  constexpr size_t kWholeBytes = size_t{64} << 10;
+  *partly = false;
+  const int64_t want = std::max<int64_t>(keep, 0) + kMarginTokens;
+  size_t limit = std::max(kWholeBytes, size_t(std::min<int64_t>(want, int64_t(1) << 40)) *
+                                           kFirstBytesPerToken);
+  while (text.size() > limit) {
+    body->clear();
+    if (absl::Status s = t.Encode(text.substr(0, PrefixEnd(text, limit)), body); !s.ok()) {
+      return s;
+    }
+    if (int64_t(body->size()) >= want) {
+      *partly = true;
+      return absl::OkStatus();
+    }
+    limit = limit > text.size() / 2 ? text.size() : limit * 2;
+  }
+  body->clear();
+  return t.Encode(text, body);
+}
+
 class TokenizeTransform final : public SampleTransform {
  public:
   TokenizeTransform(TokenizeOptions o, Schema schema)
@@ -126,8 +173,12 @@ class TokenizeTransform final : public SampleTransform {
     // Padded: a DataError naming the line (OnError::kSkip replaces it and counts it).
     std::vector<int>& body = state->body;
     body.clear();
+    bool partly = false;  // only a prefix was encoded: the document is longer than max_length
+    const bool bos = o_.add_bos && o_.tokenizer->bos_id() >= 0;
     if (!text.empty()) {
-      if (absl::Status s = o_.tokenizer->Encode(text, &body); !s.ok()) return s;
+      absl::Status s = EncodeKept(*o_.tokenizer, text, o_.max_length - (bos ? 1 : 0), &body,
+                                  &partly);
+      if (!s.ok()) return s;
     }
     if (body.empty()) {
       if (o_.ragged) {
@@ -139,11 +190,11 @@ class TokenizeTransform final : public SampleTransform {
     }
     std::vector<int>& ids = state->ids;
     ids.clear();
-    if (o_.add_bos && o_.tokenizer->bos_id() >= 0) ids.push_back(o_.tokenizer->bos_id());
+    if (bos) ids.push_back(o_.tokenizer->bos_id());
     ids.insert(ids.end(), body.begin(), body.end());
     if (o_.add_eos && o_.tokenizer->eos_id() >= 0) ids.push_back(o_.tokenizer->eos_id());
     const int64_t len = std::min<int64_t>(int64_t(ids.size()), o_.max_length);
-    if (o_.cut) o_.cut->Add(int64_t(ids.size()) - len);
+    if (o_.cut) o_.cut->Add(int64_t(ids.size()) - len, partly);
     if (o_.ragged) {
       absl::StatusOr<int32_t*> dst = out.Shaped<int32_t>(0, {len});
       if (!dst.ok()) return dst.status();

@@ -631,6 +631,7 @@ PackStats PackedLoader::pack_stats() const {
   if (sh.o.cut) {
     s.cut_documents = sh.o.cut->documents.load(std::memory_order_relaxed);
     s.cut_tokens = sh.o.cut->tokens.load(std::memory_order_relaxed);
+    s.cut_partly = sh.o.cut->partly.load(std::memory_order_relaxed);
   }
   return s;
 }

@@ -4,8 +4,10 @@ writes; nothing is downloaded): the same ids for every document, padded batches 
 model's pad id, attention masks and lengths, JSON Lines, clear errors, exact resume."""
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -274,7 +276,8 @@ def test_padded_truncation_is_counted_and_warned_once(corpus):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert sum(b["input_ids"].shape[0] for b in ld) == len(ids)
-    assert ld.stats()["truncation"] == {"max_length": longest, "documents": 0, "tokens": 0}
+    assert ld.stats()["truncation"] == {"max_length": longest, "documents": 0, "tokens": 0,
+                                        "partly_tokenized": 0}
 
 
 def test_bestfit_rows_hold_whole_documents_densely(corpus):
@@ -520,3 +523,64 @@ def test_padded_document_without_tokens_is_a_data_error_naming_the_line(corpus, 
                                on_error="skip")
     assert len(list(skip)) == 3
     assert skip.stats()["error_count"] == 1
+
+
+def _long_line(rng, chars, n):
+    return "".join(rng.choice(list(chars), size=n))
+
+
+@pytest.mark.parametrize("add_bos,add_eos", [(False, False), (True, True)])
+def test_a_document_far_longer_than_max_length_gives_its_first_tokens_exactly(corpus, tmp_path,
+                                                                             add_bos, add_eos):
+    """A document is tokenized only as far as its kept tokens need: a run without spaces (CJK,
+    base64) and a long text with spaces give python sentencepiece's first max_length ids of the
+    whole document, padded and packed; the cut is counted."""
+    sp = corpus["sp"]
+    rng = np.random.default_rng(3)
+    no_spaces = _long_line(rng, "東京データkalomi", 300_000)
+    spaced = " ".join(corpus["docs"] * 30)
+    short = corpus["docs"][0]
+    path = tmp_path / "long.txt"
+    path.write_text("\n".join([no_spaces, short, spaced]) + "\n", encoding="utf-8")
+    for max_length in (1, 64, 3000):
+        ld = feedline.TextLoader(str(path), tokenizer=corpus["model"], batch_size=1,
+                                 max_length=max_length, shuffle=False, add_bos=add_bos,
+                                 add_eos=add_eos, return_index=True)
+        got = _collect(ld)
+        for i, doc in enumerate([no_spaces, short, spaced]):
+            want = ([sp.bos_id()] if add_bos else []) + sp.encode(doc) + (
+                [sp.eos_id()] if add_eos else [])
+            assert got[i] == want[:max_length], (max_length, i)
+        cut = ld.stats()["truncation"]
+        assert cut["partly_tokenized"] == 2 and cut["documents"] >= 2  # the two long ones
+    # Packed: the same first tokens of each document, in rows.
+    ld = feedline.TextLoader(str(path), tokenizer=corpus["model"], pack="concat", seq_len=128,
+                             batch_size=2, max_length=200, shuffle=False)
+    got = [t for b in ld for t in b["input_ids"][b["attention_mask"] == 1].tolist()]
+    assert got == [t for d in (no_spaces, short, spaced) for t in sp.encode(d)[:200]]
+    assert ld.stats()["packing"]["cut_partly"] == 2
+
+
+def test_tokenizing_a_huge_line_without_spaces_is_bounded_by_max_length(corpus, tmp_path):
+    """An 8 MB line without spaces, max_length=512: the loader's peak memory grows by far less
+    than the line's SentencePiece lattice (before: ~250 MiB per MiB of text, 2 GB here, and
+    ~16 s: every token made, then all but 512 dropped)."""
+    rng = np.random.default_rng(4)
+    path = tmp_path / "huge.txt"
+    path.write_text(_long_line(rng, "東京データkalomi", 8 << 20) + "\nshort line\n",
+                    encoding="utf-8")
+    script = f"""
+import resource, feedline
+ld = feedline.TextLoader({str(path)!r}, tokenizer={corpus["model"]!r}, batch_size=1,
+                         max_length=512, shuffle=False, workers=1)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+lengths = [int(b["lengths"][0]) for b in ld]
+grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(lengths, grew // 1024)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    lengths, grew_mb = out.stdout.split("]")
+    assert lengths.strip("[ ").split(", ")[0] == "512"
+    assert int(grew_mb) < 300, out.stdout
