@@ -2,9 +2,12 @@
 
 #include <algorithm>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "core/env.h"
 #include "core/file_io.h"
+#include "feedline/error.h"
 #include "io/http.h"
 #include "io/list_file.h"
 #include "io/shard_cache.h"
@@ -77,6 +80,35 @@ absl::StatusOr<std::shared_ptr<TarDataset>> OpenShards(const std::vector<std::st
   return tar;
 }
 
+// A URL's scheme and host (and port), lowercased, without user information: "https://host:8443".
+std::string Origin(const std::string& url) {
+  const std::string shown = ShownName(url);
+  const size_t scheme = shown.find("://");
+  if (scheme == std::string::npos) return "";
+  return absl::AsciiStrToLower(shown.substr(0, shown.find('/', scheme + 3)));
+}
+
+// A remote list file names only its own server's files: relative paths (joined to its URL) or
+// URLs with its scheme and host. Anything else would let whoever serves the list make the
+// loader read local files (an absolute path such as /etc/hostname), reach other hosts, or sign
+// requests for other S3 buckets with the user's credentials. FEEDLINE_LIST_ANY_HOST=1 allows
+// entries elsewhere, for lists the user trusts.
+absl::Status CheckOwnOrigin(const FileList& files, const std::string& list_url) {
+  if (Env("FEEDLINE_LIST_ANY_HOST") == "1") return absl::OkStatus();
+  const std::string origin = Origin(list_url);
+  for (size_t i = 0; i < files.samples.size(); ++i) {
+    const std::string& path = files.samples[i].path;
+    if (IsHttpUrl(path) && Origin(path) == origin) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        ShownName(list_url), ": sample ", i + 1, " (", ShownName(path), ") is ",
+        IsHttpUrl(path) ? absl::StrCat("on another host than the list file's (", origin, ")")
+                        : std::string("a local path"),
+        "; a remote list file may only name its own server's files (set "
+        "FEEDLINE_LIST_ANY_HOST=1 to allow a list you trust to name others)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<FileDataset>> FileDataset::Open(
@@ -103,6 +135,7 @@ absl::StatusOr<std::shared_ptr<FileDataset>> FileDataset::Open(
     absl::StatusOr<FileList> files = ParseListFile(
         absl::string_view(reinterpret_cast<const char*>(text.data()), text.size()), source);
     if (!files.ok()) return files.status();
+    if (absl::Status s = CheckOwnOrigin(*files, source); !s.ok()) return s;
     return std::shared_ptr<FileDataset>(
         std::make_shared<RemoteFileDataset>(*std::move(files), http));
   }

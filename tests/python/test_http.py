@@ -171,6 +171,35 @@ def test_list_file_by_url_gives_the_local_bytes(served):
         assert torch.equal(a, b)
 
 
+def test_a_remote_list_file_names_only_its_own_servers_files(served, monkeypatch, tmp_path):
+    """A list file fetched from a server may name that server's files (relative paths, or URLs
+    of its scheme and host), nothing else: a local absolute path (it read /etc/hostname), another
+    host or an s3:// object (signed with the user's credentials) is refused when the loader
+    opens, naming the list and the entry, without the list URL's password. A user who trusts
+    the list allows others with FEEDLINE_LIST_ANY_HOST=1."""
+    base, root = served["base"], served["root"]
+    same = f"{base}/data/{served['entries'][0][0].split('/', 1)[1]}"
+    lists = {
+        "local.txt": ("/etc/hostname 0\n", "a local path"),
+        "other_host.txt": (f"http://localhost:{served['port']}/{served['entries'][0][0]} 0\n",
+                           "on another host"),
+        "s3.txt": ("s3://bucket/key.jpg 0\n", "on another host"),
+        "dot_slash.txt": ("//evil.example/x.jpg 0\n", "a local path"),
+    }
+    for name, (text, why) in lists.items():
+        (root / name).write_text(f"{served['entries'][0][0]} 0\n" + text)
+    auth = base.replace("http://", "http://user:s3cret@")
+    for name, (_, why) in lists.items():
+        with pytest.raises(ValueError, match=rf"{name}: sample 2 .*is {why}") as e:
+            feedline.ImageLoader(f"{auth}/{name}", **KW)
+        assert "s3cret" not in str(e.value)
+    (root / "ok.txt").write_text(f"{served['entries'][0][0]} 0\n{same} 1\n")
+    assert len(_epoch(feedline.ImageLoader(f"{base}/ok.txt", **KW))[2]) == 2
+    monkeypatch.setenv("FEEDLINE_LIST_ANY_HOST", "1")
+    loader = feedline.ImageLoader(f"{base}/other_host.txt", **KW)
+    assert len(_epoch(loader)[2]) == 2
+
+
 def test_faults_and_latency_lose_nothing(served, proxy):
     """20 ms added per request, and 1 request in 5 answered 503 or reset: every sample arrives
     once, with the local pixels."""
