@@ -543,11 +543,11 @@ absl::StatusOr<std::unique_ptr<feedline::Loader>> DocumentLoader(
   const bool shards = absl::EndsWith(path, ".tar") || absl::StrContains(path, "{");
   absl::StatusOr<std::shared_ptr<const feedline::Dataset>> docs;
   if (shards) {
-    auto w = feedline::OpenWebDataset(path);
+    auto w = feedline::OpenWebDataset(path, {}, o.read_timeout_ms());
     if (!w.ok()) return w.status();
     docs = std::shared_ptr<const feedline::Dataset>(*std::move(w));
   } else {
-    absl::StatusOr<std::string> local = feedline::LocalCopy(path);
+    absl::StatusOr<std::string> local = feedline::LocalCopy(path, o.read_timeout_ms());
     if (!local.ok()) return local.status();
     docs = feedline::text::OpenTextLines({*local, field, path});
   }

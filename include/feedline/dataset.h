@@ -199,9 +199,12 @@ class FileDataset : public Dataset {
 // (`record.members`, named by extension, in shard order: "jpg", "cls", "json", "txt", "npy",
 // ...); `record.label` is the `.cls` member's integer when the key has one, else -1;
 // `record.bytes` is the image member's bytes when there is one. `source` is a ".tar" path or a
-// brace pattern ("d/train-{000000..000099}.tar"); `shards`, when given, takes precedence.
+// brace pattern ("d/train-{000000..000099}.tar"); `shards`, when given, takes precedence. URLs
+// go through the shard cache as ImageLoader's shards do; `read_timeout_ms` bounds each read
+// (and a server that never answers fails the open within ~2 of them).
 absl::StatusOr<std::shared_ptr<FileDataset>> OpenWebDataset(
-    const std::string& source, const std::vector<std::string>& shards = {});
+    const std::string& source, const std::vector<std::string>& shards = {},
+    double read_timeout_ms = 60000);
 
 }  // namespace feedline
 

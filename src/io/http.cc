@@ -239,7 +239,8 @@ struct FetchOp {
   curl_slist* headers = nullptr;
   Sink sink{nullptr, -1, 0};
   char error[CURL_ERROR_SIZE] = {0};
-  Clock::time_point deadline, t0;
+  Clock::time_point deadline, t0, started;
+  bool heard = false;  // a response (status line or bytes) came, in any attempt
   absl::Status last;
   double backoff_s = 0.1;
   int attempt = 0;
@@ -352,6 +353,7 @@ void OnDone(FetchOp* op, CURLcode rc) {
   if (counters != nullptr) counters->in_flight.fetch_sub(1, std::memory_order_relaxed);
   long status = 0;
   curl_easy_getinfo(op->curl, CURLINFO_RESPONSE_CODE, &status);
+  if (status != 0 || op->sink.written > 0) op->heard = true;
   const std::string& shown = op->shown;
   std::vector<uint8_t>* out = op->out;
   bool retry = false;
@@ -419,6 +421,16 @@ void OnDone(FetchOp* op, CURLcode rc) {
     return Finish(op, absl::UnavailableError(
                           absl::StrCat(op->last.message(), " (after ", op->attempt, " attempts)")));
   }
+  const double silent_for = std::chrono::duration<double>(Clock::now() - op->started).count();
+  if (op->o.silent_s > 0 && !op->heard && silent_for >= op->o.silent_s) {
+    if (counters != nullptr) counters->failures.fetch_add(1, std::memory_order_relaxed);
+    absl::string_view last = op->last.message();
+    absl::ConsumePrefix(&last, absl::StrCat(shown, ": "));
+    return Finish(op, absl::UnavailableError(absl::StrCat(shown, ": no answer within ",
+                                                          std::lround(silent_for), " s (",
+                                                          op->attempt, " attempts; the last: ",
+                                                          last, ")")));
+  }
   if (counters != nullptr) counters->retries.fetch_add(1, std::memory_order_relaxed);
   const double wait_s =
       std::min(Jitter(op->backoff_s),
@@ -478,7 +490,8 @@ void StartFetch(const std::string& url, int64_t offset, int64_t length, const Ht
     }
   }
   op->timeout_s = o.timeout_s > 0 ? o.timeout_s : 60.0;
-  op->deadline = Clock::now() + std::chrono::microseconds(int64_t(op->timeout_s * 1e6));
+  op->started = Clock::now();
+  op->deadline = op->started + std::chrono::microseconds(int64_t(op->timeout_s * 1e6));
   Attempt(op);
 }
 

@@ -65,6 +65,10 @@ struct HttpOptions {
   double connect_timeout_s = 10;       // one connection attempt
   int max_attempts = 6;
   double stall_s = 0;  // > 0: a transfer without a byte for this long fails
+  // > 0: the read fails, retries included, once this long has passed without any response (a
+  // server that accepts connections and never answers, or nobody there): a whole-file download
+  // has a long deadline for its bytes, but a silent server must not hold it for all of it.
+  double silent_s = 0;
   int64_t max_bytes = int64_t{1} << 30;
   // Non-empty: the object must still have this ETag (an If-Match request); if it changed, the
   // read is kDataLoss (HTTP 412), never retried.

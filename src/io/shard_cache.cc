@@ -255,6 +255,12 @@ absl::StatusOr<std::vector<ShardSource>> PrepareRemoteShards(const std::vector<s
   std::mutex mu;
   absl::Status first;
   OnThreads(fetch.size(), 4, [&](size_t k) {
+    {
+      // After a failure the open fails: the shards not started yet are not fetched (a silent
+      // server would otherwise make every one of them wait out its retries).
+      std::lock_guard<std::mutex> lock(mu);
+      if (!first.ok()) return;
+    }
     const ShardSource& s = out[fetch[k]];
     std::string etag;  // unknown for a file already there (downloaded before catalogs)
     absl::Status st =
@@ -304,6 +310,8 @@ absl::StatusOr<std::vector<std::string>> LocalCopies(const std::vector<std::stri
     HttpOptions o;
     o.timeout_s = 24 * 3600;  // a whole file; a stalled transfer fails after read_timeout
     o.stall_s = read_timeout_ms > 0 ? read_timeout_ms / 1000 : 60;
+    o.silent_s = 2 * o.stall_s;  // a server that never answers: see OpenShards
+    o.connect_timeout_s = std::min(o.connect_timeout_s, o.stall_s);
     o.max_bytes = int64_t{1} << 42;
     if (IsS3Url(url)) o.s3 = std::make_shared<const S3Config>(LoadS3Config());
     if (Exists(path)) {

@@ -353,6 +353,37 @@ def test_hung_server_times_out_within_read_timeout(tmp_path):
             c.close()
 
 
+def test_shards_on_a_hung_server_fail_within_a_few_read_timeouts(tmp_path, monkeypatch):
+    """WebDataset shards on an endpoint that accepts connections and never answers: the open
+    fails within a small multiple of read_timeout, however many shards (before: each shard's 6
+    attempts, shard after shard, 165 s for read_timeout=5), naming a shard."""
+    monkeypatch.setenv("FEEDLINE_CACHE_DIR", str(tmp_path / "cache"))
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held = []
+
+    def accept():
+        while True:
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    port = listener.getsockname()[1]
+    try:
+        t = time.time()
+        with pytest.raises(OSError, match=rf"127.0.0.1:{port}/train-0\d\d.tar: no answer"):
+            feedline.ImageLoader(f"http://127.0.0.1:{port}/train-{{000..011}}.tar",
+                                 batch_size=1, read_timeout=2.0)
+        assert time.time() - t < 4 * 2.0 + 2
+    finally:
+        listener.close()
+        for c in held:
+            c.close()
+
+
 def _cache_files(tmp_path):
     d = tmp_path / "cache" / "shards"
     names = sorted(os.listdir(d))
