@@ -9,11 +9,13 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "core/redact.h"
 
 namespace feedline {
 
 absl::Status ErrnoStatus(int err, const std::string& path, absl::string_view what) {
-  std::string msg = absl::StrCat(path, ": ", what, ": ", std::strerror(err));
+  // Paths as messages show them (control characters escaped; see core/redact.h).
+  std::string msg = absl::StrCat(ShownName(path), ": ", what, ": ", std::strerror(err));
   switch (err) {
     case ENOENT:
     case ENOTDIR:
@@ -47,7 +49,7 @@ absl::Status ReadWholeFile(const std::string& path, int64_t max_bytes,
   if (st.st_size > max_bytes) {
     ::close(fd);
     return absl::ResourceExhaustedError(
-        absl::StrCat(path, ": file of ", st.st_size, " bytes exceeds the limit of ", max_bytes));
+        absl::StrCat(ShownName(path), ": file of ", st.st_size, " bytes exceeds the limit of ", max_bytes));
   }
   // Read one byte past the size that stat reported: a file that grew is read whole; one that
   // shrank is detected.
@@ -71,7 +73,7 @@ absl::Status ReadWholeFile(const std::string& path, int64_t max_bytes,
   ::close(fd);
   if (done < expected) {
     return absl::DataLossError(
-        absl::StrCat(path, ": file shrank while being read (", done, " of ", expected, " bytes)"));
+        absl::StrCat(ShownName(path), ": file shrank while being read (", done, " of ", expected, " bytes)"));
   }
   bytes->resize(done);
   return absl::OkStatus();

@@ -29,7 +29,9 @@ FileDataset::FileDataset(FileList files)
     : files_(std::move(files)), fingerprint_(files_.Fingerprint()) {}
 
 std::string FileDataset::Describe(int64_t index) const {
-  return files_.samples[size_t(index)].path;
+  // A file or tar member name may hold control characters (a terminal escape, a newline that
+  // forges a log line): messages and stats() show them escaped.
+  return ShownName(files_.samples[size_t(index)].path);
 }
 
 namespace {

@@ -181,3 +181,36 @@ def test_file_deleted_after_scan(tmp_path, small_folder):
         with pytest.raises(feedline.DataError) as e:
             next(iter(loader))
     assert victim in str(e.value)
+
+
+def test_names_with_control_characters_are_escaped_everywhere(tmp_path, small_folder):
+    """A tar member or a file whose name holds a terminal escape or a newline: the DataError,
+    stats()["errors"], the skip warning and `samples` show it escaped (\\x1b, \\x0a), so that a
+    name from a shard cannot colour a terminal or forge a log line (before: raw in all but
+    `samples`)."""
+    import glob
+    import warnings
+    good = open(sorted(glob.glob(os.path.join(small_folder, "*", "*")))[0], "rb").read()
+    evil = "ok\x1b[31mred\nline"
+    util.write_tar(tmp_path / "evil.tar", [(f"{evil}.jpg", b"not an image"), (f"{evil}.cls", b"1"),
+                                           ("good.jpg", good), ("good.cls", b"0")])
+    folder = tmp_path / "folder" / "cls"
+    folder.mkdir(parents=True)
+    (folder / f"{evil}.jpg").write_bytes(b"not an image")
+    (folder / "good.jpg").write_bytes(good)
+    kw = dict(batch_size=1, size=32, resize_size=32, transform="eval", shuffle=False)
+    for source in (str(tmp_path / "evil.tar"), str(tmp_path / "folder")):
+        texts = []
+        with pytest.raises(feedline.DataError) as e:
+            list(feedline.ImageLoader(source, **kw))
+        texts.append(str(e.value))
+        skip = feedline.ImageLoader(source, on_error="skip", **kw)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            list(skip)
+        texts += [str(w.message) for w in caught]
+        texts += [err["path"] + err["cause"] for err in skip.stats()["errors"]]
+        texts += [path for path, _ in skip.samples]
+        assert any("ok\\x1b[31mred\\x0aline.jpg" in t for t in texts[:1]), texts
+        for t in texts:
+            assert "\x1b" not in t and "red\nline" not in t, t
