@@ -43,7 +43,8 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DFEEDLINE_BUILD_PYTHON=OFF -DFEEDLINE_BUILD_BENCHMARKS=OFF >/dev/null
 cmake --build build-asan -j"$JOBS" --target feedline_tests $(stub_tests build-asan) \
   feedline_fuzz_decode feedline_fuzz_tar feedline_fuzz_list_file feedline_fuzz_word_cache \
-  feedline_fuzz_redact feedline_fuzz_catalog feedline_fuzz_brace feedline_fuzz_state
+  feedline_fuzz_redact feedline_fuzz_catalog feedline_fuzz_brace feedline_fuzz_state \
+  feedline_fuzz_tokens
 echo "== tests (AddressSanitizer + UndefinedBehaviorSanitizer)"
 ctest --test-dir build-asan --output-on-failure
 

@@ -214,7 +214,6 @@ class TokenDocumentTransform final : public SampleTransform {
     }
     const int64_t eos = o_.eos_id >= 0 ? 1 : 0;
     const int64_t n = std::min(b - a + eos, o_.max_length);
-    if (o_.cut) o_.cut->Add(b - a + eos - n);
     absl::StatusOr<int32_t*> dst = out.Shaped<int32_t>(0, {n});
     if (!dst.ok()) return dst.status();
     const int64_t body = std::min(b - a, n);
@@ -225,9 +224,16 @@ class TokenDocumentTransform final : public SampleTransform {
         return absl::DataLossError(absl::StrCat("token ", t, " at token offset ", a + j,
                                                 " is not below vocab_size ", o_.vocab_size));
       }
+      // Documents go to the packer as int32 ids: a uint32 id past INT32_MAX (a damaged file,
+      // or one of another dtype) would come out negative, silently (found by fuzz_tokens).
+      if (t > uint64_t(INT32_MAX)) {
+        return absl::DataLossError(absl::StrCat("token ", t, " at token offset ", a + j,
+                                                " does not fit an int32 id"));
+      }
       (*dst)[j] = int32_t(t);
     }
     if (n > body) (*dst)[body] = int32_t(o_.eos_id);
+    if (o_.cut) o_.cut->Add(b - a + eos - n);  // a document that failed is not counted as cut
     return absl::OkStatus();
   }
 

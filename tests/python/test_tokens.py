@@ -217,6 +217,15 @@ def test_document_index_errors(tmp_path):
     ld = feedline.TokenLoader(path, seq_len=64, index=index, pack="concat", vocab_size=100)
     with pytest.raises(feedline.DataError, match="docs.bin: document .*not below vocab_size 100"):
         list(ld)
+    # uint32 ids past int32's range (packed rows hold int32 ids): an error naming the file, not
+    # negative ids (found by tests/fuzz/fuzz_tokens.cc).
+    wide = tmp_path / "wide.bin"
+    np.array([1, 2, 3_000_000_000, 4], np.uint32).tofile(wide)
+    np.array([0, 2, 4], np.uint64).tofile(tmp_path / "wide.idx")
+    ld = feedline.TokenLoader(wide, seq_len=4, batch_size=1, dtype="uint32",
+                              index=tmp_path / "wide.idx", pack="concat", shuffle=False)
+    with pytest.raises(feedline.DataError, match="wide.bin: document 1 .*3000000000 .*int32"):
+        list(ld)
 
 
 _SHRINK = r"""
