@@ -136,6 +136,15 @@ modes:
                         DataLoader at each --torch-workers count (default 0,1,2,4), in two
                         interleaved rounds (means): images/s, CPU per image, first epoch,
                         peak RSS and PSS of the process tree
+  --e2e                 the loaders inside a training loop (bench/e2e_compare.py): a Python
+                        step that holds the GIL for C ms of CPU, then waits G ms for the
+                        "GPU", at a GPU-bound, a launch-bound and a loader-bound (C, G);
+                        feedline.ImageLoader and feedline.DataLoader (PIL ImageFolder)
+                        against the same loop fed ready batches (the ideal) and torch's
+                        DataLoader at each --torch-workers count (default 1,2,3), two
+                        interleaved rounds: samples/s end to end, the step's CPU stretch,
+                        waits per step and at epoch starts, loader CPU, peak PSS
+  --hog                 with --e2e: another process keeps one core busy throughout
   --dataset-variant overhead|cheap|computed|costly|all
                         which of --compare-dataset's variants to run (default all)
   --torch-workers LIST  the DataLoader worker counts to try, e.g. 1,2,4 (default: 1, 2,
@@ -174,6 +183,8 @@ struct BenchFlags {
   bool compare_dataset = false;
   bool compare_text = false;
   bool python_dataset = false;
+  bool e2e = false;  // --e2e: the loaders inside a simulated training loop (e2e_compare.py)
+  bool hog = false;  // --e2e --hog: another process busy on one core
   std::string dataset_variant = "all";
   std::vector<int> torch_workers;  // empty: the default list
   std::string python;
@@ -221,9 +232,9 @@ constexpr absl::string_view kValueFlags[] = {
     "--io-depth", "--transform",     "--layout",        "--device",  "--seed",
     "--json",     "--io-latency-ms", "--consumer-ms",   "--plot",    "--trace",
     "--source",   "--grid-seconds",  "--torch-workers", "--python",  "--dataset-variant"};
-constexpr absl::string_view kSwitches[] = {"--quiet",         "--tune-grid",
-                                           "--compare-torch", "--compare-dataset",
-                                           "--compare-text",  "--python-dataset"};
+constexpr absl::string_view kSwitches[] = {
+    "--quiet",        "--tune-grid",      "--compare-torch", "--compare-dataset",
+    "--compare-text", "--python-dataset", "--e2e",           "--hog"};
 
 // Accepts "--flag value" and "--flag=value".
 absl::StatusOr<BenchFlags> ParseFlags(int argc, char** argv) {
@@ -242,6 +253,8 @@ absl::StatusOr<BenchFlags> ParseFlags(int argc, char** argv) {
       if (arg == "--compare-dataset") flags.compare_dataset = true;
       if (arg == "--compare-text") flags.compare_text = true;
       if (arg == "--python-dataset") flags.python_dataset = true;
+      if (arg == "--e2e") flags.e2e = true;
+      if (arg == "--hog") flags.hog = true;
       continue;
     }
     if (arg.substr(0, 2) != "--") {
@@ -367,20 +380,23 @@ absl::Status CheckCombinations(const BenchFlags& f) {
     return absl::OkStatus();
   };
   if (int(f.tune_grid) + int(f.compare_torch) + int(f.compare_dataset) + int(f.compare_text) +
-          int(f.python_dataset) >
+          int(f.python_dataset) + int(f.e2e) >
       1) {
     return absl::InvalidArgumentError(
-        "--tune-grid, --compare-torch, --compare-dataset, --compare-text and --python-dataset "
-        "are separate runs");
+        "--tune-grid, --compare-torch, --compare-dataset, --compare-text, --python-dataset and "
+        "--e2e are separate runs");
   }
-  if (f.compare_text || f.python_dataset) {
-    const char* mode = f.compare_text ? "--compare-text: " : "--python-dataset: ";
+  if (f.hog && !f.e2e) return absl::InvalidArgumentError("--hog applies to --e2e only");
+  if (f.compare_text || f.python_dataset || f.e2e) {
+    const char* mode = f.compare_text     ? "--compare-text: "
+                       : f.python_dataset ? "--python-dataset: "
+                                          : "--e2e: ";
     for (const char* flag :
          {"--data", "--source", "--workers", "--prefetch", "--io-depth", "--transform", "--layout",
           "--device", "--io-latency-ms", "--consumer-ms", "--plot", "--trace", "--seed",
           "--batch-size", "--dataset-variant", "--grid-seconds"}) {
       if (f.given.count(flag) > 0) {
-        if (f.python_dataset && std::string_view(flag) == "--batch-size") continue;
+        if ((f.python_dataset || f.e2e) && std::string_view(flag) == "--batch-size") continue;
         return absl::InvalidArgumentError(absl::StrCat(
             mode, flag,
             " does not apply (the bundled data, feedline with its automatic settings)"));
@@ -721,6 +737,36 @@ int RunPythonDatasetCompare(const BenchFlags& flags) {
   return Fail(absl::ErrnoToStatus(errno, absl::StrCat("cannot run ", args[0])));
 }
 
+// --e2e runs bench/e2e_compare.py on the bundled images (see its docstring).
+int RunEndToEnd(const BenchFlags& flags) {
+  absl::StatusOr<std::string> python = FindPython(flags);
+  if (!python.ok()) return Fail(python.status());
+  absl::StatusOr<std::string> scripts = FindScriptDir();
+  if (!scripts.ok()) return Fail(scripts.status());
+  absl::StatusOr<std::string> data = EnsureBundledData(flags.quiet);
+  if (!data.ok()) return Fail(data.status());
+  std::vector<std::string> args = {*python, (fs::path(*scripts) / "e2e_compare.py").string(),
+                                   "--data", *data};
+  if (flags.given.count("--epochs")) args.insert(args.end(), {"--epochs", absl::StrCat(flags.epochs)});
+  if (flags.given.count("--batch-size")) {
+    args.insert(args.end(), {"--batch-size", absl::StrCat(flags.batch_size)});
+  }
+  if (!flags.torch_workers.empty()) {
+    args.insert(args.end(), {"--torch-workers", absl::StrJoin(flags.torch_workers, ",")});
+  }
+  if (flags.hog) args.push_back("--hog");
+  if (!flags.json.empty()) args.insert(args.end(), {"--json", flags.json});
+  if (flags.quiet) args.push_back("--quiet");
+  const std::string path = FeedlinePythonPath();
+  if (!path.empty()) ::setenv("PYTHONPATH", path.c_str(), 1);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::fflush(nullptr);
+  ::execv(argv[0], argv.data());
+  return Fail(absl::ErrnoToStatus(errno, absl::StrCat("cannot run ", args[0])));
+}
+
 int RunCompare(const BenchFlags& flags, const std::string& data) {
   std::error_code ec;
   if (!fs::is_directory(data, ec)) {
@@ -922,6 +968,7 @@ int main(int argc, char** argv) {
   if (flags.compare_dataset) return RunDatasetCompare(flags);
   if (flags.compare_text) return RunTextCompare(flags);
   if (flags.python_dataset) return RunPythonDatasetCompare(flags);
+  if (flags.e2e) return RunEndToEnd(flags);
   std::string data = flags.data;
   if (flags.synthetic) {
     absl::StatusOr<std::string> tiny = EnsureTinyData();

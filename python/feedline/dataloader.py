@@ -513,6 +513,10 @@ class DataLoader(typing.Generic[_T_co]):
             self._loader = None
             from . import _parse_bytes, _parse_count
             workers = _parse_count("workers", self._workers)
+            if self._executor == "process" and not workers:
+                # An engine thread only waits on its process's pipe (no CPU of its own): one per
+                # process, so that every worker process can be at work, as torch's are.
+                workers = self._process_count()
             prefetch = _parse_count("prefetch", self.prefetch_factor)
             if learning:  # every worker process makes its first batch, all at once (as torch's)
                 workers = len(left)

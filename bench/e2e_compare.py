@@ -1,0 +1,309 @@
+"""`feedline-bench --e2e`: the loaders inside a training loop, end to end.
+
+What a GPU sees is the loader inside a training loop whose own thread needs a core and the
+GIL. Each step of the simulated loop holds the GIL for C ms of the trainer thread's CPU (pure
+Python bytecode, as the forward/backward launches and the optimizer are), then releases it for
+G ms (time.sleep: the GPU's time, the trainer thread waits). For each (C, G) pair and each
+workload, in one run, contenders interleaved round after round:
+
+  ideal     the same loop fed batches made in advance (no loader at all)
+  feedline  the workload's feedline loader with its automatic settings
+  torch     torch's DataLoader at each --torch-workers count (persistent workers); its best
+            end to end is the reference
+
+Workloads (the bundled ImageNet-like JPEGs; random-resized-crop 224 + flip, uint8 NCHW):
+  image     feedline.ImageLoader(transform="train") / torch: torchvision ImageFolder
+  pil       the torchvision ImageFolder through feedline.DataLoader / through torch's DataLoader
+
+Every contender runs --epochs whole epochs in a process of its own (the first is warm-up: the
+loaders' start, the worker processes' fork); the figures cover the later epochs, epoch starts
+(`iter()`) included. Reported: samples/s end to end and over the ideal; the stretch of the
+step's CPU part (its wall time over C: the trainer slowed by the loader's threads, processes
+and GIL); the loader's CPU per sample (the process tree's CPU less the trainer's); the time
+the trainer waited for batches; peak PSS of the process tree; what feedline chose.
+With --hog, another process keeps one core busy throughout (a logger, a checkpoint writer).
+
+    /usr/bin/python3 bench/e2e_compare.py --data DIR [--steps 10:150,60:80,5:10]
+        [--workloads image,pil] [--torch-workers 1,2,3] [--rounds 2] [--epochs 4] [--hog]
+        [--json FILE]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+
+# --- one contender, in its own process --------------------------------------------------------
+
+def _spin(cpu_s):
+    """Holds the GIL for `cpu_s` seconds of this thread's CPU: Python bytecode, as a training
+    step's launches and optimizer are. Its wall time is what the trainer really took."""
+    end = time.thread_time() + cpu_s
+    x = 0
+    while time.thread_time() < end:
+        for k in range(200):
+            x += k * k
+    return x
+
+
+def _make_loader(workload, loader, data, batch, workers):
+    import torch
+    if loader == "feedline" and workload == "image":
+        import feedline
+        return feedline.ImageLoader(data, batch_size=batch, transform="train", size=224,
+                                    seed=0)
+    import torchvision
+    from torchvision import transforms
+    t = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
+                            transforms.PILToTensor()])
+    ds = torchvision.datasets.ImageFolder(data, transform=t)
+    if loader == "feedline":
+        import feedline
+        return feedline.DataLoader(ds, batch_size=batch, shuffle=True)
+    return torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
+                                       persistent_workers=workers > 0)
+
+
+def _images(b):
+    if isinstance(b, dict):
+        return b["image"]
+    return b[0]
+
+
+def run_contender(a):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import bench_proc
+    import torch
+    torch.manual_seed(0)
+    c_s, g_s = a.c_ms / 1000.0, a.g_ms / 1000.0
+    if a.loader == "ideal":
+        # Batches made in advance: the loop alone, at the loader's batch shape.
+        n = len([f for _, _, fs in os.walk(a.data) for f in fs])
+        steps = -(-n // a.batch_size)
+        made = [(torch.zeros(min(a.batch_size, n - k * a.batch_size), 3, 224, 224,
+                             dtype=torch.uint8), torch.zeros(a.batch_size, dtype=torch.int64))
+                for k in range(steps)]
+        epochs = [made] * a.epochs
+        loader = None
+    else:
+        loader = _make_loader(a.workload, a.loader, a.data, a.batch_size, a.workers)
+        epochs = [loader] * a.epochs
+    out = {"epochs": []}
+    for e, source in enumerate(epochs):
+        t0 = time.perf_counter()
+        cpu0 = bench_proc.tree_cpu_seconds()
+        trainer_cpu = trainer_wall = waited = first_wait = 0.0
+        samples = steps = 0
+        it = iter(source)
+        while True:
+            w0 = time.perf_counter()
+            try:
+                b = next(it)
+            except StopIteration:
+                break
+            w1 = time.perf_counter()
+            waited += w1 - w0
+            if steps == 0:
+                first_wait = w1 - w0 + (w0 - t0)  # iter() and the first batch
+            x = _images(b)
+            samples += int(x.shape[0])
+            steps += 1
+            c0 = time.thread_time()
+            _spin(c_s)
+            w2 = time.perf_counter()
+            trainer_cpu += time.thread_time() - c0
+            trainer_wall += w2 - w1
+            time.sleep(g_s)
+        wall = time.perf_counter() - t0
+        cpu = bench_proc.tree_cpu_seconds() - cpu0
+        out["epochs"].append(dict(samples=samples, steps=steps, wall=wall, cpu=cpu,
+                                  trainer_cpu=trainer_cpu, trainer_wall=trainer_wall,
+                                  waited=waited, first_wait=first_wait))
+    if loader is not None and hasattr(loader, "stats"):
+        st = loader.stats()
+        out["workers"] = st.get("workers")
+        py = st.get("python") or {}
+        out["chose"] = py.get("executor") or "engine"
+        if py.get("processes"):
+            out["processes"] = py["processes"]
+    print("result " + json.dumps(out), flush=True)
+
+
+# --- the driver ---------------------------------------------------------------------------------
+
+def _measure(cmd, env):
+    """Runs one contender; returns (its result dict, peak PSS of its process tree). Sampled as
+    python_compare.py does: the RSS sum every 50 ms, PSS (which walks page tables: it slows
+    what it measures when read often) at new RSS peaks, at most twice a second."""
+    from python_compare import _pss, _rss, _tree
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            text=True)
+    peak = {"rss": 0, "pss": 0}
+    done = threading.Event()
+
+    def sample():
+        pids, listed, pss_at = [proc.pid], 0.0, 0.0
+        while not done.wait(0.05):
+            now = time.monotonic()
+            if now - listed >= 0.5:
+                pids, listed = _tree(proc.pid), now
+            rss = _rss(pids)
+            if rss > peak["rss"]:
+                peak["rss"] = rss
+                if now - pss_at >= 0.5:
+                    peak["pss"], pss_at = max(peak["pss"], _pss(pids)), now
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    out, err = proc.communicate()
+    done.set()
+    t.join()
+    for line in out.splitlines():
+        if line.startswith("result "):
+            return json.loads(line[7:]), peak["pss"]
+    raise SystemExit(f"contender {' '.join(cmd[2:])} failed:\n{err[-3000:]}")
+
+
+def _summary(r, c_ms, skip_first=1):
+    eps = r["epochs"][skip_first:]
+    samples = sum(e["samples"] for e in eps)
+    wall = sum(e["wall"] for e in eps)
+    steps = sum(e["steps"] for e in eps)
+    trainer_cpu = sum(e["trainer_cpu"] for e in eps)
+    return dict(rate=samples / wall, stretch=(sum(e["trainer_wall"] for e in eps) /
+                                               max(1e-9, steps * c_ms / 1000.0)),
+                loader_cpu_ms=1000.0 * (sum(e["cpu"] for e in eps) - trainer_cpu) / samples,
+                waited_ms=1000.0 * sum(e["waited"] for e in eps) / steps,
+                epoch_start_ms=1000.0 * sum(e["first_wait"] for e in eps) / len(eps))
+
+
+def _hog():
+    """Another process keeping one core busy."""
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data")
+    p.add_argument("--steps", default="10:150,60:80,5:10",
+                   help="C:G pairs in ms (GPU-bound, launch-bound, loader-bound)")
+    p.add_argument("--workloads", default="image,pil")
+    p.add_argument("--torch-workers", default="1,2,3")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--hog", action="store_true", help="another process keeps one core busy")
+    p.add_argument("--json")
+    p.add_argument("--quiet", action="store_true")
+    # One contender (internal).
+    p.add_argument("--contender", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--workload", help=argparse.SUPPRESS)
+    p.add_argument("--loader", help=argparse.SUPPRESS)
+    p.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--c-ms", type=float, help=argparse.SUPPRESS)
+    p.add_argument("--g-ms", type=float, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.contender:
+        return run_contender(a)
+    if not a.data:
+        p.error("--data is required")
+    steps = [tuple(float(v) for v in s.split(":")) for s in a.steps.split(",")]
+    workloads = a.workloads.split(",")
+    torch_workers = [int(w) for w in a.torch_workers.split(",") if w]
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1",
+               OPENBLAS_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [HERE, env.get("PYTHONPATH", "")] if p)
+    results = {}  # (workload, C, G, contender) -> [summaries]
+    hog = _hog() if a.hog else None
+    try:
+        for rnd in range(a.rounds):
+            for c_ms, g_ms in steps:
+                for wl in workloads:
+                    contenders = [("ideal", 0), ("feedline", 0)] + [("torch", w)
+                                                                    for w in torch_workers]
+                    if rnd % 2 == 1:
+                        contenders.reverse()  # interleaved: no contender always first
+                    for loader, w in contenders:
+                        cmd = [sys.executable, os.path.abspath(__file__), "--contender",
+                               "--data", a.data, "--workload", wl, "--loader", loader,
+                               "--workers", str(w), "--c-ms", str(c_ms), "--g-ms", str(g_ms),
+                               "--epochs", str(a.epochs), "--batch-size", str(a.batch_size)]
+                        r, pss = _measure(cmd, env)
+                        s = _summary(r, c_ms)
+                        s["pss_mib"] = pss / 2**20
+                        s["chose"] = r.get("chose")
+                        s["processes"] = r.get("processes")
+                        s["workers"] = r.get("workers")
+                        name = loader if loader != "torch" else f"torch (num_workers={w})"
+                        results.setdefault((wl, c_ms, g_ms, name), []).append(s)
+                        if not a.quiet:
+                            print(f"  round {rnd + 1} C={c_ms:g} G={g_ms:g} {wl:5s} {name:24s} "
+                                  f"{s['rate']:7.1f} /s  stretch {s['stretch']:.2f}  "
+                                  f"wait {s['waited_ms']:6.1f} ms/step", file=sys.stderr,
+                                  flush=True)
+    finally:
+        if hog is not None:
+            hog.kill()
+    # Means over the rounds, and the ratios.
+    mean = {}
+    for key, runs in results.items():
+        m = {k: sum(r[k] for r in runs) / len(runs) for k in
+             ("rate", "stretch", "loader_cpu_ms", "waited_ms", "epoch_start_ms", "pss_mib")}
+        m["chose"] = runs[-1]["chose"]
+        m["processes"] = runs[-1]["processes"]
+        m["workers"] = runs[-1]["workers"]
+        mean[key] = m
+    print(f"\nend to end{' (another process busy on one core)' if a.hog else ''}: "
+          f"batch {a.batch_size}, epochs 2-{a.epochs} of {a.epochs}, {a.rounds} rounds (means)")
+    print(f"{'step C:G ms':12s} {'workload':8s} {'contender':24s} {'samples/s':>9s} "
+          f"{'/ideal':>7s} {'stretch':>7s} {'wait/step':>10s} {'1st batch':>10s} "
+          f"{'loader CPU':>11s} "
+          f"{'peak PSS':>9s}  chose")
+    report = []
+    for c_ms, g_ms in steps:
+        for wl in workloads:
+            ideal = mean[(wl, c_ms, g_ms, "ideal")]["rate"]
+            torch_keys = [k for k in mean if k[:3] == (wl, c_ms, g_ms) and k[3].startswith("torch")]
+            best = max(torch_keys, key=lambda k: mean[k]["rate"])
+            for key in [(wl, c_ms, g_ms, "ideal"), (wl, c_ms, g_ms, "feedline")] + sorted(
+                    torch_keys):
+                m = mean[key]
+                chose = ""
+                if key[3] == "feedline":
+                    chose = (f"{m['chose']}" + (f", {m['processes']} processes"
+                                                 if m.get("processes") else "") +
+                             (f", {m['workers']} workers" if m.get("workers") else ""))
+                print(f"{c_ms:g}:{g_ms:g}".ljust(12) + f" {wl:8s} {key[3]:24s} "
+                      f"{m['rate']:9.1f} {m['rate'] / ideal:6.2f}x {m['stretch']:6.2f}x "
+                      f"{m['waited_ms']:8.1f}ms {m['epoch_start_ms']:8.1f}ms "
+                      f"{m['loader_cpu_ms']:8.2f} ms "
+                      f"{m['pss_mib']:6.0f} MiB  {chose}")
+            f = mean[(wl, c_ms, g_ms, "feedline")]
+            t = mean[best]
+            line = dict(step=f"{c_ms:g}:{g_ms:g}", workload=wl,
+                        feedline_over_ideal=f["rate"] / ideal,
+                        feedline_over_best_torch=f["rate"] / t["rate"], best_torch=best[3],
+                        feedline_stretch=f["stretch"], torch_stretch=t["stretch"],
+                        pss_over_torch=f["pss_mib"] / max(1e-9, t["pss_mib"]))
+            report.append(line)
+            print(f"  -> feedline / ideal {line['feedline_over_ideal']:.2f}x, / best torch "
+                  f"({best[3]}) {line['feedline_over_best_torch']:.2f}x; step CPU stretched "
+                  f"{f['stretch']:.2f}x (torch {t['stretch']:.2f}x); peak PSS "
+                  f"{line['pss_over_torch']:.2f}x torch's")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(dict(hog=a.hog, batch_size=a.batch_size, epochs=a.epochs,
+                           rounds=a.rounds, ratios=report,
+                           contenders={"|".join(str(x) for x in k): v for k, v in mean.items()}),
+                      fh, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
