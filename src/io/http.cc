@@ -252,12 +252,23 @@ struct FetchOp {
   }
 };
 
-// Response headers: keeps the ETag (of the last response: redirects and retries overwrite it).
+// Response headers: keeps the object's validator, of the last response (each status line
+// starts afresh: redirects and retries overwrite it). The ETag; from a server that sends none,
+// "lm:" and its Last-Modified date, which range reads then send as If-Unmodified-Since (a
+// shard changed on such a server read stale offsets: other samples' bytes, stale labels).
 size_t Header(char* data, size_t size, size_t n, void* user) {
-  auto* etag = static_cast<std::string*>(user);
+  auto* validator = static_cast<std::string*>(user);
   const absl::string_view line(data, size * n);
-  if (line.size() > 5 && absl::EqualsIgnoreCase(line.substr(0, 5), "etag:")) {
-    *etag = std::string(absl::StripAsciiWhitespace(line.substr(5)));
+  auto value = [&](size_t name) {
+    return std::string(absl::StripAsciiWhitespace(line.substr(name)));
+  };
+  if (absl::StartsWith(line, "HTTP/")) {
+    validator->clear();
+  } else if (line.size() > 5 && absl::EqualsIgnoreCase(line.substr(0, 5), "etag:")) {
+    *validator = value(5);
+  } else if (line.size() > 14 && absl::EqualsIgnoreCase(line.substr(0, 14), "last-modified:") &&
+             (validator->empty() || absl::StartsWith(*validator, kModifiedPrefix))) {
+    *validator = absl::StrCat(kModifiedPrefix, value(14));
   }
   return size * n;
 }
@@ -394,9 +405,13 @@ void OnDone(FetchOp* op, CURLcode rc) {
   } else if (status == 404 || status == 410) {
     return Finish(op, absl::NotFoundError(absl::StrCat(shown, ": HTTP ", status, " (not found)")));
   } else if (status == 412 && !op->o.if_match.empty()) {
+    const bool modified = absl::StartsWith(op->o.if_match, kModifiedPrefix);
     return Finish(op, absl::DataLossError(absl::StrCat(
-                          shown, ": HTTP 412: the object changed since it was catalogued (ETag ",
-                          op->o.if_match, ")")));
+                          shown, ": HTTP 412: the object changed since it was catalogued (",
+                          modified ? "Last-Modified " : "ETag ",
+                          absl::string_view(op->o.if_match)
+                              .substr(modified ? kModifiedPrefix.size() : 0),
+                          ")")));
   } else if (status == 401 || status == 403) {
     // S3 says why in its error document (InvalidAccessKeyId, SignatureDoesNotMatch, ...).
     const std::vector<std::string> code =
@@ -472,7 +487,13 @@ void StartFetch(const std::string& url, int64_t offset, int64_t length, const Ht
           op->headers, absl::StrCat("x-amz-security-token: ", op->s3->session_token).c_str());
     }
   }
-  if (!o.if_match.empty()) {
+  if (absl::StartsWith(o.if_match, kModifiedPrefix)) {
+    op->headers = curl_slist_append(
+        op->headers,
+        absl::StrCat("If-Unmodified-Since: ",
+                     absl::string_view(o.if_match).substr(kModifiedPrefix.size()))
+            .c_str());
+  } else if (!o.if_match.empty()) {
     op->headers = curl_slist_append(op->headers, absl::StrCat("If-Match: ", o.if_match).c_str());
   }
   op->curl = HttpMulti::Get().TakeEasy();  // the loop initialised libcurl

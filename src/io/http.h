@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "core/redact.h"
 #include "feedline/dataset.h"
 
@@ -59,6 +60,9 @@ struct S3Listing {
   std::vector<std::string> keys, prefixes;  // full keys / prefixes (with the prefix given)
 };
 
+// A validator from a server that sends no ETag: "lm:" + its Last-Modified date.
+inline constexpr absl::string_view kModifiedPrefix = "lm:";
+
 struct HttpOptions {
   std::shared_ptr<const S3Config> s3;  // for s3:// URLs
   double timeout_s = 60;               // the whole read, retries included (0: 60 s)
@@ -70,8 +74,9 @@ struct HttpOptions {
   // has a long deadline for its bytes, but a silent server must not hold it for all of it.
   double silent_s = 0;
   int64_t max_bytes = int64_t{1} << 30;
-  // Non-empty: the object must still have this ETag (an If-Match request); if it changed, the
-  // read is kDataLoss (HTTP 412), never retried.
+  // Non-empty: the object must still be this version, a validator as HttpEtag returns it: an
+  // ETag (an If-Match request) or kModifiedPrefix + a Last-Modified date (If-Unmodified-Since);
+  // if it changed, the read is kDataLoss (HTTP 412), never retried.
   std::string if_match;
 };
 
@@ -109,8 +114,8 @@ absl::StatusOr<S3Listing> S3List(const std::string& bucket, const std::string& p
 // folder, then by name). Errors: kNotFound (no class prefix, or a class without images).
 absl::StatusOr<FileList> ScanS3ImageFolder(const std::string& url, const HttpOptions& options);
 
-// The object's current ETag (a HEAD request, with HttpFetch's retries); empty if the server
-// sends none.
+// The object's current validator (a HEAD request, with HttpFetch's retries): its ETag, else
+// kModifiedPrefix + its Last-Modified date; empty if the server sends neither.
 absl::StatusOr<std::string> HttpEtag(const std::string& url, const HttpOptions& options);
 
 // Downloads `url` into the file `path` (written under a name of its own, renamed when

@@ -287,8 +287,9 @@ absl::Status ReadClsTexts(int fd, const std::vector<TarMember>& members, const s
   return absl::OkStatus();
 }
 
-// Version 2 adds the object's ETag (line 2: "etag <value>", empty when unknown); version 1
-// catalogs (no ETag) are still read.
+// Version 2 adds the object's validator (line 2: "etag <value>": its ETag, or from a server that
+// sends none "lm:" and its Last-Modified date; empty when unknown); version 1 catalogs (none)
+// are still read.
 constexpr absl::string_view kCatalogMagic = "feedline-tar-catalog 2\n";
 constexpr absl::string_view kCatalogMagicV1 = "feedline-tar-catalog 1\n";
 

@@ -61,11 +61,13 @@ def served(tmp_path_factory, small_folder):
 
 class _FaultProxy(http.server.ThreadingHTTPServer):
     """Forwards GETs to `upstream`, after `latency` s; a share `fail` of requests (by a seeded
-    RNG) gets a 503 or a connection reset instead."""
+    RNG) gets a 503 or a connection reset instead. `etag=False`: a server that sends no ETag
+    (Last-Modified only)."""
     daemon_threads = True
 
-    def __init__(self, upstream_port, latency=0.0, fail=0.0, seed=0):
+    def __init__(self, upstream_port, latency=0.0, fail=0.0, seed=0, etag=True):
         self.upstream_port, self.latency, self.fail = upstream_port, latency, fail
+        self.etag = etag
         self.rng, self.lock = random.Random(seed), threading.Lock()
         self.requests, self.injected, self.heads = 0, 0, 0
         super().__init__(("127.0.0.1", 0), _ProxyHandler)
@@ -98,14 +100,16 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             return
         up = http.client.HTTPConnection("127.0.0.1", srv.upstream_port, timeout=10)
-        headers = {k: v for k, v in self.headers.items() if k.lower() in ("range", "if-match")}
+        headers = {k: v for k, v in self.headers.items()
+                   if k.lower() in ("range", "if-match", "if-unmodified-since")}
         up.request("GET", self.path, headers=headers)
         r = up.getresponse()
         body = r.read()
         up.close()
         self.send_response(r.status)
         for k, v in r.getheaders():
-            if k.lower() in ("content-type", "content-range", "accept-ranges", "etag"):
+            if k.lower() in ("content-type", "content-range", "accept-ranges", "last-modified") \
+                    or (k.lower() == "etag" and srv.etag):
                 self.send_header(k, v)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -123,7 +127,8 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
         up.close()
         self.send_response(r.status)
         for k, v in r.getheaders():
-            if k.lower() in ("etag", "content-length", "content-type"):
+            if k.lower() in ("content-length", "content-type", "last-modified") \
+                    or (k.lower() == "etag" and srv.etag):
                 self.send_header(k, v)
         self.end_headers()
 
@@ -436,6 +441,38 @@ def test_webdataset_shards_by_url_are_cached_locally(served, proxy, tmp_path, mo
     with pytest.raises(FileNotFoundError, match=r"train-00[89]\.tar: HTTP 404"):
         feedline.ImageLoader(served["base"] + "/shards/train-{008..009}.tar", **kw)
     assert not _cache_files(tmp_path)[2]
+
+
+def test_range_reads_from_a_server_without_etags_notice_a_changed_shard(served, proxy, tmp_path,
+                                                                      monkeypatch):
+    """A server that sends Last-Modified but no ETag: the catalog keeps that date, range reads
+    ask for that version (If-Unmodified-Since), and a shard rewritten on the server is a clear
+    DataError, never other samples' bytes at stale offsets with stale labels (before: 24 rows
+    of wrong images); at the next open its HEAD notices the change and it is fetched again."""
+    monkeypatch.setenv("FEEDLINE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FEEDLINE_SHARD_CACHE_BYTES", "0")  # read by range
+    kw = dict(KW, shuffle=False)
+    local = _epoch(feedline.ImageLoader(served["shards"], **kw))
+    p, base = proxy(etag=False)
+    url = base + "/shards/train-{000..002}.tar"
+    for a, b in zip(local, _epoch(feedline.ImageLoader(url, **kw))):
+        assert torch.equal(a, b)
+    shard = served["root"] / "shards" / "train-001.tar"
+    original = shard.read_bytes()
+    stat = os.stat(shard)
+    try:
+        reading = feedline.ImageLoader(url, **kw)
+        shard.write_bytes(original[512:] + original[:512])  # same size, other bytes
+        os.utime(shard, (stat.st_atime + 5, stat.st_mtime + 5))
+        with pytest.raises(feedline.DataError, match=r"train-001\.tar: HTTP 412: the object "
+                                                     r"changed since it was catalogued "
+                                                     r"\(Last-Modified "):
+            _epoch(reading)
+    finally:
+        shard.write_bytes(original)
+        os.utime(shard, (stat.st_atime + 10, stat.st_mtime + 10))
+    for a, b in zip(local, _epoch(feedline.ImageLoader(url, **kw))):  # fetched again
+        assert torch.equal(a, b)
 
 
 def test_shards_past_the_cache_budget_are_read_by_range(served, proxy, tmp_path, monkeypatch):
