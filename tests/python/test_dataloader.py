@@ -707,19 +707,22 @@ def test_thread_workers_keep_their_thread_and_its_local_data_across_epochs():
     epoch on, every sample saw -1."""
     loader = feedline.DataLoader(ThreadLocalState(), batch_size=8, executor="thread", workers=2,
                                  worker_init_fn=_init_local)
-    threads = None
+    # Which of the two threads makes which batch is the scheduler's business (an epoch may run
+    # on one of them alone on a loaded machine), so the test counts the threads over all the
+    # epochs: two at most, where new threads each epoch made six or more.
+    threads = set()
     for epoch in range(3):
         seen = torch.cat(list(loader))
         assert set(seen[:, 0].tolist()) <= {0, 1} and -1 not in seen[:, 0].tolist(), epoch
-        if threads is None:
-            threads = set(seen[:, 1].tolist())
-        assert set(seen[:, 1].tolist()) <= threads, f"epoch {epoch} ran on new threads"
+        threads |= set(seen[:, 1].tolist())
     # An epoch left early does not cost the workers their state either.
     it = iter(loader)
     next(it)
     del it
     seen = torch.cat(list(loader))
-    assert -1 not in seen[:, 0].tolist() and set(seen[:, 1].tolist()) <= threads
+    threads |= set(seen[:, 1].tolist())
+    assert -1 not in seen[:, 0].tolist()
+    assert len(threads) <= 2, f"{len(threads)} threads: new ones in later epochs"
 
 
 def test_persistent_workers_false_runs_worker_init_fn_each_epoch():
