@@ -140,7 +140,11 @@ absl::StatusOr<std::shared_ptr<FileDataset>> FileDataset::Open(
     }
     absl::StatusOr<FileList> files = ParseListFile(
         absl::string_view(reinterpret_cast<const char*>(text.data()), text.size()), source);
-    if (!files.ok()) return files.status();
+    if (!files.ok()) {  // named by its URL as shown (it is parsed with the real one: its base)
+      return absl::Status(files.status().code(),
+                          absl::StrReplaceAll(files.status().message(),
+                                              {{source, ShownName(source)}}));
+    }
     if (absl::Status s = CheckOwnOrigin(*files, source); !s.ok()) return s;
     return std::shared_ptr<FileDataset>(
         std::make_shared<RemoteFileDataset>(*std::move(files), http));

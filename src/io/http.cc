@@ -286,11 +286,12 @@ void Attempt(FetchOp* op) {
   ++op->attempt;
   const double left_s = std::chrono::duration<double>(op->deadline - Clock::now()).count();
   if (left_s <= 0) {
-    return Finish(
-        op,
-        absl::DeadlineExceededError(absl::StrCat(
-            op->shown, ": no answer within ", op->timeout_s, " s (", op->attempt - 1, " attempts",
-            op->last.ok() ? "" : absl::StrCat("; the last: ", op->last.message()), ")")));
+    absl::string_view last = op->last.message();  // "<url>: cause": the URL is named once
+    absl::ConsumePrefix(&last, absl::StrCat(op->shown, ": "));
+    return Finish(op, absl::DeadlineExceededError(absl::StrCat(
+                          op->shown, ": no answer within ", op->timeout_s, " s (",
+                          op->attempt - 1, " attempts",
+                          op->last.ok() ? "" : absl::StrCat("; the last: ", last), ")")));
   }
   op->out->clear();
   op->sink = Sink{op->out, op->fd, op->o.max_bytes, op->curl};
