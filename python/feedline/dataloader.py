@@ -1,6 +1,6 @@
 """feedline.DataLoader: torch's DataLoader, on feedline's engine.
 
-    loader = feedline.DataLoader(dataset, batch_size=64, shuffle=True, num_workers=8)
+    loader = feedline.DataLoader(dataset, batch_size=64, shuffle=True)  # num_workers: feedline's
 
 takes every argument torch's DataLoader takes and gives the same batches. What changes is how
 the work is done: map-style datasets run on feedline's engine (python/py_dataset.h) — positions
