@@ -185,9 +185,31 @@ def _keep_heap():
         pass
 
 
+def make_batch(dataset, keys, collate_fn, auto_collation, before_sample=None):
+    """The batch of `keys` as torch's workers make it: each dataset[k] (`before_sample(j)`
+    first: a worker process seeds the sample's RNGs there), then collate_fn(samples) with auto
+    collation, else collate_fn(the one sample) (batch_size=None). Worker threads and worker
+    processes both make their whole batches here. Returns (batch, samples, None), or (None,
+    None, (exception, what failed: the sample, or the batch when collation failed))."""
+    samples = []
+    for j, k in enumerate(keys):
+        if before_sample is not None:
+            before_sample(j)
+        try:
+            samples.append(dataset[k])
+        except Exception as e:  # noqa: BLE001 (the sample's error, re-raised in the loop)
+            return None, None, (e, f"dataset[{k}]")
+    try:
+        out = collate_fn(samples) if auto_collation else collate_fn(samples[0])
+    except Exception as e:  # noqa: BLE001
+        return None, None, (e, f"the batch of dataset{list(keys)}" if len(keys) > 1
+                            else f"dataset[{keys[0]}]")
+    return out, samples, None
+
+
 def main(dataset, schema, batch_mode, collate_fn, request_fd, reply_fd, staging_fd,
          staging_bytes, worker_id, num_workers, base_seed, worker_init_fn, close_fds,
-         parent_pid=None, pad=None, learn=False):
+         parent_pid=None, pad=None, learn=False, auto_collation=True):
     """The worker's loop: until the loader asks it to stop or goes away. `pad` is (pad,
     pad_value, bounds grown so far); `learn`: learn the layout from the first batch made."""
     if parent_pid is not None:  # also when a sample's code never returns
@@ -238,16 +260,12 @@ def main(dataset, schema, batch_mode, collate_fn, request_fd, reply_fd, staging_
             if init_error is not None:
                 raise init_error
             if batch_mode:
-                samples = []
-                for j, k in enumerate(keys):
-                    what = f"dataset[{k}]"  # the sample that fails is the one named
-                    seed_sample(epoch_seed, index + j)
-                    samples.append(dataset[k])
-                what = f"the batch of dataset{list(keys)}" if n > 1 else f"dataset[{keys[0]}]"
-                if collate_fn is None:  # batch_size=None: one sample, converted
-                    out = torch.utils.data.default_convert(samples[0])
-                else:
-                    out = collate_fn(samples)
+                out, samples, failed = make_batch(
+                    dataset, keys, collate_fn, auto_collation,
+                    lambda j: seed_sample(epoch_seed, index + j))
+                if failed is not None:
+                    what = failed[1]
+                    raise failed[0]
                 learned = None
                 if learn:
                     learn = False

@@ -615,6 +615,12 @@ class DataLoader(typing.Generic[_T_co]):
             return self._padded_collate
         return self.collate_fn
 
+    @property
+    def _batch_collate_fn(self):
+        """What a worker applies to a batch's samples (auto collation) or to its one sample
+        (batch_size=None: the collate_fn, torch's default_convert unless the user gave one)."""
+        return self._collate_batch if self._auto_collation else self.collate_fn
+
     def _batch_in_caller(self, keys):
         """The batch of `keys`, made in the calling thread as torch's num_workers=0 makes it."""
         if self._auto_collation:
@@ -654,22 +660,10 @@ class DataLoader(typing.Generic[_T_co]):
         if isinstance(info, str):
             return info
         _tls.info = info
-        dataset = info.dataset
-        keys = self._keys[position]
-        samples = []
-        try:
-            for k in keys:
-                samples.append(dataset[k])
-        except Exception as e:  # noqa: BLE001
-            return _worker.error_text(e, f"dataset[{keys[len(samples)]}]",
-                                      "a feedline worker thread")
-        try:
-            if self._auto_collation:
-                out = self._collate_batch(samples)
-            else:
-                out = self.collate_fn(samples[0])
-        except Exception as e:  # noqa: BLE001
-            return _worker.error_text(e, f"the batch of dataset{keys}", "a feedline worker thread")
+        out, _, failed = _worker.make_batch(info.dataset, self._keys[position],
+                                            self._batch_collate_fn, self._auto_collation)
+        if failed is not None:
+            return _worker.error_text(failed[0], failed[1], "a feedline worker thread")
         # A list: under on_error="skip" a failed batch's place is taken by another position,
         # which is then made twice.
         self._results.setdefault(position, []).append(out)
@@ -727,11 +721,11 @@ class DataLoader(typing.Generic[_T_co]):
         ctx = mp.get_context("fork")
         p = ctx.Process(target=_worker.main, daemon=True, name=f"feedline-worker-{i}",
                         args=(self.dataset, self._schema, self._batch_mode,
-                              self._collate_batch if self._auto_collation else None, req_r, rep_w,
+                              self._batch_collate_fn, req_r, rep_w,
                               sfd, staging, i, self._transform.processes or 1,
                               self._spawn_seed, self.worker_init_fn,
                               list(close_fds) + [req_w, rep_r], os.getpid(),
-                              self._pad_config, self._learning()))
+                              self._pad_config, self._learning(), self._auto_collation))
         p.start()
         os.close(req_r)
         os.close(rep_w)

@@ -149,6 +149,13 @@ def test_samplers_batch_samplers_and_collate_fn(executor):
     assert_batches(tud.DataLoader(ds, batch_size=None),
                    feedline.DataLoader(ds, batch_size=None, num_workers=2, executor=executor))
 
+    def per_sample(sample):  # batch_size=None: the collate_fn takes each sample alone
+        return {"twice": sample["image"] * 2, "label": sample["label"]}
+
+    assert_batches(tud.DataLoader(ds, batch_size=None, collate_fn=per_sample),
+                   feedline.DataLoader(ds, batch_size=None, collate_fn=per_sample,
+                                       num_workers=2, executor=executor))
+
     def collate(batch):
         return {"sum": torch.stack([b["image"] for b in batch]).sum(0), "n": len(batch)}
 

@@ -657,6 +657,44 @@ TEST_CASE("data sets with empty records: workers read inline; same bytes, errors
 
 namespace {
 
+// Each sample: a hash of the thread that made it; the transform asks for whole batches
+// (SampleTransform::WholeBatches, as the Python worker processes' transform does).
+class WholeBatchTransform final : public SampleTransform {
+ public:
+  const Schema& schema() const override { return schema_; }
+  bool WholeBatches() const override { return true; }
+  absl::Status Apply(const Record&, const SampleContext&, WorkerState*,
+                     SampleWriter& out) const override {
+    *out.Fixed<int64_t>(0) = int64_t(std::hash<std::thread::id>()(std::this_thread::get_id()));
+    return absl::OkStatus();
+  }
+
+ private:
+  Schema schema_{Field("thread", DType::kInt64, {})};
+};
+
+}  // namespace
+
+TEST_CASE("WholeBatches: every batch is one worker thread's work", "[engine]") {
+  // Cheap samples would go in chunks of batch_size / (2 * workers) = 2 otherwise, a batch's
+  // samples spread over the three threads.
+  auto loader = Make(std::make_shared<Computed>(203), std::make_shared<WholeBatchTransform>(),
+                     LoaderOptions().batch_size(16).workers(3).seed(2));
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    int batches = 0;
+    for (auto& b : *loader) {
+      REQUIRE(b.ok());
+      const auto* thread = static_cast<const int64_t*>(b->field(0).data);
+      for (int64_t i = 1; i < b->size(); ++i) REQUIRE(thread[i] == thread[0]);
+      ++batches;
+    }
+    REQUIRE(batches == 13);
+  }
+  REQUIRE(loader->stats().chunk == 16);
+}
+
+namespace {
+
 // Records from memory (in_memory): "doc <index>"; the read of every index == 3 (mod 11) fails.
 // Each read notes the name of the thread it ran on.
 class InMemory final : public feedline::Dataset {
