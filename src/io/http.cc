@@ -281,17 +281,23 @@ void Finish(FetchOp* op, absl::Status status) {
 
 void OnDone(FetchOp* op, CURLcode rc);
 
+// "<url>: no answer within <seconds> s (<attempts> attempts; the last: <cause>)", the URL named
+// once (the last attempt's error starts with it too). For the read's deadline and for a server
+// silent past HttpOptions::silent_s.
+std::string NoAnswer(const FetchOp& op, absl::string_view seconds, int attempts) {
+  absl::string_view last = op.last.message();
+  absl::ConsumePrefix(&last, absl::StrCat(op.shown, ": "));
+  return absl::StrCat(op.shown, ": no answer within ", seconds, " s (", attempts, " attempts",
+                      op.last.ok() ? "" : absl::StrCat("; the last: ", last), ")");
+}
+
 // Starts the next attempt, or finishes when the deadline has passed.
 void Attempt(FetchOp* op) {
   ++op->attempt;
   const double left_s = std::chrono::duration<double>(op->deadline - Clock::now()).count();
   if (left_s <= 0) {
-    absl::string_view last = op->last.message();  // "<url>: cause": the URL is named once
-    absl::ConsumePrefix(&last, absl::StrCat(op->shown, ": "));
-    return Finish(op, absl::DeadlineExceededError(absl::StrCat(
-                          op->shown, ": no answer within ", op->timeout_s, " s (",
-                          op->attempt - 1, " attempts",
-                          op->last.ok() ? "" : absl::StrCat("; the last: ", last), ")")));
+    return Finish(op, absl::DeadlineExceededError(
+                          NoAnswer(*op, absl::StrCat(op->timeout_s), op->attempt - 1)));
   }
   op->out->clear();
   op->sink = Sink{op->out, op->fd, op->o.max_bytes, op->curl};
@@ -440,12 +446,8 @@ void OnDone(FetchOp* op, CURLcode rc) {
   const double silent_for = std::chrono::duration<double>(Clock::now() - op->started).count();
   if (op->o.silent_s > 0 && !op->heard && silent_for >= op->o.silent_s) {
     if (counters != nullptr) counters->failures.fetch_add(1, std::memory_order_relaxed);
-    absl::string_view last = op->last.message();
-    absl::ConsumePrefix(&last, absl::StrCat(shown, ": "));
-    return Finish(op, absl::UnavailableError(absl::StrCat(shown, ": no answer within ",
-                                                          std::lround(silent_for), " s (",
-                                                          op->attempt, " attempts; the last: ",
-                                                          last, ")")));
+    return Finish(op, absl::UnavailableError(
+                          NoAnswer(*op, absl::StrCat(std::lround(silent_for)), op->attempt)));
   }
   if (counters != nullptr) counters->retries.fetch_add(1, std::memory_order_relaxed);
   const double wait_s =
