@@ -774,9 +774,9 @@ class TextLoader:
         max_length and the tokens past it, over the loader's life (every epoch's reads; packed
         rows report theirs under "packing"); of them "partly_tokenized": documents of more than
         64 KiB tokenized only as far as max_length needs, whose dropped tokens count only as far
-        as they were tokenized (then "tokens" is a lower bound); "tokenizer": whether the word cache is in use,
-        and the documents and words encoded through it and the words found in it, over the
-        loader's life."""
+        as they were tokenized (then "tokens" is a lower bound); "tokenizer": whether the word
+        cache is in use, and the documents and words encoded through it and the words found in
+        it, over the loader's life."""
         s = ImageLoader.stats(self)
         s["tokenizer"] = self._tokenizer.counters()
         cut = getattr(self, "_cut", None)

@@ -14,9 +14,10 @@ out, one per core (``workers=N`` fixes it). ``num_workers=0`` loads in the calli
 
 With workers, the training process never calls the dataset. In place needs the batch layout,
 which the worker processes learn from their first batch: the first batch of each worker is
-made whole by torch's collation, as torch's workers make it, every later one in place. In worker processes every sample's RNGs are seeded from (the epoch's base seed, the
-sample's index in the epoch): the same seed gives the same augmentations for any worker count
-and after a resume.
+made whole by torch's collation, as torch's workers make it, every later one in place. In
+worker processes every sample's RNGs are seeded from (the epoch's base seed, the sample's index
+in the epoch): the same seed gives the same augmentations for any worker count and after a
+resume.
 
 Iterable datasets run one replica per worker (``get_worker_info()`` set), batches taken round
 robin as torch takes them.

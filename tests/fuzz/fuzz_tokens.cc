@@ -2,8 +2,8 @@
 // packer over them (PackedLoader: concat, best fit, bucket), with documents of zero tokens, of
 // one, and longer than a row or than max_length. Both files come from the input (the index is
 // its tail, its length and the token width in its first byte); a token file and an index are
-// bytes a downloaded data set hands in. Properties: no crash or overflow; a refused index is kDataLoss
-// or kInvalidArgument naming the index; over an epoch every batch keeps its invariants
+// bytes a downloaded data set hands in. Properties: no crash or overflow; a refused index is
+// kDataLoss or kInvalidArgument naming the index; over an epoch every batch keeps its invariants
 // (attention_mask 1 exactly at the row's tokens; padding holds pad_id, label -100 and position 0;
 // cu_seqlens increasing, ending at B * seq_len), and the tokens packed are the documents' tokens
 // (cut to max_length, eos added) less any that errored — for kConcat, in order.
