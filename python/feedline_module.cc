@@ -264,6 +264,9 @@ py::dict StatsToDict(const feedline::Stats& s) {
   d["consumer_wait_s"] = s.consumer_wait_s;
   d["consumer_wait_fraction"] = s.consumer_wait_fraction;
   d["epoch_start_wait_s"] = s.epoch_start_wait_s;
+  d["consumer_cpu_s"] = s.consumer_cpu_s;
+  d["consumer_run_delay_s"] = s.consumer_run_delay_s;
+  d["worker_nice"] = s.worker_nice;
   py::dict stages;
   for (const feedline::StageStats& st : s.stages) {
     py::dict x;

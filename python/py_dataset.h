@@ -84,6 +84,9 @@ class PyTransform : public SampleTransform {
                int64_t positions_per_batch = 1);
   // A batch is one worker process's work (see SetKeys), so the engine hands off whole batches.
   bool WholeBatches() const override { return true; }
+  // Worker threads run Python under the training thread's GIL (worker processes are niced in
+  // their own process: _worker.main).
+  bool SharesConsumerLocks() const override { return true; }
   void set_timeout_s(double s) { timeout_s_.store(s); }
   // Takes over `from`'s processes (and its respawn) and sends each the new configuration
   // (op=3: [3, nbytes, words, 0, 0] then `config`, pickled by Python); a process that does not

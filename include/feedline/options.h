@@ -172,6 +172,13 @@ class LoaderOptions {
                AutoOrIn(1, kMaxPrefetch));  // batches in flight: the prefetch ring's depth
   FEEDLINE_ARG(kEngine, int, io_depth, kAuto,
                AutoOrIn(1, 1024));  // reads in flight: the reader threads
+  // How many nice levels below the loading process the map workers run (0..19): the training
+  // thread (and every other thread of the job at the process's priority) gets a core first, the
+  // workers take what it leaves. Without it a training step's CPU part stretched 1.6x beside
+  // two decoding workers on two cores (feedline-bench --e2e). Not applied to a transform whose
+  // workers hold the consumer's locks (SampleTransform::SharesConsumerLocks: Python code under
+  // the GIL). The environment variable FEEDLINE_WORKER_NICE, when set, overrides it.
+  FEEDLINE_ARG(kEngine, int, worker_nice, 19, In(0, 19));
   // Bytes the loader may own (ring slots, reads in flight); 0 = auto, a quarter of the
   // available memory. Batches the user holds are the user's memory, not counted.
   FEEDLINE_ARG(kEngine, int64_t, memory_budget, 0, AtLeast(0, "must be auto (0) or a byte count"));

@@ -62,7 +62,13 @@ struct Stats {
   double consumer_wait_fraction = 0;  // consumer_wait_s / elapsed_s: "starved x% of the time"
   double epoch_start_wait_s = 0;      // the part of consumer_wait_s spent waiting for the first
                                       // batch of an epoch (the pipeline filling up)
+  // The consumer's steps (its thread between batches, from the kernel's scheduler figures;
+  // 0 where it keeps none): CPU time, and time it was ready to run but waited for a core.
+  // A run delay above a few % of the CPU time: the trainer is slowed by other threads.
+  double consumer_cpu_s = 0;
+  double consumer_run_delay_s = 0;
   std::vector<StageStats> stages;
+  int worker_nice = 0;       // the map workers run this many nice levels below the process
   int workers = 0;           // decoder threads now
   int prefetch = 0;          // ring depth now (batches in flight)
   int io_depth = 0;          // reads in flight now

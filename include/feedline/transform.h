@@ -141,6 +141,11 @@ class SampleTransform {
   // batch to a resource of its own (feedline's Python worker processes send batch k to process
   // k mod n, as torch's DataLoader does, so that a worker's identity is the same in every run).
   virtual bool WholeBatches() const { return false; }
+  // True when Apply takes a lock that the consumer's thread needs for its own work (Python's
+  // GIL: a Python data set run on worker threads). Its workers then run at the consumer's
+  // priority (LoaderOptions::worker_nice is not applied): a worker below it holding the lock
+  // would stall the consumer behind every other busy thread (a priority inversion).
+  virtual bool SharesConsumerLocks() const { return false; }
 };
 
 }  // namespace feedline

@@ -86,6 +86,21 @@ def exit_with_parent(parent_pid, period_s=0.5):
     threading.Thread(target=watch, name="feedline-parent-watch", daemon=True).start()
 
 
+def lower_priority():
+    """This process below the loading one, as the engine's map workers are (LoaderOptions::
+    worker_nice; FEEDLINE_WORKER_NICE, default 19): the training thread gets a core first, the
+    worker takes what it leaves. A process may only lower its own priority: never raised."""
+    try:
+        nice = int(os.environ.get("FEEDLINE_WORKER_NICE", "19"))
+    except ValueError:
+        return
+    if nice > 0:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice))
+        except OSError:
+            pass
+
+
 def set_worker_info(worker_id, num_workers, seed, dataset):
     from torch.utils.data._utils import worker as tw
     tw._worker_info = tw.WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed,
@@ -214,6 +229,7 @@ def main(dataset, schema, batch_mode, collate_fn, request_fd, reply_fd, staging_
     pad_value, bounds grown so far); `learn`: learn the layout from the first batch made."""
     if parent_pid is not None:  # also when a sample's code never returns
         exit_with_parent(parent_pid)
+    lower_priority()
     import torch
     from . import _collate
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training loop's

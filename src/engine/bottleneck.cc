@@ -49,6 +49,15 @@ void DiagnoseBottleneck(Stats* s) {
         "%.0f (busy %.0f%%)",
         100 * s->consumer_wait_fraction, s->demand_images_per_s, s->workers, capacity,
         100 * dec_util);
+    if (s->consumer_cpu_s > 0 && s->consumer_run_delay_s > kSlowedConsumer * s->consumer_cpu_s) {
+      // The consumer's own work was stretched: other threads held the cores it was ready for.
+      absl::StrAppendFormat(
+          &s->bottleneck_reason,
+          "; its thread waited for a core %.0f%% as long as it ran (other threads slow it: %s)",
+          100 * s->consumer_run_delay_s / s->consumer_cpu_s,
+          s->worker_nice > 0 ? "other processes, the loader's workers run below it"
+                             : "the loader's workers run at its priority");
+    }
   } else if (dec_util < 0.6 && rd_util > 0.5) {
     s->bottleneck = "storage";
     s->bottleneck_reason = absl::StrFormat(

@@ -20,6 +20,8 @@ void DiagnoseBottleneck(Stats* s);
 
 // The copy stream is the bottleneck when it is busy at least this fraction of the time.
 inline constexpr double kCopyBusyLimit = 0.8;
+// The consumer waited for a core more than this share of its CPU time: it is slowed.
+inline constexpr double kSlowedConsumer = 0.10;
 
 }  // namespace feedline
 

@@ -1,5 +1,7 @@
 #include "engine/epoch_run.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -31,7 +33,7 @@ EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t 
     std::lock_guard<std::mutex> lock(sh.active_mu);
     sh.active = this;
   }
-  last_return_ns_ = NowNs();
+  MarkReturn();
   consumer_track_ = sh.trace->Track("consumer");
   batch_track_ = sh.trace->Track("batches (open -> handed out)");
   if (sh.device_stage != nullptr) {
@@ -60,6 +62,11 @@ EpochRun::~EpochRun() {
       sh.partial_batches = done;
     }
   }
+}
+
+void EpochRun::MarkReturn() {
+  last_return_ns_ = NowNs();
+  returned_to_ = ThreadSchedStat(&returned_cpu_ns_, &returned_delay_ns_) ? gettid() : -1;
 }
 
 bool EpochRun::forked() const { return fork_generation_ != ForkGeneration(); }
@@ -99,6 +106,14 @@ absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interr
   LoaderShared& sh = *core_.shared;
   const int64_t entered = NowNs();
   sh.consumer.AddBusy(entered - last_return_ns_);
+  if (const pid_t tid = gettid(); tid == returned_to_) {
+    // The consumer's step since the last batch: its CPU, and its waits for a core.
+    int64_t cpu = 0, delay = 0;
+    if (ThreadSchedStat(&cpu, &delay)) {
+      sh.consumer_cpu_ns.fetch_add(cpu - returned_cpu_ns_, std::memory_order_relaxed);
+      sh.consumer_run_delay_ns.fetch_add(delay - returned_delay_ns_, std::memory_order_relaxed);
+    }
+  }
   // The step just ended worked on the batch returned last: its samples go with that busy time
   // (counted here, not at the return, so that any window sees matching samples and time).
   sh.stepped_images.fetch_add(held_images_, std::memory_order_relaxed);
@@ -106,7 +121,7 @@ absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interr
   const int64_t b = ring_.consumed();
   if (b >= core_.num_batches) {
     Shutdown();
-    last_return_ns_ = NowNs();
+    MarkReturn();
     return absl::OutOfRangeError(absl::StrCat("end of epoch ", core_.epoch));
   }
   if (core_.is_cancelled()) return absl::CancelledError("the epoch was cancelled");
@@ -114,13 +129,13 @@ absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interr
   while (!ring_.Ready(b)) {
     if (core_.is_cancelled()) return absl::CancelledError("the epoch was cancelled");
     if (absl::Status flood = TooManyErrors(); !flood.ok()) {
-      last_return_ns_ = NowNs();
+      MarkReturn();
       return flood;
     }
     if (!ring_.WaitReady(b, poll_ns) && interrupted && !core_.is_cancelled()) {
       if (absl::Status s = interrupted(); !s.ok()) {
         sh.AddConsumerWait(b, NowNs() - entered);
-        last_return_ns_ = NowNs();
+        MarkReturn();
         return s;
       }
     }
@@ -139,7 +154,7 @@ absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interr
   sh.images.fetch_add(batch.size_, std::memory_order_relaxed);
   if (b + 1 == core_.num_batches) Shutdown();  // free the threads as soon as the epoch is done
   held_images_ = batch.size_;
-  last_return_ns_ = NowNs();
+  MarkReturn();
   if (!taken.error.ok()) return taken.error;
   batch.index_ = b;
   batch.epoch_ = core_.epoch;

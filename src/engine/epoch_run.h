@@ -17,6 +17,8 @@
 #define FEEDLINE_SRC_ENGINE_EPOCH_RUN_H_
 
 #include <chrono>
+#include <sys/types.h>
+
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -101,7 +103,11 @@ class EpochRun {
   TuningLoop tuning_;
   const uint64_t fork_generation_;  // the process generation that started the threads
 
+  // When Next() returned, and the scheduler's figures of the thread it returned to (-1: none).
+  void MarkReturn();
   int64_t last_return_ns_ = 0;  // consumer thread only
+  pid_t returned_to_ = -1;
+  int64_t returned_cpu_ns_ = 0, returned_delay_ns_ = 0;
   int64_t held_images_ = 0;     // the last returned batch's samples; consumer thread only
   // Device copies queued ahead, by batch (by workers and the consumer; each batch's copy is
   // queued once: the submission happens under the lock).

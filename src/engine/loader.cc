@@ -15,7 +15,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "core/env.h"
 #include "engine/bottleneck.h"
 #include "engine/engine_parts.h"
 #include "engine/epoch_run.h"
@@ -115,6 +117,9 @@ Stats LoaderShared::Snapshot() {
   s.consumer_wait_s = double(consumer.wait_ns.load()) * 1e-9;
   s.consumer_wait_fraction = s.elapsed_s > 0 ? std::min(1.0, s.consumer_wait_s / s.elapsed_s) : 0;
   s.epoch_start_wait_s = std::min(double(epoch_start_wait_ns.load()) * 1e-9, s.consumer_wait_s);
+  s.consumer_cpu_s = double(consumer_cpu_ns.load()) * 1e-9;
+  s.consumer_run_delay_s = double(consumer_run_delay_ns.load()) * 1e-9;
+  s.worker_nice = worker_nice;
   s.workers = workers.load();
   s.prefetch = prefetch.load();
   s.io_depth = io_depth.load();
@@ -332,6 +337,15 @@ absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOpt
   shared->auto_prefetch = options.prefetch() == kAuto;
   shared->cores = cores;
   shared->budget = budget;
+  if (const std::string env = Env("FEEDLINE_WORKER_NICE"); !env.empty()) {
+    int nice = 0;
+    if (!absl::SimpleAtoi(env, &nice) || nice < 0 || nice > 19) {
+      return InvalidOption("worker_nice",
+                           absl::StrCat("FEEDLINE_WORKER_NICE=", env, " must be in [0, 19]"));
+    }
+    options.worker_nice(nice);
+  }
+  shared->worker_nice = shared->transform->SharesConsumerLocks() ? 0 : options.worker_nice();
   if (options.cache() != Cache::kNone) {
     // The cache gets what the budget leaves after the ring (at its largest) and the reads.
     const int64_t left =

@@ -100,7 +100,10 @@ class LoaderShared {
     }
   }
   int cores = 1;
-  int64_t budget = 0;  // == options.memory_budget(), resolved
+  int64_t budget = 0;
+  // The map workers' nice levels below the process (0: a transform that shares the consumer's
+  // locks, or options.worker_nice() = 0).
+  int worker_nice = 0;  // == options.memory_budget(), resolved
 
   // The autotuner (null when every setting is fixed) and the sampled timeline.
   std::mutex tuner_mu;
@@ -157,6 +160,9 @@ class LoaderShared {
     (batch == 0 ? epoch_start_wait_ns : steady_wait_ns).fetch_add(ns, std::memory_order_relaxed);
   }
   std::atomic<int64_t> batches{0};
+  // The consumer thread between batches (its steps): CPU time, and time it was ready to run
+  // but waited for a core (other threads on the cores: the loader's, other processes').
+  std::atomic<int64_t> consumer_cpu_ns{0}, consumer_run_delay_ns{0};
   std::atomic<int64_t> start_ns{0};           // first epoch's start; 0 before
   std::atomic<int64_t> read_buffer_bytes{0};  // capacity of read buffers alive now
 
@@ -184,7 +190,7 @@ class LoaderShared {
     std::lock_guard<std::mutex> lock(workers_mu_);
     if (workers_ == nullptr || workers_generation_ != ForkGeneration()) {
       if (workers_ != nullptr) (void)workers_.release();
-      workers_ = std::make_unique<WorkerPool>(transform);
+      workers_ = std::make_unique<WorkerPool>(transform, worker_nice);
       workers_generation_ = ForkGeneration();
     }
     return *workers_;

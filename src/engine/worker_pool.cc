@@ -1,6 +1,11 @@
 #include "engine/worker_pool.h"
 
 #include <pthread.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 
 #include <chrono>
 #include <system_error>
@@ -13,8 +18,21 @@ namespace {
 // its next sample) before giving the id a new thread.
 constexpr auto kBusyWait = std::chrono::milliseconds(200);
 
-void Loop(std::shared_ptr<WorkerThread> w, std::shared_ptr<const SampleTransform> transform) {
+// This thread `nice` levels below where it started (Linux: a priority per thread). Never
+// above: an unprivileged thread may lower its own priority only.
+void LowerPriority(int nice) {
+  if (nice <= 0) return;
+  const pid_t tid = gettid();
+  errno = 0;
+  const int now = getpriority(PRIO_PROCESS, id_t(tid));
+  if (errno != 0) return;
+  (void)setpriority(PRIO_PROCESS, id_t(tid), std::min(19, now + nice));
+}
+
+void Loop(std::shared_ptr<WorkerThread> w, std::shared_ptr<const SampleTransform> transform,
+          int nice) {
   pthread_setname_np(pthread_self(), "feedline-map");  // for top, perf, gdb
+  LowerPriority(nice);
   std::unique_ptr<SampleTransform::WorkerState> state;
   for (;;) {
     WorkerPool::Job job;
@@ -94,7 +112,7 @@ WorkerPool::Ticket WorkerPool::Run(int id, Job job) {
   }
   if (w == nullptr) {
     w = std::make_shared<WorkerThread>();
-    w->thread = std::thread(Loop, w, transform_);  // throws std::system_error: the caller's
+    w->thread = std::thread(Loop, w, transform_, nice_);  // throws std::system_error: the caller's
     std::lock_guard<std::mutex> lock(mu_);
     // (Another epoch's Run for this id may have put a thread there meanwhile: kept, retired.)
     if (workers_[size_t(id)] != nullptr) retired_.push_back(std::move(workers_[size_t(id)]));

@@ -38,8 +38,10 @@ class WorkerPool {
  public:
   using Job = std::function<void(SampleTransform::WorkerState* state)>;
 
-  explicit WorkerPool(std::shared_ptr<const SampleTransform> transform)
-      : transform_(std::move(transform)) {}
+  // `nice`: the workers run that many nice levels below the thread that starts them (at most
+  // 19), so that the consumer's thread gets a core first (LoaderOptions::worker_nice).
+  explicit WorkerPool(std::shared_ptr<const SampleTransform> transform, int nice = 0)
+      : transform_(std::move(transform)), nice_(nice) {}
   ~WorkerPool();
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
@@ -59,6 +61,7 @@ class WorkerPool {
 
  private:
   const std::shared_ptr<const SampleTransform> transform_;
+  const int nice_;
   std::mutex mu_;
   std::vector<std::shared_ptr<WorkerThread>> workers_ ABSL_GUARDED_BY(mu_);  // by id
   std::vector<std::shared_ptr<WorkerThread>> retired_ ABSL_GUARDED_BY(mu_);  // busy, replaced

@@ -2,7 +2,11 @@
 // fixed, padded and ragged fields, at several worker counts, with real threads. No images.
 // Also built and run under ThreadSanitizer and AddressSanitizer by .ci/run (the shape checks
 // and in-place assembly must never write past a field).
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -20,6 +24,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/clock.h"
 #include "engine/device_stage.h"
 #include "engine/engine_parts.h"
 #include "engine/epoch_run.h"
@@ -691,6 +696,109 @@ TEST_CASE("WholeBatches: every batch is one worker thread's work", "[engine]") {
     REQUIRE(batches == 13);
   }
   REQUIRE(loader->stats().chunk == 16);
+}
+
+namespace {
+
+// Each sample: the nice value of the worker thread that made it. `spin_ms`: CPU time spent per
+// sample first; `shares`: SharesConsumerLocks() (as a Python data set's transform says).
+class NiceTransform final : public SampleTransform {
+ public:
+  explicit NiceTransform(bool shares = false, double spin_ms = 0)
+      : shares_(shares), spin_ns_(int64_t(spin_ms * 1e6)) {}
+  const Schema& schema() const override { return schema_; }
+  bool SharesConsumerLocks() const override { return shares_; }
+  absl::Status Apply(const Record&, const SampleContext&, WorkerState*,
+                     SampleWriter& out) const override {
+    const int64_t end = feedline::ThreadCpuNs() + spin_ns_;
+    while (feedline::ThreadCpuNs() < end) {
+    }
+    errno = 0;
+    *out.Fixed<int64_t>(0) = getpriority(PRIO_PROCESS, id_t(gettid()));
+    return errno == 0 ? absl::OkStatus() : absl::InternalError("getpriority failed");
+  }
+
+ private:
+  const bool shares_;
+  const int64_t spin_ns_;
+  Schema schema_{Field("nice", DType::kInt64, {})};
+};
+
+int ThreadNice() { return getpriority(PRIO_PROCESS, id_t(gettid())); }
+
+}  // namespace
+
+TEST_CASE("worker_nice: map workers run below the consumer, unless they share its locks",
+          "[engine]") {
+  const int base = ThreadNice();
+  auto nices = [](std::unique_ptr<Loader> loader) {
+    std::set<int64_t> seen;
+    for (auto& b : *loader) {
+      REQUIRE(b.ok());
+      const auto* v = static_cast<const int64_t*>(b->field(0).data);
+      seen.insert(v, v + b->size());
+    }
+    return seen;
+  };
+  auto data = std::make_shared<Computed>(64);
+  const LoaderOptions o = LoaderOptions().batch_size(8).workers(2);
+  SECTION("default: 19 levels below (at most 19)") {
+    auto loader = Make(data, std::make_shared<NiceTransform>(), o);
+    REQUIRE(loader->stats().worker_nice == 19);
+    REQUIRE(nices(std::move(loader)) == std::set<int64_t>{std::min(19, base + 19)});
+  }
+  SECTION("a chosen level") {
+    REQUIRE(nices(Make(data, std::make_shared<NiceTransform>(), LoaderOptions(o).worker_nice(3))) ==
+            std::set<int64_t>{std::min(19, base + 3)});
+  }
+  SECTION("0: the consumer's priority") {
+    REQUIRE(nices(Make(data, std::make_shared<NiceTransform>(), LoaderOptions(o).worker_nice(0))) ==
+            std::set<int64_t>{base});
+  }
+  SECTION("a transform that shares the consumer's locks (the GIL) stays at its priority") {
+    auto loader = Make(data, std::make_shared<NiceTransform>(/*shares=*/true), o);
+    REQUIRE(loader->stats().worker_nice == 0);
+    REQUIRE(nices(std::move(loader)) == std::set<int64_t>{base});
+  }
+  SECTION("out of range") {
+    auto made = Loader::Create(data, std::make_shared<NiceTransform>(),
+                               LoaderOptions(o).worker_nice(20));
+    REQUIRE_FALSE(made.ok());
+    REQUIRE(std::string(made.status().message()).find("worker_nice") != std::string::npos);
+  }
+  REQUIRE(ThreadNice() == base);  // the consumer's thread is never touched
+}
+
+TEST_CASE("worker_nice: a consumer that needs a core gets it before busy workers", "[engine]") {
+  // More busy workers than cores, and a consumer that spins 8 ms of CPU per batch (a training
+  // step's launches): at the same priority the consumer's thread waits for a core about as long
+  // as the workers' share of it; 19 levels below, the workers yield it. Compared in one run (the
+  // machine's load moves both alike).
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  auto run = [&](int nice) {
+    auto loader = Make(std::make_shared<Computed>(4000), std::make_shared<NiceTransform>(false, 1.0),
+                       LoaderOptions().batch_size(8).workers(cores + 1).prefetch(64)
+                           .worker_nice(nice));
+    auto epoch = loader->StartEpoch();
+    for (int i = 0; i < 25; ++i) {
+      REQUIRE(epoch->Next().ok());
+      const int64_t end = feedline::ThreadCpuNs() + 8'000'000;
+      while (feedline::ThreadCpuNs() < end) {
+      }
+    }
+    REQUIRE(epoch->Next().ok());  // the last step's figures are counted at the next call
+    const feedline::Stats s = loader->stats();
+    return s.consumer_cpu_s > 0 ? s.consumer_run_delay_s / s.consumer_cpu_s : -1.0;
+  };
+  const double same = run(0), below = run(19);
+  INFO("consumer's run delay per CPU second: at the workers' priority " << same
+                                                                        << ", above them " << below);
+  if (same < 0) {
+    WARN("the kernel keeps no per-thread scheduler figures (/proc/thread-self/schedstat)");
+    return;
+  }
+  REQUIRE(same > 0.2);  // the case is real: busy workers do take the consumer's core
+  REQUIRE(below < 0.5 * same);
 }
 
 namespace {
