@@ -418,6 +418,10 @@ feedline::LoaderOptions EngineOptions(int64_t batch_size, bool shuffle, uint64_t
   o.batch_size(batch_size).shuffle(shuffle).seed(seed).drop_last(drop_last);
   o.rank(rank).world_size(world_size).workers(workers).prefetch(prefetch);
   o.memory_budget(memory_budget).max_errors(max_errors);
+  // No epoch head start for these faces: the text loaders count truncation and packing cuts as
+  // documents are tokenized (a head start would put the next epoch's in this one's warnings),
+  // and python_loader's positions map to the sampler's keys, set before each epoch.
+  o.epoch_head_start(false);
   o.on_error(ParseEnum<feedline::OnError>(
       on_error, "on_error",
       {{"raise", feedline::OnError::kRaise}, {"skip", feedline::OnError::kSkip}}));

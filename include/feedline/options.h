@@ -179,6 +179,14 @@ class LoaderOptions {
   // workers hold the consumer's locks (SampleTransform::SharesConsumerLocks: Python code under
   // the GIL). The environment variable FEEDLINE_WORKER_NICE, when set, overrides it.
   FEEDLINE_ARG(kEngine, int, worker_nice, 19, In(0, 19));
+  // Start the next epoch's first batches before it is asked for: once every batch of an epoch
+  // is made, the workers go on with epoch + 1 (within the prefetch bound, counting the batches
+  // not yet taken), so that iterating it does not wait for the pipeline to fill. Iterating
+  // another epoch (set_epoch, LoadState) drops that head start. Off for a transform whose
+  // samples depend on something set between epochs (feedline.DataLoader's sampler order).
+  // stats() counts the head start's work (reads, errors, cache hits) when it is done. The
+  // environment variable FEEDLINE_EPOCH_HEAD_START=0 turns it off for every loader.
+  FEEDLINE_ARG(kEngine, bool, epoch_head_start, true, NoCheck());
   // Bytes the loader may own (ring slots, reads in flight); 0 = auto, a quarter of the
   // available memory. Batches the user holds are the user's memory, not counted.
   FEEDLINE_ARG(kEngine, int64_t, memory_budget, 0, AtLeast(0, "must be auto (0) or a byte count"));

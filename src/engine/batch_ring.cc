@@ -1,7 +1,9 @@
 #include "engine/batch_ring.h"
 
 #include <algorithm>
+#include <chrono>
 #include <new>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -10,14 +12,23 @@ namespace feedline {
 BatchRing::BatchRing(EpochCore* core, int64_t start_batch)
     : core_(core),
       consumed_(std::min(start_batch, core->num_batches)),
+      start_batch_(std::min(start_batch, core->num_batches)),
       opened_(std::min(start_batch, core->num_batches)),
       inflight_(new InFlight[kMaxPrefetch]) {}
 
 bool BatchRing::WaitAdmitted(int64_t b) {
+  LoaderShared& sh = *core_->shared;
   while (true) {
     const uint32_t gen = core_->wake.Load();
     if (core_->is_cancelled()) return false;
-    if (b < consumed_.load(std::memory_order_acquire) + core_->shared->prefetch.load()) return true;
+    const int64_t bound = consumed_.load(std::memory_order_acquire) + sh.prefetch.load();
+    if (b < bound) {
+      if (b < bound - sh.lent.load(std::memory_order_acquire)) return true;
+      // Held by the slots the previous epoch's last batches keep (a head start): they come
+      // back as its consumer takes them, a few per epoch; polled rather than woken across runs.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
     core_->wake.Wait(gen);
   }
 }
@@ -75,6 +86,7 @@ void BatchRing::CompleteSamples(InFlight& e, int64_t n, std::vector<uint8_t>* sc
     if (!failed) on_assembled_(e.batch.load(std::memory_order_acquire), e.slot, e.count);
   }
   e.ready.store(true, std::memory_order_release);
+  assembled_.fetch_add(1, std::memory_order_acq_rel);
   std::lock_guard<std::mutex> lock(done_mu_);
   done_cv_.notify_all();
 }

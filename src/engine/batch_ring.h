@@ -1,7 +1,8 @@
 // The batches in flight: opened when their first sample is admitted, filled by the workers,
 // assembled by the worker that completes them, and taken by the consumer strictly in order.
 //
-// Admission is the prefetch bound: batch b may be opened while b < consumed + prefetch. A
+// Admission is the prefetch bound: batch b may be opened while b < consumed + prefetch (less the
+// previous epoch's batches not yet taken, for a head start: LoaderShared::lent). A
 // failure travels with its batch (the first failed position's error), so the consumer gets it
 // at the batch where the sample belongs, after every earlier batch.
 //
@@ -83,6 +84,10 @@ class BatchRing {
   Taken Take(int64_t b);
 
   int64_t consumed() const { return consumed_.load(std::memory_order_acquire); }
+  // Every batch of the epoch (from the start batch on) is complete and assembled.
+  bool AllAssembled() const {
+    return assembled_.load(std::memory_order_acquire) >= core_->num_batches - start_batch_;
+  }
   // Complete batches waiting for the consumer (the ring's occupancy).
   int64_t ReadyBatches();
   // Wakes a waiting consumer (cancellation).
@@ -94,6 +99,8 @@ class BatchRing {
   AssembledHook on_assembled_;
   EpochCore* const core_;
   std::atomic<int64_t> consumed_;  // batches handed out (the next to hand out)
+  const int64_t start_batch_;
+  std::atomic<int64_t> assembled_{0};  // batches complete
   std::mutex open_mu_;
   int64_t opened_ ABSL_GUARDED_BY(open_mu_);
   std::unique_ptr<InFlight[]> inflight_;  // kMaxPrefetch entries, batch b at b % kMaxPrefetch

@@ -13,7 +13,8 @@
 
 namespace feedline {
 
-EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t start_batch)
+EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t start_batch,
+                   bool head_start)
     : core_(std::move(shared), epoch),
       ring_(&core_, start_batch),
       replacement_(&core_),
@@ -25,11 +26,12 @@ EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t 
                 if (to.workers != from.workers) SetWorkers(to.workers);
                 if (to.prefetch != from.prefetch) SetPrefetch(to.prefetch);
               }),
-      fork_generation_(ForkGeneration()) {
+      fork_generation_(ForkGeneration()),
+      adopted_(!head_start) {
   LoaderShared& sh = *core_.shared;
   int64_t expected = 0;
   sh.start_ns.compare_exchange_strong(expected, NowNs());
-  {
+  if (!head_start) {
     std::lock_guard<std::mutex> lock(sh.active_mu);
     sh.active = this;
   }
@@ -42,7 +44,20 @@ EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t 
   }
   SetIoDepth(sh.io_depth.load());
   SetWorkers(sh.workers.load());
+  // A head start's tuning waits for its adoption: until then the consumer is in the epoch
+  // before, or away (validation), and its figures would tell the tuner nothing of this one.
+  if (!head_start) tuning_.Start();
+}
+
+void EpochRun::Adopt() {
+  adopted_.store(true, std::memory_order_release);
+  MarkReturn();  // the consumer's time before this epoch was counted by the one before
   tuning_.Start();
+}
+
+void LoaderShared::RunDeleter::operator()(EpochRun* run) const {
+  if (run->forked()) return;  // a forked copy: leaked (see EpochRun::forked)
+  delete run;
 }
 
 EpochRun::~EpochRun() {
@@ -124,15 +139,19 @@ absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interr
     MarkReturn();
     return absl::OutOfRangeError(absl::StrCat("end of epoch ", core_.epoch));
   }
-  if (core_.is_cancelled()) return absl::CancelledError("the epoch was cancelled");
+  if (handout_cancelled_.load()) return absl::CancelledError("the epoch was cancelled");
   const auto poll_ns = std::chrono::nanoseconds(absl::ToInt64Nanoseconds(poll));
   while (!ring_.Ready(b)) {
-    if (core_.is_cancelled()) return absl::CancelledError("the epoch was cancelled");
+    if (handout_cancelled_.load()) return absl::CancelledError("the epoch was cancelled");
+    if (core_.is_cancelled()) {  // stages stopped early only once every batch was made
+      return absl::InternalError(absl::StrCat("batch ", b, " of epoch ", core_.epoch,
+                                              " was never made (the stages had stopped)"));
+    }
     if (absl::Status flood = TooManyErrors(); !flood.ok()) {
       MarkReturn();
       return flood;
     }
-    if (!ring_.WaitReady(b, poll_ns) && interrupted && !core_.is_cancelled()) {
+    if (!ring_.WaitReady(b, poll_ns) && interrupted && !handout_cancelled_.load()) {
       if (absl::Status s = interrupted(); !s.ok()) {
         sh.AddConsumerWait(b, NowNs() - entered);
         MarkReturn();
@@ -143,6 +162,7 @@ absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interr
   const int64_t got = NowNs();
   sh.AddConsumerWait(b, got - entered);
   BatchRing::Taken taken = ring_.Take(b);
+  ReturnLent(/*all=*/false);
   consumer_track_->Span(TraceTrack::Kind::kWait, entered, got, b);
   batch_track_->Span(TraceTrack::Kind::kBatch, taken.open_ns, got, b);
   Batch batch;
@@ -152,6 +172,7 @@ absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interr
   sh.consumer.AddItem();
   sh.batches.fetch_add(1, std::memory_order_relaxed);
   sh.images.fetch_add(batch.size_, std::memory_order_relaxed);
+  MaybeStartNext();  // (before Shutdown, which ends the hand-out)
   if (b + 1 == core_.num_batches) Shutdown();  // free the threads as soon as the epoch is done
   held_images_ = batch.size_;
   MarkReturn();
@@ -201,6 +222,9 @@ void EpochRun::SubmitAhead(int64_t b) {
 }
 
 void EpochRun::OnAssembled(int64_t j, const std::shared_ptr<internal::BatchSlot>& slot, int64_t n) {
+  // A head start copies nothing before it is the loader's epoch: the previous epoch's copies
+  // may still be queued, and the device stage serves one epoch at a time.
+  if (!adopted_.load(std::memory_order_acquire)) return;
   // Beyond the window: the consumer queues it when it takes batch j - kDeviceLookahead. (Not
   // yet published, j cannot have been queued by the consumer.)
   if (j > ring_.consumed() + kDeviceLookahead || core_.is_cancelled()) return;
@@ -209,6 +233,13 @@ void EpochRun::OnAssembled(int64_t j, const std::shared_ptr<internal::BatchSlot>
 }
 
 void EpochRun::Cancel() {
+  handout_cancelled_.store(true);
+  ReturnLent(/*all=*/true);  // this epoch's batches will not be taken
+  StopStageThreads();
+  ring_.NotifyConsumer();
+}
+
+void EpochRun::StopStageThreads() {
   if (core_.cancelled.exchange(true)) return;
   const int threads = read_.threads() + map_.threads();
   for (int i = 0; i < threads; ++i) {
@@ -220,13 +251,20 @@ void EpochRun::Cancel() {
   ring_.NotifyConsumer();
 }
 
-void EpochRun::Shutdown() {
+void EpochRun::ReturnLent(bool all) {
+  int n = lent_.load();
+  while (n > 0 && !lent_.compare_exchange_weak(n, all ? 0 : n - 1)) {
+  }
+  if (n > 0) core_.shared->lent.fetch_sub(all ? n : 1, std::memory_order_acq_rel);
+}
+
+void EpochRun::StopStages() {
   {
     std::lock_guard<std::mutex> lock(shutdown_mu_);
-    if (shut_down_) return;
-    shut_down_ = true;
+    if (stages_stopped_) return;
+    stages_stopped_ = true;
   }
-  Cancel();
+  StopStageThreads();
   std::vector<std::thread> threads;
   read_.Stop(&threads);
   tuning_.Stop(&threads);
@@ -235,8 +273,49 @@ void EpochRun::Shutdown() {
   // Read buffers are freed with the run; keep the accounting honest.
   queues_.DropBuffers();
   core_.shared->read_buffer_bytes.fetch_sub(read_.TakeBufferBytes(), std::memory_order_relaxed);
+}
+
+void EpochRun::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(shutdown_mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  Cancel();
+  StopStages();
   // Slots of batches that were opened but never handed out go back to the pool.
   ring_.ReleaseSlots();
+}
+
+void EpochRun::MaybeStartNext() {
+  LoaderShared& sh = *core_.shared;
+  if (next_tried_ || !sh.options.epoch_head_start() || !ring_.AllAssembled()) return;
+  next_tried_ = true;
+  const int64_t next = core_.epoch + 1;
+  auto wanted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.active_mu) {
+    return !sh.loader_gone && sh.head_start == nullptr && sh.active == this &&
+           sh.next_epoch == next && sh.next_start_batch == 0 && !handout_cancelled_.load();
+  };
+  {
+    std::lock_guard<std::mutex> lock(sh.active_mu);
+    if (!wanted()) return;
+  }
+  // Every batch is made: the workers are idle, and go on with the next epoch. The slots of the
+  // batches not yet taken are lent: the head start's ring admits only what is left.
+  StopStages();
+  const int lent = int(std::max<int64_t>(0, core_.num_batches - ring_.consumed()));
+  lent_.store(lent);
+  sh.lent.fetch_add(lent, std::memory_order_acq_rel);
+  std::unique_ptr<EpochRun, LoaderShared::RunDeleter> run(
+      new EpochRun(core_.shared, next, 0, /*head_start=*/true));
+  {
+    std::lock_guard<std::mutex> lock(sh.active_mu);
+    if (wanted()) {
+      sh.head_start = std::move(run);
+      return;
+    }
+  }
+  run.reset();  // the loader was told another epoch meanwhile
 }
 
 }  // namespace feedline

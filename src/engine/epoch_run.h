@@ -16,9 +16,10 @@
 #ifndef FEEDLINE_SRC_ENGINE_EPOCH_RUN_H_
 #define FEEDLINE_SRC_ENGINE_EPOCH_RUN_H_
 
-#include <chrono>
 #include <sys/types.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -41,7 +42,10 @@ namespace feedline {
 
 class EpochRun {
  public:
-  EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t start_batch);
+  // `head_start`: the next epoch, started before it is asked for (LoaderShared::head_start):
+  // not the loader's active epoch, and no device copies, until Adopt().
+  EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t start_batch,
+           bool head_start = false);
   ~EpochRun();
   // Batches whose device copy is queued before the consumer asks for them: the worker that
   // assembles batch j queues its copy at once when j <= consumed + kDeviceLookahead, and the
@@ -58,7 +62,11 @@ class EpochRun {
   // stays queued, so the call can be repeated).
   absl::StatusOr<Batch> Next(const std::function<absl::Status()>& interrupted = nullptr,
                              absl::Duration poll = absl::Milliseconds(100));
+  // Stops the stages and the hand-out: later Next() calls return kCancelled.
   void Cancel();
+  // A head start becomes the loader's epoch (under LoaderShared::active_mu, by StartEpoch, on
+  // the consumer's thread): its device copies and its tuning loop start now.
+  void Adopt();
 
   void SetWorkers(int n);
   void SetIoDepth(int n);
@@ -67,7 +75,6 @@ class EpochRun {
   int64_t epoch() const { return core_.epoch; }
   int64_t num_batches() const { return core_.num_batches; }
   int64_t consumed() const { return ring_.consumed(); }
-  bool cancelled() const { return core_.is_cancelled(); }
   // True in a child of fork() made after this run started: its threads are the parent's, and
   // its locks and condition variables may be held or waited on by them. Such a run must be
   // leaked, never touched or destroyed (glibc's pthread_cond_destroy would wait forever).
@@ -81,7 +88,18 @@ class EpochRun {
   }
 
  private:
+  // Ends the stages (their threads joined, read buffers freed); the assembled batches stay in
+  // the ring for Next(). Shutdown() also gives back the slots of batches never handed out.
+  void StopStages();
   void Shutdown();
+  // Wakes and stops the stages' threads (without joining them).
+  void StopStageThreads();
+  // Once every batch of this epoch is made: the loader's next epoch starts as a head start
+  // (options.epoch_head_start), unless the loader was told another one. Consumer thread.
+  void MaybeStartNext();
+  // Gives back the slots lent to the head start's admission (LoaderShared::lent): one as a
+  // batch is taken (`all`: false), the rest when the hand-out ends.
+  void ReturnLent(bool all);
   absl::Status TooManyErrors();  // max_errors exceeded: the error to give the consumer
   // The device batch of b: the one submitted early, else submitted now.
   absl::StatusOr<std::shared_ptr<internal::DeviceBatch>> OnDevice(
@@ -117,6 +135,11 @@ class EpochRun {
   TraceTrack* batch_track_ = nullptr;
   std::mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+  bool stages_stopped_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+  std::atomic<bool> handout_cancelled_{false};  // Cancel(): Next() returns kCancelled
+  std::atomic<bool> adopted_;                   // false while a head start (no device copies)
+  bool next_tried_ = false;                     // MaybeStartNext ran; consumer thread only
+  std::atomic<int> lent_{0};                    // this run's share of LoaderShared::lent
 };
 
 }  // namespace feedline

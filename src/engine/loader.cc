@@ -200,11 +200,12 @@ Stats LoaderShared::Snapshot() {
 // ---------------------------------------------------------------------------------------------
 // Epoch
 
-Epoch::Epoch(std::unique_ptr<EpochRun> run) : run_(std::move(run)) {}
-Epoch::~Epoch() {
-  if (run_ == nullptr) return;
-  if (run_->forked()) {
-    (void)run_.release();  // deliberately leaked: see forked()
+namespace {
+// Ends a run that nobody will iterate any more (a dropped Epoch, a head start not adopted).
+void Abandon(std::unique_ptr<EpochRun> owned) {
+  if (owned == nullptr) return;
+  if (owned->forked()) {
+    (void)owned.release();  // deliberately leaked: see forked()
     return;
   }
   // The run is destroyed by a thread of its own, once its workers have returned, when
@@ -214,11 +215,11 @@ Epoch::~Epoch() {
   //  - a worker is stuck in user code that does not return (a hung __getitem__ after the loop
   //    gave up on it: DataLoader(timeout=)): it must not hang the one dropping the epoch, nor
   //    the process at exit.
-  const bool own_thread = run_->on_own_thread();
-  run_->Cancel();
-  // Otherwise run_ is destroyed here, on this thread.
-  if (!own_thread && run_->WorkersDone(std::chrono::milliseconds(500))) return;
-  EpochRun* run = run_.release();
+  const bool own_thread = owned->on_own_thread();
+  owned->Cancel();
+  // Otherwise the run is destroyed here, on this thread.
+  if (!own_thread && owned->WorkersDone(std::chrono::milliseconds(500))) return;
+  EpochRun* run = owned.release();
   try {
     std::thread([run] { delete run; }).detach();
   } catch (const std::system_error&) {
@@ -227,6 +228,10 @@ Epoch::~Epoch() {
     if (!own_thread) delete run;
   }
 }
+}  // namespace
+
+Epoch::Epoch(std::unique_ptr<EpochRun> run) : run_(std::move(run)) {}
+Epoch::~Epoch() { Abandon(std::move(run_)); }
 absl::StatusOr<Batch> Epoch::Next() { return run_->Next(); }
 absl::StatusOr<Batch> Epoch::Next(const std::function<absl::Status()>& interrupted,
                                   absl::Duration poll) {
@@ -345,6 +350,14 @@ absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOpt
     }
     options.worker_nice(nice);
   }
+  if (const std::string env = Env("FEEDLINE_EPOCH_HEAD_START"); !env.empty()) {
+    if (env != "0" && env != "1") {
+      return InvalidOption("epoch_head_start",
+                           absl::StrCat("FEEDLINE_EPOCH_HEAD_START=", env, " must be 0 or 1"));
+    }
+    // 0 turns it off; 1 leaves it as the face chose (feedline.DataLoader cannot have one).
+    if (env == "0") options.epoch_head_start(false);
+  }
   shared->worker_nice = shared->transform->SharesConsumerLocks() ? 0 : options.worker_nice();
   if (options.cache() != Cache::kNone) {
     // The cache gets what the budget leaves after the ring (at its largest) and the reads.
@@ -415,16 +428,32 @@ absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOpt
 
 Loader::Loader(std::shared_ptr<LoaderShared> shared) : shared_(std::move(shared)) {}
 
+namespace {
+// Drops a head start taken out of LoaderShared (outside active_mu: its destructor takes it), as
+// an abandoned epoch is dropped (~Epoch: not joined on its own threads, nor when stuck).
+void Drop(std::unique_ptr<EpochRun, LoaderShared::RunDeleter> run) {
+  Abandon(std::unique_ptr<EpochRun>(run.release()));
+}
+}  // namespace
+
 Loader::~Loader() {
   // In a child of fork(), the active run (and the mutex) may belong to the parent's threads.
   EpochRun* run = shared_->active;
   if (run != nullptr && run->forked()) return;
-  std::lock_guard<std::mutex> lock(shared_->active_mu);
-  if (shared_->active != nullptr) shared_->active->Cancel();
+  std::unique_ptr<EpochRun, LoaderShared::RunDeleter> head_start;
+  {
+    std::lock_guard<std::mutex> lock(shared_->active_mu);
+    if (shared_->active != nullptr) shared_->active->Cancel();
+    shared_->loader_gone = true;
+    head_start = std::move(shared_->head_start);  // it holds shared_: the cycle ends here
+  }
+  Drop(std::move(head_start));
 }
 
 std::unique_ptr<Epoch> Loader::StartEpoch() {
   int64_t epoch, start;
+  std::unique_ptr<EpochRun, LoaderShared::RunDeleter> head_start;
+  std::unique_ptr<EpochRun> adopted;
   {
     std::lock_guard<std::mutex> lock(shared_->active_mu);
     if (shared_->active != nullptr) shared_->active->Cancel();
@@ -432,7 +461,15 @@ std::unique_ptr<Epoch> Loader::StartEpoch() {
     start = shared_->next_start_batch;
     shared_->next_start_batch = 0;
     shared_->has_partial = false;
+    head_start = std::move(shared_->head_start);
+    if (head_start != nullptr && head_start->epoch() == epoch && start == 0) {
+      adopted.reset(head_start.release());
+      adopted->Adopt();
+      shared_->active = adopted.get();
+    }
   }
+  Drop(std::move(head_start));  // another epoch was asked for
+  if (adopted != nullptr) return std::unique_ptr<Epoch>(new Epoch(std::move(adopted)));
   return std::unique_ptr<Epoch>(new Epoch(std::make_unique<EpochRun>(shared_, epoch, start)));
 }
 
@@ -447,10 +484,18 @@ const Schema& Loader::schema() const noexcept { return shared_->layout->schema; 
 const LoaderOptions& Loader::options() const noexcept { return shared_->options; }
 
 void Loader::set_epoch(int64_t epoch) {
-  std::lock_guard<std::mutex> lock(shared_->active_mu);
-  shared_->next_epoch = epoch;
-  shared_->next_start_batch = 0;
-  shared_->has_partial = false;
+  std::unique_ptr<EpochRun, LoaderShared::RunDeleter> head_start;
+  {
+    std::lock_guard<std::mutex> lock(shared_->active_mu);
+    shared_->next_epoch = epoch;
+    shared_->next_start_batch = 0;
+    shared_->has_partial = false;
+    // Kept when it is this epoch (set_epoch(e) before each epoch, as with DistributedSampler).
+    if (shared_->head_start != nullptr && shared_->head_start->epoch() != epoch) {
+      head_start = std::move(shared_->head_start);
+    }
+  }
+  Drop(std::move(head_start));
 }
 
 Loader::State Loader::state() const {
@@ -539,10 +584,18 @@ absl::Status Loader::LoadState(const State& st, bool resplit) {
   } else if (st.rank != mine.rank && !resplit) {
     return mismatch("rank", st.rank, mine.rank);
   }
-  std::lock_guard<std::mutex> lock(shared_->active_mu);
-  shared_->next_epoch = st.epoch;
-  shared_->next_start_batch = std::min(start, BatchesPerRank(shared_->sampler));
-  shared_->has_partial = false;
+  std::unique_ptr<EpochRun, LoaderShared::RunDeleter> head_start;
+  {
+    std::lock_guard<std::mutex> lock(shared_->active_mu);
+    shared_->next_epoch = st.epoch;
+    shared_->next_start_batch = std::min(start, BatchesPerRank(shared_->sampler));
+    shared_->has_partial = false;
+    if (shared_->head_start != nullptr &&
+        (shared_->head_start->epoch() != st.epoch || shared_->next_start_batch != 0)) {
+      head_start = std::move(shared_->head_start);
+    }
+  }
+  Drop(std::move(head_start));
   return absl::OkStatus();
 }
 int64_t Loader::next_epoch() const noexcept {

@@ -174,6 +174,17 @@ class LoaderShared {
   // The epoch running now (for stats and live tuning); set/cleared by EpochRun.
   std::mutex active_mu;
   EpochRun* active ABSL_GUARDED_BY(active_mu) = nullptr;
+  // The next epoch, started by `active` once all of its batches were made
+  // (options.epoch_head_start); StartEpoch adopts it when it is the epoch asked for, and
+  // set_epoch, LoadState or a mismatch drop it. Never made once the loader is gone.
+  struct RunDeleter {
+    void operator()(EpochRun* run) const;  // epoch_run.cc
+  };
+  std::unique_ptr<EpochRun, RunDeleter> head_start ABSL_GUARDED_BY(active_mu);
+  bool loader_gone ABSL_GUARDED_BY(active_mu) = false;
+  // Batches of the epoch before the head start that hold slots and are not yet taken: the head
+  // start's ring admits only prefetch - lent (the ring and the memory budget stay as they are).
+  std::atomic<int> lent{0};
   int64_t next_epoch ABSL_GUARDED_BY(active_mu) = 0;
   int64_t next_start_batch ABSL_GUARDED_BY(active_mu) = 0;  // set by LoadState, used once
   // The position of the last epoch that stopped before its end (for state()).

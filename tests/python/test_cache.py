@@ -10,7 +10,9 @@ def _epoch(loader):
     return [(x.clone(), i.clone()) for x, _, i in loader]
 
 
-def test_bytes_cache_serves_later_epochs_with_the_same_pixels(small_folder):
+def test_bytes_cache_serves_later_epochs_with_the_same_pixels(small_folder, monkeypatch):
+    # Hits and misses counted per epoch: no head start of the next epoch (it would count its own).
+    monkeypatch.setenv("FEEDLINE_EPOCH_HEAD_START", "0")
     kw = dict(batch_size=4, size=32, seed=3, return_index=True)
     plain = feedline.ImageLoader(small_folder, **kw)
     cached = feedline.ImageLoader(small_folder, cache="bytes", **kw)
@@ -25,7 +27,9 @@ def test_bytes_cache_serves_later_epochs_with_the_same_pixels(small_folder):
     assert cached.stats()["bytes_in_use"] >= c["bytes"]
 
 
-def test_decoded_cache_skips_decode_and_is_consistent_across_epochs(small_folder):
+def test_decoded_cache_skips_decode_and_is_consistent_across_epochs(small_folder, monkeypatch):
+    # Hits and misses counted per epoch: no head start of the next epoch (it would count its own).
+    monkeypatch.setenv("FEEDLINE_EPOCH_HEAD_START", "0")
     kw = dict(batch_size=4, size=32, seed=3, return_index=True, transform="eval", shuffle=False)
     cached = feedline.ImageLoader(small_folder, cache="decoded", **kw)
     first = _epoch(cached)

@@ -1,6 +1,8 @@
 """Batch and thread lifetimes: held batches stay intact, stopping early cleans up, no leaks."""
 
+import collections
 import gc
+import os
 import time
 
 import pytest
@@ -10,6 +12,14 @@ import feedline
 import util
 
 SETTLE_S = 3.0  # how long threads may take to go after an epoch is dropped
+
+
+@pytest.fixture(autouse=True)
+def _no_head_start(request, monkeypatch):
+    """Thread counts between epochs are the loader's workers alone: no head start of the next
+    epoch (whose read stage would be running), except in the tests of the head start itself."""
+    if "head_start" not in request.node.name:
+        monkeypatch.setenv("FEEDLINE_EPOCH_HEAD_START", "0")
 
 
 @pytest.fixture(scope="module")
@@ -265,3 +275,39 @@ def test_stats_from_another_thread_while_iterating(image_folder):
     assert len(seen) > 10
     assert all(a <= b for a, b in zip(seen, seen[1:])), "stats()['images'] went backwards"
     assert loader.stats()["images"] == 2 * len(loader.samples)
+
+
+def _feedline_threads():
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            pass  # ended meanwhile
+    return sorted(n for n in names if n.startswith("feedline"))
+
+
+def test_head_start_threads_are_the_next_epochs_and_go_with_the_loader(small_folder,
+                                                                       baseline_threads):
+    """After a full epoch the next one's first batches are being made (the head start): the
+    loader holds its workers and that epoch's readers, nothing else; iter() takes them over;
+    they all go with the loader."""
+    before = collections.Counter(_feedline_threads())  # other tests' loaders, not yet collected
+    loader = feedline.ImageLoader(small_folder, batch_size=2, workers=4, prefetch=4, size=32)
+    want = [_epoch_indices(loader) for _ in range(2)]
+    time.sleep(0.3)
+    held = collections.Counter(_feedline_threads()) - before
+    assert held["feedline-map"] == 4, held
+    assert set(held) == {"feedline-map", "feedline-read"}, held
+    assert want[0] != want[1]
+    with util.deadline(30, "a full epoch after the head start"):
+        third = _epoch_indices(loader)
+    assert sorted(third) == sorted(want[0])
+    del loader
+    _assert_threads_back(baseline_threads, "the loader gone with its head start")
+
+
+def _epoch_indices(loader):
+    loader_iter = iter(loader)
+    return [int(i) for x, y in loader_iter for i in y]

@@ -90,3 +90,40 @@ def test_feedline_worker_nice_0_keeps_every_worker_at_the_trainers_priority(imag
                           f"{image_folder!r}, batch_size=8, size=32)"], env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "FEEDLINE_WORKER_NICE=25 must be in [0, 19]" in out.stderr
+
+
+def _first_batch_waits(folder, epochs=4, step_s=0.05):
+    """The wait for the first batch of epochs 1.. (iter() included), with a consumer slower
+    than the loader, and every epoch's (images, labels) bytes."""
+    # Reads of 5 ms, 4 at a time: a batch takes ~20 ms to make, the step 50.
+    loader = feedline.ImageLoader(folder, batch_size=16, size=64, workers=1, io_depth=4, seed=1,
+                                  simulated_read_latency_ms=5.0)
+    waits, seen = [], []
+    for e in range(epochs):
+        t0 = time.perf_counter()
+        it = iter(loader)
+        x, y = next(it)
+        if e > 0:
+            waits.append(time.perf_counter() - t0)
+        batches = [(x.clone(), y.clone())]
+        for x, y in it:
+            time.sleep(step_s)  # the training step (its GPU part: no CPU)
+            batches.append((x.clone(), y.clone()))
+        seen.append(batches)
+    return sum(waits) / len(waits), seen
+
+
+def test_the_next_epochs_first_batch_is_made_before_it_is_asked_for(image_folder, monkeypatch):
+    """With the head start the workers go on with the next epoch once every batch of this one
+    is made, so that iter() for it does not wait for the pipeline to fill: the same batches,
+    without the wait (FEEDLINE_EPOCH_HEAD_START=0 turns it off)."""
+    monkeypatch.setenv("FEEDLINE_EPOCH_HEAD_START", "0")
+    without, want = _first_batch_waits(image_folder)
+    monkeypatch.delenv("FEEDLINE_EPOCH_HEAD_START")
+    with_head_start, got = _first_batch_waits(image_folder)
+    for e, (a, b) in enumerate(zip(want, got)):
+        assert len(a) == len(b)
+        for (xa, ya), (xb, yb) in zip(a, b):
+            assert torch.equal(ya, yb) and torch.equal(xa, xb), e
+    assert without > 0.008, without  # the bubble is real here
+    assert with_head_start < 0.25 * without, (with_head_start, without)

@@ -122,10 +122,18 @@ void RequireNothingLeft() {
   REQUIRE(end.host_bytes_live == 0);
 }
 
+// Resets the stub's counters once the loaders of the tests before are gone from it: a loader
+// dropped while its workers are in a sample (a head start's, niced, on a busy machine) is torn
+// down a moment later by a thread of its own, and its frees must not count against this test.
+void FreshStub(int devices = 2) {
+  RequireNothingLeft();
+  cuda_stub::Reset(devices);
+}
+
 }  // namespace
 
 TEST_CASE("device batches equal the host path's for every dtype and layout", "[cuda]") {
-  cuda_stub::Reset();
+  FreshStub();
   for (DType dtype : {DType::kUint8, DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
     for (Layout layout : {Layout::kNCHW, Layout::kNHWC}) {
       INFO("dtype " << int(dtype) << " layout " << int(layout));
@@ -149,7 +157,7 @@ TEST_CASE("device batches equal the host path's for every dtype and layout", "[c
 TEST_CASE("a consumer stream reads a batch only after its copy", "[cuda]") {
   // The consumer's stream is made before the loader: the device prefers it, so a check queued
   // there without the wait on the batch's event would run before the copy.
-  cuda_stub::Reset();
+  FreshStub();
   const std::vector<HostBatch> host = HostEpoch(Small());
   cudaStream_t consumer = nullptr;
   REQUIRE(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking) == cudaSuccess);
@@ -178,7 +186,7 @@ TEST_CASE("a device buffer is reused only after the consumer's work on it", "[cu
   // The consumer's stream is made after the loader: the device prefers the copy stream, so the
   // copy of a later batch into a released buffer would overtake the consumer's queued check
   // unless it waits for the release. Batches are dropped as soon as their check is queued.
-  cuda_stub::Reset();
+  FreshStub();
   const std::vector<HostBatch> host = HostEpoch(Small());
   auto loader = MakeLoader(Small().device("cuda:0"));
   cudaStream_t consumer = nullptr;
@@ -211,7 +219,7 @@ TEST_CASE("a device buffer is reused only after the consumer's work on it", "[cu
 
 TEST_CASE("a pinned slot returns to the ring when its copy is done, not when its batch dies",
           "[cuda]") {
-  cuda_stub::Reset();
+  FreshStub();
   const std::vector<HostBatch> host = HostEpoch(Small());
   auto loader = MakeLoader(Small().device("cuda:0"));
   // The ring's slots are pinned before the first batch, not in the middle of training.
@@ -248,7 +256,7 @@ TEST_CASE("a pinned slot returns to the ring when its copy is done, not when its
 TEST_CASE("the copy reads a slot before the ring fills it again", "[cuda]") {
   // The device is held for a whole epoch: no copy has run when the workers look for free slots,
   // so a slot given back before its copy ran would be refilled with a later batch first.
-  cuda_stub::Reset();
+  FreshStub();
   const std::vector<HostBatch> host = HostEpoch(Small());
   auto loader = MakeLoader(Small().device("cuda:0").prefetch(1));
   cuda_stub::Hold();
@@ -263,7 +271,7 @@ TEST_CASE("the copy reads a slot before the ring fills it again", "[cuda]") {
 }
 
 TEST_CASE("the calling thread's current device is left as it was", "[cuda]") {
-  cuda_stub::Reset(2);
+  FreshStub(2);
   const std::vector<HostBatch> host = HostEpoch(Small());
   for (int loader_device : {0, 1}) {
     const int caller = 1 - loader_device;
@@ -424,7 +432,7 @@ TEST_CASE("CUDA failures reach the consumer as device errors; nothing aborts or 
 }
 
 TEST_CASE("copy time is measured without timing every batch's events", "[cuda]") {
-  cuda_stub::Reset();
+  FreshStub();
   auto loader = MakeLoader(Small().device("cuda:0").batch_size(1));
   int64_t batches = 0;
   for (int epoch = 0; epoch < 2; ++epoch) {
@@ -447,7 +455,7 @@ TEST_CASE("copy time is measured without timing every batch's events", "[cuda]")
 }
 
 TEST_CASE("each DLPack stream value orders the release where it must", "[cuda]") {
-  cuda_stub::Reset();
+  FreshStub();
   const std::vector<HostBatch> host = HostEpoch(Small());
   SECTION(
       "per-thread default stream (2): read there, the release is ordered on the legacy "
@@ -481,7 +489,7 @@ TEST_CASE("each DLPack stream value orders the release where it must", "[cuda]")
 TEST_CASE("feedline-bench's consumer loop reads only host memory of device batches", "[cuda]") {
   // The stub's device addresses fault on the host as a GPU's do (--device cuda segfaulted on
   // its first batch when the checksum read the image field).
-  cuda_stub::Reset();
+  FreshStub();
   auto loader = MakeLoader(Small().device("cuda:0"));
   feedline::bench::EpochRunOptions o;
   o.epochs = 2;
@@ -498,7 +506,7 @@ TEST_CASE("the last device batch, dropped after its loader, tears nothing down o
           "[cuda]") {
   // cudaFree synchronises the device: a training loop dropping the last batch of a loader that
   // is gone must not wait for it. The reaper thread frees the stage's buffers instead.
-  cuda_stub::Reset();
+  FreshStub();
   std::vector<Batch> held;
   {
     auto loader = MakeLoader(Small().device("cuda:0"));
