@@ -202,6 +202,7 @@ class DataLoader(typing.Generic[_T_co]):
                  *, prefetch_factor=None, persistent_workers=True, pin_memory_device="",
                  workers="auto", executor="auto", memory_budget="auto", on_error="raise",
                  max_errors=None, seed=None, device=None, pad=None, pad_value=0):
+        self._owner_pid = os.getpid()  # __del__ in a forked copy leaves the loader alone
         if num_workers is not None and (isinstance(num_workers, bool)
                                         or not isinstance(num_workers, int)):
             raise TypeError(f"num_workers: expected an int, got {type(num_workers).__name__}")
@@ -766,6 +767,12 @@ class DataLoader(typing.Generic[_T_co]):
         self._transform = None
 
     def __del__(self):
+        # A copy of the loader in a forked child (a worker process of this or another loader,
+        # collected there by Python's garbage collector) owns neither the engine's threads nor
+        # the worker processes: stopping them there waited forever for requests that were in
+        # flight in the parent at the fork (a hung test run: the child in StopProcesses).
+        if getattr(self, "_owner_pid", None) != os.getpid():
+            return
         try:
             self.close()
         except Exception:  # noqa: BLE001

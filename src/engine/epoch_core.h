@@ -31,8 +31,9 @@ inline thread_local const EpochCore* worker_of = nullptr;
 }  // namespace internal
 
 struct EpochCore {
-  EpochCore(std::shared_ptr<LoaderShared> s, int64_t e)
+  EpochCore(std::shared_ptr<LoaderShared> s, int64_t e, bool head_start = false)
       : shared(std::move(s)),
+        held(head_start),
         epoch(e),
         order(EpochOrder(shared->sampler, e)),
         batch_size(shared->options.batch_size()),
@@ -40,6 +41,35 @@ struct EpochCore {
         total_seq(static_cast<int64_t>(order.size())) {}
 
   const std::shared_ptr<LoaderShared> shared;
+  // A sample's error, in the loader's stats() at once; a head start's are held until it is
+  // adopted (Release), so that stats() and the per-epoch warnings count the epochs iterated
+  // (a head start dropped takes its errors with it: its epoch, if iterated later, finds them).
+  void RecordError(SampleError e) {
+    {
+      std::lock_guard<std::mutex> lock(held_mu);
+      if (held) {
+        held_errors.push_back(std::move(e));
+        return;
+      }
+    }
+    shared->RecordError(std::move(e));
+  }
+  void ReleaseErrors() {
+    std::vector<SampleError> errors;
+    {
+      std::lock_guard<std::mutex> lock(held_mu);
+      held = false;
+      errors.swap(held_errors);
+    }
+    for (SampleError& e : errors) shared->RecordError(std::move(e));
+  }
+
+ private:
+  std::mutex held_mu;
+  bool held ABSL_GUARDED_BY(held_mu);
+  std::vector<SampleError> held_errors ABSL_GUARDED_BY(held_mu);
+
+ public:
   const int64_t epoch;
   const std::vector<int64_t> order;  // position in the epoch -> data set index
   const int64_t batch_size;

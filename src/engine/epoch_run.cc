@@ -15,7 +15,7 @@ namespace feedline {
 
 EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t start_batch,
                    bool head_start)
-    : core_(std::move(shared), epoch),
+    : core_(std::move(shared), epoch, head_start),
       ring_(&core_, start_batch),
       replacement_(&core_),
       read_(&core_, &ring_, &queues_, std::min(start_batch * core_.batch_size, core_.total_seq)),
@@ -51,6 +51,7 @@ EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t 
 
 void EpochRun::Adopt() {
   adopted_.store(true, std::memory_order_release);
+  core_.ReleaseErrors();
   MarkReturn();  // the consumer's time before this epoch was counted by the one before
   tuning_.Start();
 }

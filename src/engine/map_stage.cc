@@ -180,7 +180,7 @@ void MapStage::ProcessItem(ReadItem* item, SampleTransform::WorkerState* state,
         absl::string_view cause = st.message();
         if (absl::StartsWith(cause, name)) cause.remove_prefix(name.size());
         if (absl::StartsWith(cause, ": ")) cause.remove_prefix(2);
-        sh.RecordError(SampleError{name, std::string(cause), entry.sample, core_->epoch});
+        core_->RecordError(SampleError{name, std::string(cause), entry.sample, core_->epoch});
       }
       if (replaceable && sh.options.on_error() == OnError::kSkip &&
           entry.attempt < Replacement::kAttempts) {

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <random>
@@ -24,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "core/env.h"
 #include "core/file_io.h"
@@ -115,27 +117,11 @@ bool IsS3Url(const std::string& path) { return absl::StartsWith(path, "s3://"); 
 
 namespace {
 
-// `key = value` lines of section `section` of an INI file (~/.aws/credentials, ~/.aws/config).
+// ParseIniSection of a file's text ("" when it cannot be read).
 std::map<std::string, std::string> IniSection(const std::string& path, const std::string& section) {
-  std::map<std::string, std::string> out;
-  std::ifstream in(path);
-  std::string line;
-  bool inside = false;
-  while (std::getline(in, line)) {
-    absl::string_view v = absl::StripAsciiWhitespace(line);
-    if (v.empty() || v.front() == '#' || v.front() == ';') continue;
-    if (v.front() == '[') {
-      std::string name(absl::StripAsciiWhitespace(v.substr(1, v.find(']') - 1)));
-      inside = name == section;
-      continue;
-    }
-    const size_t eq = v.find('=');
-    if (inside && eq != absl::string_view::npos) {
-      out[std::string(absl::StripAsciiWhitespace(v.substr(0, eq)))] =
-          std::string(absl::StripAsciiWhitespace(v.substr(eq + 1)));
-    }
-  }
-  return out;
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return ParseIniSection(text, section);
 }
 
 std::string PercentEncode(absl::string_view s, bool keep_slash) {
@@ -170,6 +156,27 @@ std::vector<std::string> XmlAll(absl::string_view xml, absl::string_view tag) {
 }
 
 }  // namespace
+
+std::map<std::string, std::string> ParseIniSection(absl::string_view text,
+                                                   const std::string& section) {
+  std::map<std::string, std::string> out;
+  bool inside = false;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    absl::string_view v = absl::StripAsciiWhitespace(line);
+    if (v.empty() || v.front() == '#' || v.front() == ';') continue;
+    if (v.front() == '[') {
+      std::string name(absl::StripAsciiWhitespace(v.substr(1, v.find(']') - 1)));
+      inside = name == section;
+      continue;
+    }
+    const size_t eq = v.find('=');
+    if (inside && eq != absl::string_view::npos) {
+      out[std::string(absl::StripAsciiWhitespace(v.substr(0, eq)))] =
+          std::string(absl::StripAsciiWhitespace(v.substr(eq + 1)));
+    }
+  }
+  return out;
+}
 
 S3Config LoadS3Config() {
   S3Config c;
@@ -587,10 +594,8 @@ absl::Status HttpDownload(const std::string& url, const std::string& path, const
   return CommitPartFile(*fd, part, path);
 }
 
-absl::StatusOr<S3Listing> S3List(const std::string& bucket, const std::string& prefix,
-                                 bool delimiter, const HttpOptions& o) {
-  HttpOptions options = o;
-  if (options.s3 == nullptr) options.s3 = std::make_shared<const S3Config>(LoadS3Config());
+absl::StatusOr<S3Listing> S3ListPages(const S3PageFetch& fetch, bool delimiter,
+                                      const std::string& shown) {
   S3Listing out;
   std::string token;
   std::vector<uint8_t> page;
@@ -599,16 +604,9 @@ absl::StatusOr<S3Listing> S3List(const std::string& bucket, const std::string& p
   absl::flat_hash_set<std::string> tokens;
   int empty_pages = 0;
   constexpr int kMaxEmptyPages = 100;
-  const std::string shown = ShownName(absl::StrCat("s3://", bucket, "/", prefix));
   for (;;) {
-    // Via s3://bucket/?... so that the request is signed; the query carries the listing.
-    std::string url =
-        absl::StrCat("s3://", bucket, "/?list-type=2&prefix=", PercentEncode(prefix, false));
-    if (delimiter) url += "&delimiter=%2F";
-    if (!token.empty()) url += "&continuation-token=" + PercentEncode(token, false);
-    if (absl::Status s = HttpFetch(url, 0, 0, options, &page); !s.ok()) {
-      return s;
-    }
+    page.clear();
+    if (absl::Status s = fetch(token, &page); !s.ok()) return s;
     const absl::string_view xml(reinterpret_cast<const char*>(page.data()), page.size());
     const size_t before = out.keys.size() + out.prefixes.size();
     for (std::string& k : XmlAll(xml, "Key")) out.keys.push_back(std::move(k));
@@ -633,6 +631,22 @@ absl::StatusOr<S3Listing> S3List(const std::string& bucket, const std::string& p
     token = next[0];
   }
   return out;
+}
+
+absl::StatusOr<S3Listing> S3List(const std::string& bucket, const std::string& prefix,
+                                 bool delimiter, const HttpOptions& o) {
+  HttpOptions options = o;
+  if (options.s3 == nullptr) options.s3 = std::make_shared<const S3Config>(LoadS3Config());
+  return S3ListPages(
+      [&](const std::string& token, std::vector<uint8_t>* page) {
+        // Via s3://bucket/?... so that the request is signed; the query carries the listing.
+        std::string url =
+            absl::StrCat("s3://", bucket, "/?list-type=2&prefix=", PercentEncode(prefix, false));
+        if (delimiter) url += "&delimiter=%2F";
+        if (!token.empty()) url += "&continuation-token=" + PercentEncode(token, false);
+        return HttpFetch(url, 0, 0, options, page);
+      },
+      delimiter, ShownName(absl::StrCat("s3://", bucket, "/", prefix)));
 }
 
 absl::StatusOr<FileList> ScanS3ImageFolder(const std::string& url, const HttpOptions& options) {

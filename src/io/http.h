@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -108,6 +109,18 @@ void HttpFetchAsync(const std::string& url, int64_t offset, int64_t length,
 
 absl::StatusOr<S3Listing> S3List(const std::string& bucket, const std::string& prefix,
                                  bool delimiter, const HttpOptions& options);
+// S3List's loop over ListObjectsV2 pages, each fetched by `fetch(continuation_token, &page)`
+// ("" for the first): the keys (and with `delimiter` the common prefixes) of every page, in
+// order. A page's error is returned as it is; a server that loops (a continuation token seen
+// before, or 100 truncated pages in a row without a key) is kDataLoss naming `shown`.
+using S3PageFetch = std::function<absl::Status(const std::string& token, std::vector<uint8_t>* page)>;
+absl::StatusOr<S3Listing> S3ListPages(const S3PageFetch& fetch, bool delimiter,
+                                      const std::string& shown);
+
+// The `key = value` lines of section `section` of INI text (~/.aws/credentials, ~/.aws/config;
+// `[profile name]` headers, `#` and `;` comments), keys and values without surrounding blanks.
+std::map<std::string, std::string> ParseIniSection(absl::string_view text,
+                                                   const std::string& section);
 
 // An ImageFolder under s3://bucket/prefix/: classes are the common prefixes one level down
 // (sorted), samples the keys below each with an image extension, in torchvision's order (by

@@ -139,3 +139,41 @@ def test_worker_processes_exit_with_a_killed_parent(kind, sig):
             os.killpg(p.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_a_loader_collected_in_a_forked_child_leaves_the_parents_workers_alone():
+    """A copy of a DataLoader in a forked child (collected there by Python's garbage collector,
+    as in a worker process of another loader) must not stop what the parent owns: it waited
+    forever there for a request in flight in the parent at the fork (a whole test run hung)."""
+    out = _run("""
+        import os, threading, time, torch, torch.utils.data as tud, feedline
+        class Slow(tud.Dataset):
+            def __len__(self): return 8
+            def __getitem__(self, i):
+                time.sleep(1.5)
+                return torch.tensor([i])
+        loader = feedline.DataLoader(Slow(), batch_size=2, num_workers=2)
+        it = iter(loader)
+        got = []
+        t = threading.Thread(target=lambda: got.append(next(it)))
+        t.start()
+        time.sleep(0.7)  # the worker processes are inside their first batch
+        pid = os.fork()
+        if pid == 0:
+            loader.__del__()  # what the garbage collector runs when the child's copy goes
+            os._exit(0)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, 9)
+            raise SystemExit("the forked child hung dropping its copy of the loader")
+        t.join()
+        assert len(list(it)) == 3 and got  # the parent's epoch goes on
+        print("ok")
+    """, timeout=90)
+    p, _ = out
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]

@@ -810,11 +810,13 @@ namespace {
 // cost that takes no CPU, so that niced workers on a busy machine keep their pace).
 class EpochTransform final : public SampleTransform {
  public:
-  explicit EpochTransform(double sleep_ms = 0) : sleep_ms_(sleep_ms) {}
+  explicit EpochTransform(double sleep_ms = 0, int fail_every = 0)
+      : sleep_ms_(sleep_ms), fail_every_(fail_every) {}
   const Schema& schema() const override { return schema_; }
   absl::Status Apply(const Record&, const SampleContext& ctx, WorkerState*,
                      SampleWriter& out) const override {
     if (sleep_ms_ > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(sleep_ms_));
+    if (fail_every_ > 0 && ctx.index() % fail_every_ == 0) return absl::DataLossError("bad");
     int64_t* v = out.Fixed<int64_t>(0);
     v[0] = ctx.index();
     v[1] = ctx.epoch();
@@ -824,6 +826,7 @@ class EpochTransform final : public SampleTransform {
 
  private:
   const double sleep_ms_;
+  const int fail_every_;
   Schema schema_{Field("v", DType::kInt64, {3})};
 };
 
@@ -902,6 +905,21 @@ TEST_CASE("epoch head start: the same batches, whatever epoch is asked for next"
   REQUIRE(loader->stats().slots_created <= 3 + 2);
   // The loader goes with a head start in flight: nothing hangs or leaks (ASan, TSan).
   loader.reset();
+}
+
+TEST_CASE("epoch head start: its failed samples count once its epoch is iterated", "[engine]") {
+  // 75 samples, every 13th fails (6 an epoch), replaced under skip. The head start of epoch 1
+  // meets some of its failures before epoch 0's end: stats() counts them with epoch 1.
+  auto loader = Make(std::make_shared<Computed>(75), std::make_shared<EpochTransform>(0, 13),
+                     LoaderOptions().batch_size(8).workers(2).prefetch(4).seed(3).on_error(
+                         feedline::OnError::kSkip));
+  for (int64_t epoch = 0; epoch < 3; ++epoch) {
+    REQUIRE(Take(*loader->StartEpoch()).size() == 10);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the head start runs
+    const feedline::Stats s = loader->stats();
+    REQUIRE(s.error_count == 6 * (epoch + 1));
+    for (const feedline::SampleError& e : s.errors) REQUIRE(e.epoch <= epoch);
+  }
 }
 
 TEST_CASE("epoch head start: the next epoch's first batch is ready when it is asked for",
