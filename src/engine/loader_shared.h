@@ -100,10 +100,10 @@ class LoaderShared {
     }
   }
   int cores = 1;
-  int64_t budget = 0;
+  int64_t budget = 0;  // == options.memory_budget(), resolved
   // The map workers' nice levels below the process (0: a transform that shares the consumer's
   // locks, or options.worker_nice() = 0).
-  int worker_nice = 0;  // == options.memory_budget(), resolved
+  int worker_nice = 0;
 
   // The autotuner (null when every setting is fixed) and the sampled timeline.
   std::mutex tuner_mu;
