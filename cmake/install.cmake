@@ -1,13 +1,17 @@
 # Installation and the CMake package: after `cmake --install build --prefix P`,
 #
-#   find_package(feedline 0.1 REQUIRED)                     # feedline::feedline
+#   find_package(feedline 0.1 REQUIRED)                     # feedline::feedline and its layers
 #   find_package(feedline 0.1 REQUIRED COMPONENTS torch)    # and feedline::torch (LibTorch)
+#
+# The layers are libraries of their own (src/CMakeLists.txt): feedline::engine (the pipeline,
+# the copy stage, the generic factory: Abseil, oneTBB, the CUDA runtime), feedline::io,
+# feedline::image, feedline::text; feedline::feedline is all of them with the image factory.
 #
 # with CMAKE_PREFIX_PATH=P. Everything installed here is in the install component "feedline"
 # (`cmake --install build --component feedline` installs only the library and its package).
 #
-# feedline is a static library, so its private dependencies (oneTBB, libjpeg-turbo, libspng,
-# OpenCV core/imgproc, Abseil) appear in the exported link interface as $<LINK_ONLY:...>; the
+# feedline's libraries are static, so their private dependencies (oneTBB, libjpeg-turbo, libspng,
+# OpenCV core/imgproc, Abseil, ...) appear in the exported link interface as $<LINK_ONLY:...>; the
 # package config finds them for the consumer, with the find modules of cmake/ installed next to
 # it for the ones that ship no CMake package. The adapter has its own export set
 # (feedlineTorchTargets), loaded only when the "torch" component is asked for, so that consumers
@@ -17,7 +21,8 @@ include(CMakePackageConfigHelpers)
 
 set(FEEDLINE_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/feedline")
 
-install(TARGETS feedline EXPORT feedlineTargets
+install(TARGETS feedline feedline_engine feedline_io feedline_image feedline_text
+  EXPORT feedlineTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT feedline
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT feedline
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT feedline)

@@ -31,7 +31,7 @@ enum class Transform {
   kEval,      // Resize(resize_size, shorter side, antialiased) + CenterCrop(size), bit for bit as
               // torchvision on PIL: full-resolution decode, Pillow's bilinear filter
   kEvalFast,  // the same geometry from a reduced (DCT-scaled) decode with an approximate
-              // filter: ~2x faster, within a few levels of kEval (README: figures)
+              // filter: ~2x faster, within a few levels of kEval (docs/guide.md: figures)
 };
 
 enum class Layout { kNCHW, kNHWC };

@@ -8,8 +8,9 @@
 // a GPU or driver gets kFailedPrecondition from `CheckDevice`, at once. CUDA calls select the
 // loader's device for their duration and restore the caller's current device afterwards.
 //
-// Depends on the engine's seam (engine/device_stage.h, engine/batch_slot.h); the engine does
-// not include this folder.
+// Implements the engine's device seam (engine/device_stage.h: ChooseDevice, DeviceStage) and
+// includes only it and engine/batch_slot.h of the engine; the engine does not include this
+// folder. Built into feedline::engine.
 //
 // Thread safety: `CopyStage::Submit` is called by one thread at a time (the consumer, or the
 // worker that assembled the batch); a `DeviceBatch`'s release may happen on any thread (the
@@ -17,7 +18,6 @@
 #ifndef FEEDLINE_SRC_CUDA_DEVICE_H_
 #define FEEDLINE_SRC_CUDA_DEVICE_H_
 
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -28,7 +28,6 @@
 #include "core/host_allocator.h"
 #include "engine/batch_slot.h"
 #include "engine/device_stage.h"
-#include "feedline/options.h"
 
 namespace feedline::cuda {
 
@@ -50,23 +49,13 @@ absl::Status CheckDevice(int index);
 // Page-locked host memory (cudaHostAlloc) for the ring's slots; null without CUDA.
 HostAllocator* PinnedHostAllocator(int device);
 
-// The image field's device hook: the host slot holds uint8 NHWC images of size x size; the
-// device gets them as `dtype` in `layout`, normalised ((x / 255 - mean) / std) for floats.
-struct ImageConversion {
-  int field = 0;
-  int size = 0;
-  DType dtype = DType::kUint8;
-  Layout layout = Layout::kNCHW;
-  std::array<double, 3> mean{}, std{};
-};
-
 class CopyStage : public DeviceStage {
  public:
   // A stage for `device` copying slots of `layout`; the field `image->field`, when given, is
   // converted on the device.
   static absl::StatusOr<std::unique_ptr<CopyStage>> Create(
       int device, std::shared_ptr<const internal::SlotLayout> layout,
-      std::optional<ImageConversion> image);
+      std::optional<internal::PixelConversion> image);
 };
 
 }  // namespace feedline::cuda

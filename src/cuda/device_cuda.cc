@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/normalize.h"
 #include "cuda/convert_kernel.h"
 #include "cuda/device.h"
 #include "feedline/batch.h"
 #include "feedline/error.h"
-#include "image/convert.h"
 
 namespace feedline::cuda {
 namespace {
@@ -194,7 +194,7 @@ class CudaDeviceBatch final : public internal::DeviceBatch {
 class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
  public:
   CudaCopyStage(int device, std::shared_ptr<const internal::SlotLayout> layout,
-                std::optional<ImageConversion> image)
+                std::optional<internal::PixelConversion> image)
       : device_(device), layout_ref_(std::move(layout)), layout_(*layout_ref_), image_(image) {
     if (image_) norm_ = Normalization::From(image_->mean, image_->std);
   }
@@ -446,7 +446,7 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
   const int device_;
   const std::shared_ptr<const internal::SlotLayout> layout_ref_;
   const internal::SlotLayout& layout_;
-  const std::optional<ImageConversion> image_;
+  const std::optional<internal::PixelConversion> image_;
   Normalization norm_{};
   cudaStream_t stream_ = nullptr;
   static constexpr int64_t kTimeEvery = 8;
@@ -528,7 +528,7 @@ int CurrentDevice() {
 
 absl::StatusOr<std::unique_ptr<CopyStage>> CopyStage::Create(
     int device, std::shared_ptr<const internal::SlotLayout> layout,
-    std::optional<ImageConversion> image) {
+    std::optional<internal::PixelConversion> image) {
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;
   // Owned through a shared_ptr (device batches keep the stage alive); the unique_ptr handed
   // out holds a forwarding shell.

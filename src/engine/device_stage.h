@@ -1,5 +1,7 @@
-// The copy stage's seam: what the engine asks of a device (the CUDA implementation is in
-// src/cuda/, chosen by the loader wiring; the engine never includes it).
+// The copy stage's seam: what the engine asks of a device. The engine names it; src/cuda/
+// implements it (device_cuda.cc with the CUDA toolkit, device_none.cc without) in the same
+// library, feedline::engine. The engine never includes src/cuda/; src/cuda/ includes this header
+// and batch_slot.h, nothing else of the engine.
 //
 // Each batch handed out is submitted once — by the worker that assembled it when the consumer is
 // near, else by the consumer thread — one submission at a time; the stage enqueues the copy
@@ -14,12 +16,18 @@
 #ifndef FEEDLINE_SRC_ENGINE_DEVICE_STAGE_H_
 #define FEEDLINE_SRC_ENGINE_DEVICE_STAGE_H_
 
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/host_allocator.h"
 #include "engine/batch_slot.h"
+#include "feedline/options.h"
 #include "feedline/schema.h"
 
 namespace feedline {
@@ -75,6 +83,35 @@ class DeviceStage {
   virtual void ReturnCopiedSlots(int64_t wait_ns) { (void)wait_ns; }
 };
 
+namespace internal {
+
+// A conversion the device makes of one field after its copy, asked for by the workload that owns
+// the field (the image built-in): the host slot holds uint8 HWC pixels, 3 channels, size x size;
+// the device gets them as `dtype` in `layout`, normalised ((x / 255 - mean) / std) for floats.
+struct PixelConversion {
+  int field = 0;
+  int size = 0;
+  DType dtype = DType::kUint8;
+  Layout layout = Layout::kNCHW;
+  std::array<double, 3> mean{}, std{};
+};
+
+// A loader's device: options.device() resolved.
+struct DeviceChoice {
+  int device = -1;                     // -1: the CPU; N: cuda:N
+  HostAllocator* allocator = nullptr;  // the ring's memory (pinned for a GPU); null: the default
+  // The copy stage for the slots' layout (null for the CPU).
+  std::function<absl::StatusOr<std::unique_ptr<DeviceStage>>(std::shared_ptr<const SlotLayout>)>
+      make_stage;
+};
+
+// Resolves "cpu", "cuda" or "cuda:N" (kInvalidArgument naming `device` otherwise); a GPU that
+// cannot be used (no CUDA build, driver or device) fails at once with kFailedPrecondition and
+// the reason. Defined in src/cuda/device_common.cc.
+absl::StatusOr<DeviceChoice> ChooseDevice(const std::string& device,
+                                          std::optional<PixelConversion> conversion);
+
+}  // namespace internal
 }  // namespace feedline
 
 #endif  // FEEDLINE_SRC_ENGINE_DEVICE_STAGE_H_

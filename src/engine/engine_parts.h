@@ -1,6 +1,8 @@
-// What the loader wiring (src/loaders/) hands the engine to build a loader: the data set and
-// transform, and the pieces only the wiring knows (the device stage, pinned memory, who uses
-// the cache). The engine itself includes nothing of image/, io/ or cuda/.
+// What a factory hands the engine to build a loader: the data set and transform, and the pieces
+// only the factory knows (the device with its per-field conversions, who uses the cache). The
+// generic factory (engine/create.cc) fills them for any data set; the image built-in's
+// (src/loaders/) adds the image field's device conversion and the decoded cache. The engine
+// itself includes nothing of image/, io/, text/ or cuda/.
 #ifndef FEEDLINE_SRC_ENGINE_ENGINE_PARTS_H_
 #define FEEDLINE_SRC_ENGINE_ENGINE_PARTS_H_
 
@@ -23,12 +25,9 @@ namespace feedline::internal {
 struct EngineParts {
   std::shared_ptr<const Dataset> dataset;
   std::shared_ptr<const SampleTransform> transform;
-  // options.device() resolved: -1 CPU, N cuda:N. For N >= 0, `make_device_stage` makes the copy
-  // stage for the slot layout and `allocator` is pinned memory.
-  int device = -1;
-  std::function<absl::StatusOr<std::unique_ptr<DeviceStage>>(std::shared_ptr<const SlotLayout>)>
-      make_device_stage;
-  HostAllocator* allocator = nullptr;  // null: DefaultHostAllocator()
+  // options.device() resolved (ChooseDevice, engine/device_stage.h): for a GPU, the copy stage
+  // for the slot layout and pinned memory.
+  DeviceChoice device;
   // With options.cache() != kNone the engine sizes a cache from the budget. When
   // `cache_holds_bytes`, the read stage stores records there; otherwise it is handed to
   // `attach_cache` (the transform's own cache, such as decoded images) and only counted.

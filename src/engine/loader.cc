@@ -292,13 +292,14 @@ absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOpt
   }
   shared->layout =
       std::make_shared<const SlotLayout>(SlotLayout::Make(schema, options.batch_size()));
-  shared->device = parts.device;
-  HostAllocator* allocator = parts.allocator ? parts.allocator : DefaultHostAllocator();
-  if (parts.device >= 0) {
-    if (!parts.make_device_stage) {
+  shared->device = parts.device.device;
+  HostAllocator* allocator =
+      parts.device.allocator ? parts.device.allocator : DefaultHostAllocator();
+  if (parts.device.device >= 0) {
+    if (!parts.device.make_stage) {
       return absl::FailedPreconditionError("device: this loader has no device stage");
     }
-    absl::StatusOr<std::unique_ptr<DeviceStage>> stage = parts.make_device_stage(shared->layout);
+    absl::StatusOr<std::unique_ptr<DeviceStage>> stage = parts.device.make_stage(shared->layout);
     if (!stage.ok()) return stage.status();
     shared->device_stage = *std::move(stage);
   }

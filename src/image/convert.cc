@@ -4,16 +4,6 @@
 
 namespace feedline {
 
-Normalization Normalization::From(const std::array<double, 3>& mean,
-                                  const std::array<double, 3>& std) {
-  Normalization n;
-  for (int c = 0; c < 3; ++c) {
-    n.scale[c] = float(1.0 / (255.0 * std[c]));
-    n.bias[c] = float(-mean[c] / std[c]);
-  }
-  return n;
-}
-
 namespace {
 
 // The channel of element i: planes for NCHW, interleaved for NHWC.

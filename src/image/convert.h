@@ -8,15 +8,10 @@
 #include <cstdint>
 
 #include "core/float16.h"
+#include "core/normalize.h"
 #include "feedline/options.h"
 
 namespace feedline {
-
-struct Normalization {
-  float scale[3];  // 1 / (255 * std)
-  float bias[3];   // -mean / std
-  static Normalization From(const std::array<double, 3>& mean, const std::array<double, 3>& std);
-};
 
 // Converts one sample of `pixels` = 3 * h * w values laid out as `layout` into `dst` (dtype
 // elements, same layout).

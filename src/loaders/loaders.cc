@@ -1,6 +1,7 @@
-// The loader wiring: the public factories (include/feedline/loader.h) that choose the data set,
-// the transform and the device stage, and hand them to the engine (engine/engine_parts.h).
-// This is the one place where the engine meets the workloads (image/, io/) and cuda/.
+// The image built-in's factory (include/feedline/loader.h: Loader::Create(LoaderOptions)) and
+// the build's description: files (io/) read, images (image/) decoded, the image field converted
+// on the device (engine/device_stage.h), handed to the engine (engine/engine_parts.h). The
+// generic factory is the engine's own (engine/create.cc).
 #include <jconfig.h>
 
 #include <memory>
@@ -9,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cuda/device.h"
+#include "engine/device_stage.h"
 #include "engine/engine_parts.h"
 #include "feedline/image.h"
 #include "feedline/loader.h"
@@ -32,27 +34,6 @@ class LabelsOnlyDataset final : public DatasetWrapper {
   std::shared_ptr<const FileDataset> files_;
 };
 
-// Resolves options.device() into `parts`: the device, pinned memory and the copy stage.
-absl::Status ChooseDevice(const LoaderOptions& options, std::optional<cuda::ImageConversion> image,
-                          internal::EngineParts* parts) {
-  absl::StatusOr<int> device = cuda::ParseDevice(options.device());
-  if (!device.ok()) return device.status();
-  parts->device = *device;
-  if (*device < 0) return absl::OkStatus();
-  // Fails at once, with the reason, on a machine without a GPU or driver.
-  if (absl::Status s = cuda::CheckDevice(*device); !s.ok()) return s;
-  parts->allocator = cuda::PinnedHostAllocator(*device);
-  const int index = *device;
-  parts->make_device_stage = [index, image](std::shared_ptr<const internal::SlotLayout> layout)
-      -> absl::StatusOr<std::unique_ptr<DeviceStage>> {
-    absl::StatusOr<std::unique_ptr<cuda::CopyStage>> stage =
-        cuda::CopyStage::Create(index, std::move(layout), image);
-    if (!stage.ok()) return stage.status();
-    return std::unique_ptr<DeviceStage>(*std::move(stage));
-  };
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(LoaderOptions options) {
@@ -64,16 +45,20 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(LoaderOptions options) {
       FileDataset::Open(options.source(), options.shards(), options.read_timeout_ms());
   if (!files.ok()) return files.status();
   internal::EngineParts parts;
-  cuda::ImageConversion conversion;
+  // The image field's device conversion: uint8 HWC crosses PCIe, the GPU normalises.
+  internal::PixelConversion conversion;
   conversion.field = ImageTransform::kImage;
   conversion.size = options.size();
   conversion.dtype = options.dtype();
   conversion.layout = options.layout();
   conversion.mean = options.mean();
   conversion.std = options.stddev();
-  if (absl::Status s = ChooseDevice(options, conversion, &parts); !s.ok()) return s;
-  auto transform =
-      std::make_shared<ImageTransform>(ImageTransformConfig::From(options, parts.device >= 0));
+  absl::StatusOr<internal::DeviceChoice> device =
+      internal::ChooseDevice(options.device(), conversion);
+  if (!device.ok()) return device.status();
+  parts.device = *std::move(device);
+  auto transform = std::make_shared<ImageTransform>(
+      ImageTransformConfig::From(options, parts.device.device >= 0));
   if (options.synthetic()) {
     parts.dataset = std::make_shared<LabelsOnlyDataset>(*files);
   } else {
@@ -88,20 +73,6 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(LoaderOptions options) {
   }
   // Read buffers: ~1 MiB each is a generous bound for ImageNet-like files.
   parts.read_bytes_hint = int64_t{1} << 20;
-  return internal::BuildLoader(std::move(parts), std::move(options));
-}
-
-absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(
-    std::shared_ptr<const Dataset> dataset, std::shared_ptr<const SampleTransform> transform,
-    LoaderOptions options) {
-  if (options.cache() == Cache::kDecoded) {
-    return InvalidOption("cache", "\"decoded\" is the image built-in's; use \"bytes\"");
-  }
-  internal::EngineParts parts;
-  if (absl::Status s = ChooseDevice(options, std::nullopt, &parts); !s.ok()) return s;
-  parts.dataset = std::move(dataset);
-  parts.transform = std::move(transform);
-  parts.read_bytes_hint = int64_t{64} << 10;
   return internal::BuildLoader(std::move(parts), std::move(options));
 }
 

@@ -2,7 +2,8 @@
 # ctest install.consumer: installs feedline from a build tree into a temporary prefix, builds
 # tests/install/consumer against it with find_package(feedline), runs it on a small ImageFolder
 # made here and checks the image counts it prints; builds and runs a custom data set +
-# transform (several fields, one of variable length) and checks what it prints.
+# transform (several fields, one of variable length) linked with feedline::engine alone, and
+# checks its link line and what it prints.
 #
 # Usage: run_consumer_test.sh BUILD_DIR WITH_TORCH(ON|OFF) [CONFIG]
 #   Environment (optional): CMAKE, CMAKE_GENERATOR, CXX, PYTHON (one with PIL), TMPDIR.
@@ -50,6 +51,18 @@ if [ -n "$cudart" ] && ! grep -q "$cudart" "$work/build/build.ninja" "$work/buil
   echo "FAIL: the consumer did not link the CUDA runtime installed with feedline ($cudart)"
   exit 1
 fi
+
+# custom_dataset links feedline::engine alone: none of the other layers' libraries, nor a codec,
+# the HTTP client or OpenCV, may be on its link line.
+link_line=$(grep -h -A3 "build custom_dataset:" "$work/build/build.ninja" 2>/dev/null ||
+  cat "$work/build/CMakeFiles/custom_dataset.dir/link.txt")
+case "$link_line" in *libfeedline_engine.a*) ;; *)
+  echo "FAIL: custom_dataset is not linked with libfeedline_engine.a: $link_line"; exit 1 ;; esac
+for lib in libfeedline.a libfeedline_io libfeedline_image libfeedline_text libjpeg libturbojpeg \
+  libspng libwebp libgif libtiff libcurl libopencv libsentencepiece; do
+  case "$link_line" in *"$lib"*)
+    echo "FAIL: custom_dataset (feedline::engine only) links $lib: $link_line"; exit 1 ;; esac
+done
 
 echo "== make a small ImageFolder"
 data=$work/data

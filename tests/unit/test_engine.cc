@@ -413,8 +413,8 @@ TEST_CASE("the copy stage gets batches ahead of the consumer, in order, each onc
   feedline::internal::EngineParts parts;
   parts.dataset = std::make_shared<Documents>(40);
   parts.transform = std::make_shared<FailsAtSix>();  // its batch is never copied
-  parts.device = 0;
-  parts.make_device_stage =
+  parts.device.device = 0;
+  parts.device.make_stage =
       [&stage_owner](auto) -> absl::StatusOr<std::unique_ptr<feedline::DeviceStage>> {
     return std::unique_ptr<feedline::DeviceStage>(std::move(stage_owner));
   };
