@@ -26,6 +26,7 @@
 #include "feedline/feedline.h"
 #include "feedline/text.h"
 #include "py_dataset.h"
+#include "py_options.h"
 
 namespace py = pybind11;
 
@@ -409,22 +410,11 @@ py::dict FieldsOf(const feedline::Batch& b) {
   return out;
 }
 
-// The engine's options as the generic loaders (token_loader, text_loader) take them.
-feedline::LoaderOptions EngineOptions(int64_t batch_size, bool shuffle, uint64_t seed,
-                                      bool drop_last, int rank, int world_size, int workers,
-                                      int prefetch, int64_t memory_budget,
-                                      const std::string& on_error, int64_t max_errors) {
+// The engine's options as the generic loaders (token_loader, text_loader, ...) take them: their
+// declared names, types and defaults (python/py_options.h).
+feedline::LoaderOptions EngineOptions(const py::kwargs& kwargs) {
   feedline::LoaderOptions o;
-  o.batch_size(batch_size).shuffle(shuffle).seed(seed).drop_last(drop_last);
-  o.rank(rank).world_size(world_size).workers(workers).prefetch(prefetch);
-  o.memory_budget(memory_budget).max_errors(max_errors);
-  // No epoch head start for these faces: the text loaders count truncation and packing cuts as
-  // documents are tokenized (a head start would put the next epoch's in this one's warnings),
-  // and python_loader's positions map to the sampler's keys, set before each epoch.
-  o.epoch_head_start(false);
-  o.on_error(ParseEnum<feedline::OnError>(
-      on_error, "on_error",
-      {{"raise", feedline::OnError::kRaise}, {"skip", feedline::OnError::kSkip}}));
+  feedline::python::SetOptions(kwargs, {feedline::OptionGroup::kEngine}, &o);
   return o;
 }
 
@@ -591,9 +581,7 @@ PYBIND11_MODULE(_feedline, m) {
   m.def(
       "token_loader",
       [](const std::string& path, const std::string& dtype, int64_t seq_len, int64_t vocab_size,
-         int64_t batch_size, bool shuffle, uint64_t seed, bool drop_last, int rank, int world_size,
-         int workers, int prefetch, int64_t memory_budget, const std::string& on_error,
-         int64_t max_errors) {
+         const py::kwargs& engine) {
         feedline::text::TokenFileOptions t;
         t.path = path;
         t.dtype = ParseEnum<feedline::text::TokenDType>(
@@ -602,9 +590,7 @@ PYBIND11_MODULE(_feedline, m) {
              {"uint32", feedline::text::TokenDType::kUint32}});
         t.seq_len = seq_len;
         t.vocab_size = vocab_size;
-        feedline::LoaderOptions o =
-            EngineOptions(batch_size, shuffle, seed, drop_last, rank, world_size, workers, prefetch,
-                          memory_budget, on_error, max_errors);
+        feedline::LoaderOptions o = EngineOptions(engine);
         absl::StatusOr<std::unique_ptr<feedline::Loader>> loader;
         {
           py::gil_scoped_release release;
@@ -625,21 +611,14 @@ PYBIND11_MODULE(_feedline, m) {
         if (!loader.ok()) ThrowStatus(loader.status(), false);
         return LoaderHolder(loader->release());
       },
-      py::arg("path"), py::arg("dtype"), py::arg("seq_len"), py::arg("vocab_size"),
-      py::arg("batch_size"), py::arg("shuffle"), py::arg("seed"), py::arg("drop_last"),
-      py::arg("rank"), py::arg("world_size"), py::arg("workers"), py::arg("prefetch"),
-      py::arg("memory_budget"), py::arg("on_error"), py::arg("max_errors"));
+      py::arg("path"), py::arg("dtype"), py::arg("seq_len"), py::arg("vocab_size"));
 
   // Documents from text / JSON Lines files, tokenized in the workers (feedline/text.h).
   m.def(
       "text_loader",
       [](const std::string& path, const std::string& field, const TokenizerHandle& tokenizer,
-         int64_t max_length, bool add_bos, bool add_eos, int64_t batch_size, bool shuffle,
-         uint64_t seed, bool drop_last, int rank, int world_size, int workers, int prefetch,
-         int64_t memory_budget, const std::string& on_error, int64_t max_errors) {
-        feedline::LoaderOptions o =
-            EngineOptions(batch_size, shuffle, seed, drop_last, rank, world_size, workers, prefetch,
-                          memory_budget, on_error, max_errors);
+         int64_t max_length, bool add_bos, bool add_eos, const py::kwargs& engine) {
+        feedline::LoaderOptions o = EngineOptions(engine);
         absl::StatusOr<std::unique_ptr<feedline::Loader>> loader;
         // Documents cut to max_length: truncation is what padded batches ask for, but the
         // tokens past it are counted (stats()["truncation"]) and warned about, never dropped
@@ -654,10 +633,7 @@ PYBIND11_MODULE(_feedline, m) {
         return py::make_tuple(LoaderHolder(loader->release()), cut);
       },
       py::arg("path"), py::arg("field"), py::arg("tokenizer"), py::arg("max_length"),
-      py::arg("add_bos"), py::arg("add_eos"), py::arg("batch_size"), py::arg("shuffle"),
-      py::arg("seed"), py::arg("drop_last"), py::arg("rank"), py::arg("world_size"),
-      py::arg("workers"), py::arg("prefetch"), py::arg("memory_budget"), py::arg("on_error"),
-      py::arg("max_errors"));
+      py::arg("add_bos"), py::arg("add_eos"));
 
   // Packed rows of tokenized documents (feedline/text.h PackedLoader): `batch_size` rows per
   // batch; the documents are tokenized `doc_batch` at a time in the workers.
@@ -666,14 +642,12 @@ PYBIND11_MODULE(_feedline, m) {
       [](const std::string& path, const std::string& field, const TokenizerHandle& tokenizer,
          int64_t max_length, bool add_bos, bool add_eos, const std::string& pack, int64_t seq_len,
          int64_t window_rows, bool split_long, bool mask_boundaries, int64_t doc_batch,
-         int64_t batch_size, bool shuffle, uint64_t seed, bool drop_last, int rank, int world_size,
-         int workers, int prefetch, int64_t memory_budget, const std::string& on_error,
-         int64_t max_errors) {
+         int64_t batch_size, bool drop_last, const py::kwargs& engine) {
+        // batch_size and drop_last are the packer's (rows); the documents come doc_batch at a
+        // time, every one of them.
         feedline::text::PackOptions p = PackOptionsOf(pack, seq_len, window_rows, split_long,
                                                       mask_boundaries, batch_size, drop_last);
-        feedline::LoaderOptions o =
-            EngineOptions(doc_batch, shuffle, seed, /*drop_last=*/false, rank, world_size, workers,
-                          prefetch, memory_budget, on_error, max_errors);
+        feedline::LoaderOptions o = EngineOptions(engine).batch_size(doc_batch).drop_last(false);
         absl::StatusOr<std::unique_ptr<feedline::text::PackedLoader>> packed;
         {
           py::gil_scoped_release release;
@@ -693,9 +667,7 @@ PYBIND11_MODULE(_feedline, m) {
       py::arg("path"), py::arg("field"), py::arg("tokenizer"), py::arg("max_length"),
       py::arg("add_bos"), py::arg("add_eos"), py::arg("pack"), py::arg("seq_len"),
       py::arg("window_rows"), py::arg("split_long"), py::arg("mask_boundaries"),
-      py::arg("doc_batch"), py::arg("batch_size"), py::arg("shuffle"), py::arg("seed"),
-      py::arg("drop_last"), py::arg("rank"), py::arg("world_size"), py::arg("workers"),
-      py::arg("prefetch"), py::arg("memory_budget"), py::arg("on_error"), py::arg("max_errors"));
+      py::arg("doc_batch"), py::arg("batch_size"), py::arg("drop_last"));
 
   // Packed rows of a token file's documents (its document index): as packed_text_loader.
   m.def(
@@ -703,9 +675,8 @@ PYBIND11_MODULE(_feedline, m) {
       [](const std::string& path, const std::string& dtype, const std::string& index,
          int64_t vocab_size, int64_t max_length, int64_t eos_id, const std::string& pack,
          int64_t seq_len, int64_t window_rows, bool split_long, bool mask_boundaries,
-         int64_t doc_batch, int64_t batch_size, bool shuffle, uint64_t seed, bool drop_last,
-         int rank, int world_size, int workers, int prefetch, int64_t memory_budget,
-         const std::string& on_error, int64_t max_errors, int64_t pad_id) {
+         int64_t doc_batch, int64_t batch_size, bool drop_last, int64_t pad_id,
+         const py::kwargs& engine) {
         feedline::text::TokenDocumentOptions t;
         t.path = path;
         t.dtype = ParseEnum<feedline::text::TokenDType>(
@@ -721,9 +692,7 @@ PYBIND11_MODULE(_feedline, m) {
                                                       mask_boundaries, batch_size, drop_last);
         p.pad_id = pad_id;
         p.cut = t.cut;
-        feedline::LoaderOptions o =
-            EngineOptions(doc_batch, shuffle, seed, /*drop_last=*/false, rank, world_size, workers,
-                          prefetch, memory_budget, on_error, max_errors);
+        feedline::LoaderOptions o = EngineOptions(engine).batch_size(doc_batch).drop_last(false);
         absl::StatusOr<std::unique_ptr<feedline::text::PackedLoader>> packed;
         {
           py::gil_scoped_release release;
@@ -748,10 +717,7 @@ PYBIND11_MODULE(_feedline, m) {
       py::arg("path"), py::arg("dtype"), py::arg("index"), py::arg("vocab_size"),
       py::arg("max_length"), py::arg("eos_id"), py::arg("pack"), py::arg("seq_len"),
       py::arg("window_rows"), py::arg("split_long"), py::arg("mask_boundaries"),
-      py::arg("doc_batch"), py::arg("batch_size"), py::arg("shuffle"), py::arg("seed"),
-      py::arg("drop_last"), py::arg("rank"), py::arg("world_size"), py::arg("workers"),
-      py::arg("prefetch"), py::arg("memory_budget"), py::arg("on_error"), py::arg("max_errors"),
-      py::arg("pad_id"));
+      py::arg("doc_batch"), py::arg("batch_size"), py::arg("drop_last"), py::arg("pad_id"));
 
   // Python data sets (feedline.DataLoader): the transform and the engine around it.
   py::class_<feedline::python::PyTransform, std::shared_ptr<feedline::python::PyTransform>>(
@@ -806,14 +772,11 @@ PYBIND11_MODULE(_feedline, m) {
   m.def(
       "python_loader",
       [](std::shared_ptr<feedline::python::PyTransform> transform, int64_t positions,
-         uint64_t fingerprint, int64_t batch_size, bool drop_last, int workers, int prefetch,
-         int64_t memory_budget, const std::string& on_error, int64_t max_errors,
-         const std::string& device) {
-        feedline::LoaderOptions o =
-            EngineOptions(batch_size, /*shuffle=*/false, /*seed=*/0, drop_last, /*rank=*/0,
-                          /*world_size=*/1, workers, prefetch, memory_budget, on_error, max_errors);
-        // "cuda:N": pinned slots and the copy stage (every field copied on its side stream).
-        o.device(device);
+         uint64_t fingerprint, const py::kwargs& engine) {
+        // The positions are the epoch's order already (the torch sampler's, set by
+        // PyTransform::SetKeys): the engine runs them as they come, on one rank. "cuda:N" for
+        // `device`: pinned slots and the copy stage (every field copied on its side stream).
+        feedline::LoaderOptions o = EngineOptions(engine).shuffle(false).rank(0).world_size(1);
         absl::StatusOr<std::unique_ptr<feedline::Loader>> loader;
         {
           py::gil_scoped_release release;
@@ -823,10 +786,11 @@ PYBIND11_MODULE(_feedline, m) {
         if (!loader.ok()) ThrowStatus(loader.status(), false);
         return LoaderHolder(loader->release());
       },
-      py::arg("transform"), py::arg("positions"), py::arg("fingerprint"), py::arg("batch_size"),
-      py::arg("drop_last"), py::arg("workers"), py::arg("prefetch"), py::arg("memory_budget"),
-      py::arg("on_error"), py::arg("max_errors"), py::arg("device") = "cpu");
+      py::arg("transform"), py::arg("positions"), py::arg("fingerprint"));
 
+  m.def("option_declarations", &feedline::python::OptionDeclarations,
+        "Every loader option as declared in C++ (include/feedline/options.h): a list of (name, "
+        "group, default), group \"engine\" or \"image\".");
   m.def("shown_name", [](const std::string& path_or_url) { return feedline::ShownName(path_or_url); },
         py::arg("path_or_url"),
         "The path or URL as feedline's messages show it: a URL without user information, "
@@ -1039,49 +1003,12 @@ PYBIND11_MODULE(_feedline, m) {
                              [](const feedline::text::CutCounter& c) { return c.partly.load(); });
 
   py::class_<feedline::Loader, LoaderHolder>(m, "Loader")
-      .def(py::init([](const std::string& source, const std::vector<std::string>& shards,
-                       int64_t batch_size, bool shuffle, uint64_t seed, bool drop_last,
-                       const std::string& transform, int size, int resize_size,
-                       std::pair<double, double> scale, std::pair<double, double> ratio, bool flip,
-                       const std::string& layout, int workers, int prefetch, int io_depth,
-                       int64_t memory_budget, const std::string& on_error, int rank, int world_size,
-                       int64_t max_image_pixels, double simulated_read_latency_ms,
-                       int64_t max_errors, double read_timeout_ms, const std::string& cache,
-                       int64_t cache_budget, const std::string& dtype, std::array<double, 3> mean,
-                       std::array<double, 3> std, const std::string& device, bool synthetic,
-                       bool accept_corrupt, bool exif_transpose, bool even_shards) {
-             feedline::LoaderOptions o(source);
-             o.shards(shards);
-             o.batch_size(batch_size).shuffle(shuffle).seed(seed).drop_last(drop_last);
-             o.transform(
-                 ParseEnum<feedline::Transform>(transform, "transform",
-                                                {{"train", feedline::Transform::kTrain},
-                                                 {"eval", feedline::Transform::kEval},
-                                                 {"eval_fast", feedline::Transform::kEvalFast}}));
-             o.size(size).resize_size(resize_size).scale(scale).ratio(ratio).flip(flip);
-             o.layout(ParseEnum<feedline::Layout>(
-                 layout, "layout",
-                 {{"NCHW", feedline::Layout::kNCHW}, {"NHWC", feedline::Layout::kNHWC}}));
-             o.workers(workers).prefetch(prefetch).io_depth(io_depth).memory_budget(memory_budget);
-             o.on_error(ParseEnum<feedline::OnError>(
-                 on_error, "on_error",
-                 {{"raise", feedline::OnError::kRaise}, {"skip", feedline::OnError::kSkip}}));
-             o.rank(rank).world_size(world_size).max_image_pixels(max_image_pixels);
-             o.simulated_read_latency_ms(simulated_read_latency_ms);
-             o.max_errors(max_errors).read_timeout_ms(read_timeout_ms);
-             o.cache(ParseEnum<feedline::Cache>(cache, "cache",
-                                                {{"none", feedline::Cache::kNone},
-                                                 {"bytes", feedline::Cache::kBytes},
-                                                 {"decoded", feedline::Cache::kDecoded}}));
-             o.cache_budget(cache_budget);
-             o.dtype(ParseEnum<feedline::DType>(dtype, "dtype",
-                                                {{"uint8", feedline::DType::kUint8},
-                                                 {"float32", feedline::DType::kFloat32},
-                                                 {"float16", feedline::DType::kFloat16},
-                                                 {"bfloat16", feedline::DType::kBFloat16}}));
-             o.mean(mean).stddev(std).device(device).synthetic(synthetic);
-             o.accept_corrupt(accept_corrupt).exif_transpose(exif_transpose);
-             o.even_shards(even_shards);
+      // The image built-in: every declared option (engine and image), by its declared name and
+      // type, defaults from the declarations (python/py_options.h).
+      .def(py::init([](const py::kwargs& kwargs) {
+             feedline::LoaderOptions o;
+             feedline::python::SetOptions(
+                 kwargs, {feedline::OptionGroup::kEngine, feedline::OptionGroup::kImage}, &o);
              absl::StatusOr<std::unique_ptr<feedline::Loader>> loader;
              {
                py::gil_scoped_release release;
@@ -1089,19 +1016,7 @@ PYBIND11_MODULE(_feedline, m) {
              }
              if (!loader.ok()) ThrowStatus(loader.status(), false);
              return LoaderHolder(loader->release());
-           }),
-           py::arg("source"), py::arg("shards"), py::arg("batch_size"), py::arg("shuffle"),
-           py::arg("seed"), py::arg("drop_last"), py::arg("transform"), py::arg("size"),
-           py::arg("resize_size"), py::arg("scale"), py::arg("ratio"), py::arg("flip"),
-           py::arg("layout"), py::arg("workers"), py::arg("prefetch"), py::arg("io_depth"),
-           py::arg("memory_budget"), py::arg("on_error"), py::arg("rank"), py::arg("world_size"),
-           py::arg("max_image_pixels"), py::arg("simulated_read_latency_ms") = 0.0,
-           py::arg("max_errors") = 0, py::arg("read_timeout_ms") = 60000.0,
-           py::arg("cache") = "none", py::arg("cache_budget") = 0, py::arg("dtype") = "uint8",
-           py::arg("mean") = std::array<double, 3>{0.485, 0.456, 0.406},
-           py::arg("std") = std::array<double, 3>{0.229, 0.224, 0.225}, py::arg("device") = "cpu",
-           py::arg("synthetic") = false, py::arg("accept_corrupt") = false,
-           py::arg("exif_transpose") = false, py::arg("even_shards") = true)
+           }))
       .def("start_epoch",
            [](feedline::Loader& l) {
              std::unique_ptr<feedline::Epoch> e;

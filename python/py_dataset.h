@@ -87,6 +87,8 @@ class PyTransform : public SampleTransform {
   // Worker threads run Python under the training thread's GIL (worker processes are niced in
   // their own process: _worker.main).
   bool SharesConsumerLocks() const override { return true; }
+  // Positions are the sampler's keys, set before each epoch.
+  bool MayStartAhead() const override { return false; }
   void set_timeout_s(double s) { timeout_s_.store(s); }
   // Takes over `from`'s processes (and its respawn) and sends each the new configuration
   // (op=3: [3, nbytes, words, 0, 0] then `config`, pickled by Python); a process that does not

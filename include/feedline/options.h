@@ -88,7 +88,8 @@ struct OptionInfo {
 
 // Declares an option once: its field, getter `name()` and fluent setter `name(v)` (as torch's
 // TORCH_ARG), and its entry in the list that ForEachOption walks — which validation
-// (ValidateOptions) and the Python keyword arguments (python/feedline_module.cc) come from.
+// (ValidateOptions), the bindings' keyword arguments (python/py_options.h) and the declarations
+// Python checks its faces against (_feedline.option_declarations) come from.
 // Each option gets the index __COUNTER__ - kFirstOption, so the list is the declarations'
 // order.
 #define FEEDLINE_ARG(group, T, name, default_value, check)                               \
@@ -182,8 +183,9 @@ class LoaderOptions {
   // Start the next epoch's first batches before it is asked for: once every batch of an epoch
   // is made, the workers go on with epoch + 1 (within the prefetch bound, counting the batches
   // not yet taken), so that iterating it does not wait for the pipeline to fill. Iterating
-  // another epoch (set_epoch, LoadState) drops that head start. Off for a transform whose
-  // samples depend on something set between epochs (feedline.DataLoader's sampler order).
+  // another epoch (set_epoch, LoadState) drops that head start. Off for a transform that says
+  // it may not start ahead (SampleTransform::MayStartAhead: the tokenizers, which count cuts;
+  // feedline.DataLoader, whose sampler order is set between epochs).
   // stats() counts the head start's work (reads, errors, cache hits) when it is done. The
   // environment variable FEEDLINE_EPOCH_HEAD_START=0 turns it off for every loader.
   FEEDLINE_ARG(kEngine, bool, epoch_head_start, true, NoCheck());

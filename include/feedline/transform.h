@@ -146,6 +146,12 @@ class SampleTransform {
   // priority (LoaderOptions::worker_nice is not applied): a worker below it holding the lock
   // would stall the consumer behind every other busy thread (a priority inversion).
   virtual bool SharesConsumerLocks() const { return false; }
+  // False when an epoch's samples may be made only once the consumer asks for that epoch: Apply
+  // counts something of what it makes for stats() (the tokenizer's truncation cuts: a head
+  // start dropped by set_epoch would count documents never delivered), or what a position means
+  // is set between epochs (feedline.DataLoader's sampler order). The engine then starts no epoch
+  // ahead of the consumer (LoaderOptions::epoch_head_start is not applied).
+  virtual bool MayStartAhead() const { return true; }
 };
 
 }  // namespace feedline

@@ -228,6 +228,11 @@ class ImageLoader:
         raising DataError.
     exif_transpose: turn images upright by their EXIF orientation first (JPEG, PNG, WebP), as
         PIL's ImageOps.exif_transpose; off by default, as in torchvision.
+    worker_nice: how many nice levels (0..19) below the training process the decoder threads
+        run, so that the training thread gets a core first; FEEDLINE_WORKER_NICE overrides it.
+    epoch_head_start: once every batch of an epoch is made, start the next epoch's first
+        batches, so that the next iter() does not wait; FEEDLINE_EPOCH_HEAD_START=0 turns it
+        off.
 
     Each iteration over the loader is one epoch; a new iteration cancels an unfinished one.
     """
@@ -240,7 +245,8 @@ class ImageLoader:
                  on_error="raise", rank=None, world_size=None, cache=None, cache_budget=None,
                  return_index=False, max_image_pixels=178956970, max_errors=None,
                  read_timeout=60.0, simulated_read_latency_ms=0.0, accept_corrupt=False,
-                 exif_transpose=False, even_shards=True, num_workers=None, pin_memory=False):
+                 exif_transpose=False, even_shards=True, worker_nice=19, epoch_head_start=True,
+                 num_workers=None, pin_memory=False):
         self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         if num_workers is not None:  # accepted, not obeyed: feedline sizes its threads
             _check_type("num_workers", num_workers, int, "an int")
@@ -322,11 +328,12 @@ class ImageLoader:
             max_errors=_parse_count("max_errors", max_errors),
             read_timeout_ms=1000.0 * _timeout(read_timeout),
             cache=cache or "none",
-            dtype=dtype, mean=mean, std=std, device=device, accept_corrupt=accept_corrupt,
+            dtype=dtype, mean=mean, stddev=std, device=device, accept_corrupt=accept_corrupt,
             exif_transpose=exif_transpose, even_shards=even_shards,
             cache_budget=0 if cache_budget is None else _parse_bytes("cache_budget", cache_budget),
             simulated_read_latency_ms=float(_check_type(
-                "simulated_read_latency_ms", simulated_read_latency_ms, (int, float), "a number")))
+                "simulated_read_latency_ms", simulated_read_latency_ms, (int, float), "a number")),
+            worker_nice=worker_nice, epoch_head_start=epoch_head_start)
         self._samples = None
         self.batch_size = batch_size
         self.seed = seed

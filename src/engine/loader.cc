@@ -359,6 +359,7 @@ absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOpt
     // 0 turns it off; 1 leaves it as the face chose (feedline.DataLoader cannot have one).
     if (env == "0") options.epoch_head_start(false);
   }
+  if (!shared->transform->MayStartAhead()) options.epoch_head_start(false);
   shared->worker_nice = shared->transform->SharesConsumerLocks() ? 0 : options.worker_nice();
   if (options.cache() != Cache::kNone) {
     // The cache gets what the budget leaves after the ring (at its largest) and the reads.

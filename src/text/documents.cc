@@ -131,6 +131,9 @@ class TokenizeTransform final : public SampleTransform {
     std::vector<int> ids, body;
   };
   std::unique_ptr<WorkerState> NewWorkerState() const override { return std::make_unique<State>(); }
+  // Truncation cuts are counted as documents are tokenized (TokenizeOptions::cut): only the
+  // documents of an epoch the consumer asked for.
+  bool MayStartAhead() const override { return false; }
 
   absl::Status Apply(const Record& record, const SampleContext&, WorkerState* ws,
                      SampleWriter& out) const override {

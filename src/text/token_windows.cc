@@ -202,6 +202,9 @@ class TokenDocumentTransform final : public SampleTransform {
         schema_({Field("input_ids", DType::kInt32, {Dim::UpTo(o_.max_length)})
                      .collate(Collate::kRagged)}) {}
   const Schema& schema() const override { return schema_; }
+  // Documents cut to max_length are counted as they are read (TokenDocumentOptions::cut): only
+  // the documents of an epoch the consumer asked for.
+  bool MayStartAhead() const override { return false; }
   absl::Status Apply(const Record&, const SampleContext& ctx, WorkerState*,
                      SampleWriter& out) const override {
     const int64_t a = int64_t(docs_->begin(ctx.index())), b = int64_t(docs_->end(ctx.index()));

@@ -1,12 +1,14 @@
 // Sequence packing (feedline/text.h) over real threads and a real text file, with a byte
 // tokenizer (one id per byte: the expected rows follow from the text alone).
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "feedline/text.h"
@@ -547,6 +549,38 @@ TEST_CASE("padded text: a document without tokens is a DataError naming its line
   CHECK(b.status().message().find("no tokens") != std::string::npos);
   CHECK(b.status().message().find("docs.txt") != std::string::npos);
   REQUIRE(epoch->Next().ok());
+}
+
+TEST_CASE("truncation counts only the epochs asked for: tokenizers make no head start",
+          "[text]") {
+  // 40 documents of 4..200 bytes, cut to 16 tokens: the cuts of one epoch are known.
+  const Corpus c(Documents(40, 3));
+  auto docs = OpenTextLines({c.path, ""});
+  REQUIRE(docs.ok());
+  TokenizeOptions t;
+  t.tokenizer = std::make_shared<ByteTokenizer>();
+  t.max_length = 16;
+  t.cut = std::make_shared<CutCounter>();
+  auto transform = MakeTokenizeTransform(t);
+  REQUIRE(transform.ok());
+  REQUIRE(!(*transform)->MayStartAhead());
+  // Head start asked for (the default): the transform's word wins.
+  auto loader = Loader::Create(*docs, *transform, LoaderOptions().batch_size(4).workers(2));
+  REQUIRE(loader.ok());
+  auto epoch = (*loader)->StartEpoch();
+  while (epoch->Next().ok()) {
+  }
+  const int64_t one_epoch = t.cut->documents.load();
+  REQUIRE(one_epoch > 0);
+  // Every batch made and taken; the workers idle. A head start would tokenize (and count) the
+  // next epoch's first batches now.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK(t.cut->documents.load() == one_epoch);
+  epoch.reset();
+  epoch = (*loader)->StartEpoch();
+  while (epoch->Next().ok()) {
+  }
+  CHECK(t.cut->documents.load() == 2 * one_epoch);
 }
 
 TEST_CASE("packing: a bad document is an error at its batch, or skipped", "[text]") {
