@@ -41,6 +41,7 @@ import torch
 import torch.utils.data as tud
 
 from . import _collate, _feedline, _worker
+from ._util import _parse_bytes, _parse_count, _resolve_cuda
 from ._feedline import DataError
 
 __all__ = ["DataLoader"]
@@ -513,7 +514,6 @@ class DataLoader(typing.Generic[_T_co]):
             if self._loader is not None:
                 self._retire(loader=self._loader)
             self._loader = None
-            from . import _parse_bytes, _parse_count
             workers = _parse_count("workers", self._workers)
             if self._executor == "process" and not workers:
                 # An engine thread only waits on its process's pipe (no CPU of its own): one per
@@ -600,7 +600,6 @@ class DataLoader(typing.Generic[_T_co]):
         one per core. How many of them work at once is the engine's thread count, tuned."""
         if self.num_workers:
             return self.num_workers
-        from . import _parse_count
         return _parse_count("workers", self._workers) or _cpus()
 
     def _use_processes(self):
@@ -645,7 +644,6 @@ class DataLoader(typing.Generic[_T_co]):
             return None
         if self._device.index is not None:
             return f"cuda:{self._device.index}"
-        from . import _resolve_cuda
         return _resolve_cuda("cuda")
 
     # Thread executor: called by the engine's worker threads, with the GIL.

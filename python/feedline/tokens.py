@@ -1,0 +1,114 @@
+"""feedline.TokenLoader: pre-tokenized token files (windows, or packed documents)."""
+
+import os
+
+from . import _feedline
+from ._epoch import _FieldsIterator, _start_epoch
+from ._util import _LoaderFace, _check_type, _engine_args, _is_url, _shown
+
+
+class TokenLoader(_LoaderFace):
+    """Batches of token windows from a pre-tokenized token file (a flat array of uint16 or
+    uint32 ids: nanoGPT's train.bin, or np.array(ids, dtype).tofile(path)), memory-mapped.
+
+    Sample i is the window of seq_len + 1 tokens at token i * (seq_len + 1): the windows tile
+    the file (the tail shorter than a window is left out) and every epoch yields each window
+    once, shuffled. Each batch is a dict:
+        "input_ids": int64 [B, seq_len]    tokens [start, start + seq_len)
+        "labels":    int64 [B, seq_len]    tokens [start + 1, start + seq_len + 1)
+    vocab_size: when given, a token id >= vocab_size is a DataError naming the file and the
+    offset (on_error="skip" replaces the window instead). shuffle/seed/drop_last/rank/
+    world_size/workers/prefetch/memory_budget/state_dict/stats as for ImageLoader;
+    return_index=True adds "index" (the window numbers).
+
+    With a document index (index="train.idx": n + 1 uint64 token offsets where documents
+    start, np.array(offsets, np.uint64).tofile(path)) and pack="concat" or "bestfit", the
+    documents are packed into rows as TextLoader packs them (same fields, window_rows,
+    split_long, mask_boundaries, stats()["packing"], exact resume; eos_id appended to each
+    document when given; len() raises TypeError); batch_size is then rows per batch.
+
+    path and index may be http(s):// or s3:// URLs: downloaded once into feedline's cache
+    (FEEDLINE_CACHE_DIR, within FEEDLINE_SHARD_CACHE_BYTES) and memory-mapped from there;
+    errors name the URL.
+    """
+
+    def __init__(self, path, seq_len, batch_size=32, dtype="uint16", shuffle=True, seed=0,
+                 drop_last=False, vocab_size=None, rank=None, world_size=None, workers="auto",
+                 prefetch="auto", memory_budget="auto", on_error="raise", max_errors=None,
+                 return_index=False, index=None, pack=None, window_rows=128, split_long=True,
+                 mask_boundaries=True, eos_id=None, pad_id=0, max_length=65536):
+        path = os.fsdecode(os.fspath(_check_type("path", path, (str, bytes, os.PathLike),
+                                                 "a path")))
+        if not _is_url(path) and not os.path.exists(path):
+            raise FileNotFoundError(f"path: {path}: no such file")
+        _check_type("seq_len", seq_len, int, "an int")
+        if seq_len < 1:
+            raise ValueError(f"seq_len: must be >= 1, got {seq_len}")
+        dtype = str(dtype).replace("torch.", "").replace("numpy.", "")
+        if dtype not in ("uint16", "uint32"):
+            raise ValueError(f"dtype: expected 'uint16' or 'uint32', got {dtype!r}")
+        if vocab_size is not None:
+            _check_type("vocab_size", vocab_size, int, "an int")
+            if vocab_size < 1:
+                raise ValueError(f"vocab_size: must be >= 1, got {vocab_size}")
+        _check_type("return_index", return_index, bool, "a bool")
+        if (index is None) != (pack is None):
+            raise ValueError("index and pack: a document index is for packing its documents "
+                             "(pack='concat' or 'bestfit'); without both, windows are read")
+        engine = _engine_args(batch_size, shuffle, seed, drop_last, rank, world_size, workers,
+                              prefetch, memory_budget, on_error, max_errors)
+        self.pack = pack
+        if pack is None:
+            self._loader = _feedline.token_loader(path=path, dtype=dtype, seq_len=seq_len,
+                                                  vocab_size=vocab_size or 0, **engine)
+        else:
+            if pack not in ("concat", "bestfit"):
+                raise ValueError(f"pack: expected 'concat' or 'bestfit', got {pack!r}")
+            index = os.fsdecode(os.fspath(_check_type("index", index, (str, bytes, os.PathLike),
+                                                      "a path")))
+            if not _is_url(index) and not os.path.exists(index):
+                raise FileNotFoundError(f"index: {index}: no such file")
+            for name, v in (("window_rows", window_rows), ("max_length", max_length),
+                            ("pad_id", pad_id)):
+                _check_type(name, v, int, "an int")
+            if window_rows < 1 or max_length < 1 or pad_id < 0:
+                raise ValueError("window_rows and max_length must be >= 1, pad_id >= 0")
+            if eos_id is not None:
+                _check_type("eos_id", eos_id, int, "an int")
+            for name, v in (("split_long", split_long), ("mask_boundaries", mask_boundaries)):
+                _check_type(name, v, bool, "a bool")
+            engine["doc_batch"] = 64
+            self._loader = _feedline.packed_token_loader(
+                path=path, dtype=dtype, index=index, vocab_size=vocab_size or 0,
+                max_length=max_length, eos_id=-1 if eos_id is None else eos_id, pack=pack,
+                seq_len=seq_len, window_rows=window_rows, split_long=split_long,
+                mask_boundaries=mask_boundaries, pad_id=pad_id, **engine)
+        self.path = path
+        self.seq_len = seq_len
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self.rank = engine["rank"]
+        self.world_size = engine["world_size"]
+        self._return_index = return_index
+
+    def __len__(self):
+        """Batches per epoch for this rank."""
+        if self.pack is not None:
+            raise TypeError("len(): packed rows per epoch are known only once they are made")
+        return len(self._loader)
+
+    def __iter__(self):
+        if self.pack is not None:
+            return _FieldsIterator(_start_epoch(self), self._return_index, self,
+                                   drop=("cu_seqlens_offsets",))
+        return _FieldsIterator(_start_epoch(self), self._return_index, self)
+
+    @property
+    def num_samples(self):
+        """Windows per epoch for this rank."""
+        return self._loader.num_samples
+
+    def __repr__(self):
+        shape = f"batches={len(self)}" if self.pack is None else f"pack={self.pack!r}"
+        return (f"feedline.TokenLoader({_shown(self.path)!r}, seq_len={self.seq_len}, "
+                f"batch_size={self.batch_size}, {shape}, workers={self.workers})")
