@@ -531,35 +531,19 @@ struct TokenizerHandle {
 
 // Documents of a text / JSON Lines file (a path or URL) or WebDataset shards, tokenized by a
 // SentencePiece model in the workers: padded int64 ids, or ragged int32 ones for the packer.
-absl::StatusOr<std::unique_ptr<feedline::Loader>> DocumentLoader(
-    const std::string& path, const std::string& field,
-    std::shared_ptr<const feedline::text::Tokenizer> tokenizer, int64_t max_length, bool add_bos,
-    bool add_eos, bool ragged, feedline::LoaderOptions o,
-    std::shared_ptr<feedline::text::CutCounter> cut = nullptr) {
-  // WebDataset shards (a .tar or a brace pattern): one document per key.
-  const bool shards = absl::EndsWith(path, ".tar") || absl::StrContains(path, "{");
-  absl::StatusOr<std::shared_ptr<const feedline::Dataset>> docs;
-  if (shards) {
-    auto w = feedline::OpenWebDataset(path, {}, o.read_timeout_ms());
-    if (!w.ok()) return w.status();
-    docs = std::shared_ptr<const feedline::Dataset>(*std::move(w));
-  } else {
-    absl::StatusOr<std::string> local = feedline::LocalCopy(path, o.read_timeout_ms());
-    if (!local.ok()) return local.status();
-    docs = feedline::text::OpenTextLines({*local, field, path});
-  }
-  if (!docs.ok()) return docs.status();
+// The text built-in's tokenize options, as the text loaders take them.
+feedline::text::TokenizeOptions TokenizeOptionsOf(
+    const std::string& field, std::shared_ptr<const feedline::text::Tokenizer> tokenizer,
+    int64_t max_length, bool add_bos, bool add_eos,
+    std::shared_ptr<feedline::text::CutCounter> cut) {
   feedline::text::TokenizeOptions t;
   t.tokenizer = std::move(tokenizer);
   t.max_length = max_length;
   t.add_bos = add_bos;
   t.add_eos = add_eos;
   t.field = field;
-  t.ragged = ragged;
   t.cut = std::move(cut);
-  auto transform = feedline::text::MakeTokenizeTransform(t);
-  if (!transform.ok()) return transform.status();
-  return feedline::Loader::Create(*docs, *transform, std::move(o));
+  return t;
 }
 
 PYBIND11_MODULE(_feedline, m) {
@@ -626,8 +610,9 @@ PYBIND11_MODULE(_feedline, m) {
         auto cut = std::make_shared<feedline::text::CutCounter>();
         {
           py::gil_scoped_release release;
-          loader = DocumentLoader(path, field, tokenizer.tokenizer, max_length, add_bos, add_eos,
-                                  /*ragged=*/false, std::move(o), cut);
+          loader = feedline::text::MakeTextLoader(
+              path, TokenizeOptionsOf(field, tokenizer.tokenizer, max_length, add_bos, add_eos, cut),
+              std::move(o));
         }
         if (!loader.ok()) ThrowStatus(loader.status(), false);
         return py::make_tuple(LoaderHolder(loader->release()), cut);
@@ -651,15 +636,10 @@ PYBIND11_MODULE(_feedline, m) {
         absl::StatusOr<std::unique_ptr<feedline::text::PackedLoader>> packed;
         {
           py::gil_scoped_release release;
-          packed = [&]() -> absl::StatusOr<std::unique_ptr<feedline::text::PackedLoader>> {
-            p.pad_id = std::max(tokenizer.tokenizer->pad_id(), 0);
-            auto cut = std::make_shared<feedline::text::CutCounter>();
-            p.cut = cut;
-            auto docs = DocumentLoader(path, field, tokenizer.tokenizer, max_length, add_bos,
-                                       add_eos, /*ragged=*/true, std::move(o), cut);
-            if (!docs.ok()) return docs.status();
-            return feedline::text::PackedLoader::Create(*std::move(docs), p);
-          }();
+          packed = feedline::text::MakePackedTextLoader(
+              path,
+              TokenizeOptionsOf(field, tokenizer.tokenizer, max_length, add_bos, add_eos, nullptr),
+              p, std::move(o));
         }
         if (!packed.ok()) ThrowStatus(packed.status(), false);
         return std::move(*packed);

@@ -301,6 +301,24 @@ class PackedLoader {
   std::shared_ptr<Shared> shared_;
 };
 
+// Text loaders in one call, as Python's TextLoader makes them: the documents of `source` — a
+// text or JSON Lines file (`tokenize.field` names the JSON field), an http(s):// or s3:// URL of
+// one (downloaded once into feedline's cache, within options.read_timeout_ms()), or WebDataset
+// shards (a ".tar" path or a brace pattern, local or remote: one document per key, its ".txt"
+// member, or with `field` its ".json") — tokenized by `tokenize` in the loader's workers.
+// Linked from feedline::feedline (files and HTTP are io's, tokenizing is text's).
+absl::StatusOr<std::unique_ptr<Loader>> MakeTextLoader(const std::string& source,
+                                                       TokenizeOptions tokenize,
+                                                       LoaderOptions options);
+// Packed rows of those documents: `options` is the document loader's (its batch_size the
+// documents tokenized at a time), `pack` the rows' (batch_size rows of seq_len); the documents
+// are tokenized ragged, the cuts counted in tokenize.cut (made when null) and pack.cut, and the
+// rows padded with the tokenizer's pad id (0 when it has none).
+absl::StatusOr<std::unique_ptr<PackedLoader>> MakePackedTextLoader(const std::string& source,
+                                                                   TokenizeOptions tokenize,
+                                                                   PackOptions pack,
+                                                                   LoaderOptions options);
+
 }  // namespace feedline::text
 
 #endif  // FEEDLINE_TEXT_H_

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <random>
@@ -235,6 +236,69 @@ TEST_CASE("packing concat: the documents' tokens in epoch order, cut into full r
       CHECK(s.documents == int64_t(c.docs.size()));
     }
   }
+}
+
+TEST_CASE("one-call text loaders: a file, a shard, padded or packed, as wired by hand",
+          "[text]") {
+  const Corpus c(120);
+  // The same documents as a WebDataset shard: one key per document, its text in ".txt".
+  std::vector<std::pair<std::string, std::string>> members;
+  for (size_t i = 0; i < c.docs.size(); ++i) {
+    char key[16];
+    std::snprintf(key, sizeof key, "doc%04zu", i);
+    members.emplace_back(std::string(key) + ".txt", c.docs[i]);
+  }
+  const std::string shard = c.dir.path() + "/docs-000.tar";
+  testing::WriteFile(shard, testing::Tar(members));
+  TokenizeOptions t;
+  t.tokenizer = std::make_shared<ByteTokenizer>();
+  t.max_length = 4096;
+  t.add_eos = true;
+  const LoaderOptions o = LoaderOptions().batch_size(16).seed(3).workers(2);
+  // Padded: the documents' ids, each once per epoch, in the hand-wired loader's order.
+  auto ids_of = [](Loader& loader) {
+    std::vector<std::vector<int64_t>> out;
+    for (absl::StatusOr<Batch>& b : loader) {
+      REQUIRE(b.ok());
+      const TensorView v = b->field("input_ids");
+      for (int64_t i = 0; i < b->size(); ++i) {
+        const int64_t* row = static_cast<const int64_t*>(v.data) + i * v.shape[1];
+        out.emplace_back(row, row + v.lengths[i]);
+      }
+    }
+    return out;
+  };
+  auto reference_docs = OpenTextLines({c.path, ""});
+  REQUIRE(reference_docs.ok());
+  auto reference_transform = MakeTokenizeTransform(t);
+  REQUIRE(reference_transform.ok());
+  auto reference = Loader::Create(*reference_docs, *reference_transform, o);
+  REQUIRE(reference.ok());
+  const auto want = ids_of(**reference);
+  REQUIRE(want.size() == c.docs.size());
+  for (const std::string& source : {c.path, shard}) {
+    INFO(source);
+    auto loader = MakeTextLoader(source, t, o);
+    REQUIRE(loader.ok());
+    CHECK(ids_of(**loader) == want);
+  }
+  // Packed: the rows the packer makes over the hand-wired document loader.
+  PackOptions p;
+  p.seq_len = 128;
+  p.batch_size = 4;
+  const std::vector<Rows> rows = Epoch(*Packed(c, p, o));
+  for (const std::string& source : {c.path, shard}) {
+    INFO(source);
+    auto packed = MakePackedTextLoader(source, t, p, o);
+    REQUIRE(packed.ok());
+    const std::vector<Rows> got = Epoch(**packed);
+    REQUIRE(got.size() == rows.size());
+    for (size_t b = 0; b < rows.size(); ++b) CHECK(got[b].ids == rows[b].ids);
+  }
+  // A source that is not there names itself.
+  auto missing = MakeTextLoader(c.dir.path() + "/nope.txt", t, o);
+  REQUIRE(!missing.ok());
+  CHECK(missing.status().message().find("nope.txt") != std::string::npos);
 }
 
 TEST_CASE("packing bestfit: whole documents, each once, rows nearly full", "[text]") {
