@@ -580,9 +580,11 @@ absl::Status Loader::LoadState(const State& st, bool resplit) {
                                     "over to the new layout"))
                  : mismatch("batch_size", st.batch_size, mine.batch_size);
     }
-    // At most dataset_size (plus padding) samples: no overflow after the checks above.
+    // The samples every rank has seen, in 128 bits: a saved batch_size near 2^63 makes one
+    // batch the whole epoch, and the position past it is this layout's end.
     const __int128 seen = __int128(st.batches_done) * st.batch_size * st.world_size;
-    start = int64_t(seen / (__int128(mine.batch_size) * mine.world_size));
+    start = int64_t(std::min<__int128>(seen / (__int128(mine.batch_size) * mine.world_size),
+                                       BatchesPerRank(shared_->sampler)));
   } else if (st.rank != mine.rank && !resplit) {
     return mismatch("rank", st.rank, mine.rank);
   }

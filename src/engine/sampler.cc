@@ -10,14 +10,16 @@ namespace feedline {
 
 int64_t SamplesPerRank(const SamplerConfig& c) {
   const int64_t n = c.dataset_size, w = c.world_size;
-  if (!c.even_shards) return n > c.rank ? (n - c.rank + w - 1) / w : 0;
-  if (c.drop_last && n % w != 0) return (n - w + w - 1) / w;  // ceil((n - w) / w)
-  return (n + w - 1) / w;
+  // Ceilings written so that no sum can overflow (sizes may come from a state someone handed in).
+  auto ceil_div = [](int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); };
+  if (!c.even_shards) return n > c.rank ? ceil_div(n - c.rank, w) : 0;
+  if (c.drop_last && n % w != 0) return (n - 1) / w;  // ceil((n - w) / w), n >= 1 here
+  return ceil_div(n, w);
 }
 
 int64_t BatchesPerRank(const SamplerConfig& c) {
   const int64_t s = SamplesPerRank(c);
-  return c.drop_last ? s / c.batch_size : (s + c.batch_size - 1) / c.batch_size;
+  return c.drop_last ? s / c.batch_size : s / c.batch_size + (s % c.batch_size != 0 ? 1 : 0);
 }
 
 std::vector<int64_t> EpochOrder(const SamplerConfig& c, int64_t epoch) {

@@ -1,5 +1,6 @@
 // The sampler and the transform geometry: pure functions, tested exhaustively.
 #include <algorithm>
+#include <limits>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <map>
@@ -36,6 +37,39 @@ TEST_CASE("every sample exactly once per epoch, order from (seed, epoch)", "[sam
   c.drop_last = false;
   std::vector<int64_t> seq = feedline::EpochOrder(c, 3);
   for (int64_t i = 0; i < 1003; ++i) REQUIRE(seq[size_t(i)] == i);
+}
+
+TEST_CASE("batch and shard counts hold for any sizes, a state's included", "[sampler]") {
+  // The counts, against their definitions, over every small case and at the int64 edges
+  // (sizes a loaded state may carry: no sum in them may overflow).
+  for (int64_t n = 0; n <= 12; ++n) {
+    for (int w = 1; w <= 4; ++w) {
+      for (int64_t b : {int64_t{1}, int64_t{3}, int64_t{5}}) {
+        for (bool drop : {false, true}) {
+          SamplerConfig c;
+          c.dataset_size = n;
+          c.world_size = w;
+          c.batch_size = b;
+          c.drop_last = drop;
+          const int64_t per_rank = drop && n % w != 0 ? std::max<int64_t>(0, (n - w + w - 1) / w)
+                                                      : (n + w - 1) / w;
+          INFO("n " << n << " w " << w << " b " << b << " drop " << drop);
+          REQUIRE(feedline::SamplesPerRank(c) == per_rank);
+          REQUIRE(feedline::BatchesPerRank(c) == (drop ? per_rank / b : (per_rank + b - 1) / b));
+        }
+      }
+    }
+  }
+  SamplerConfig huge;
+  huge.dataset_size = 1003;
+  huge.batch_size = std::numeric_limits<int64_t>::max();
+  REQUIRE(feedline::BatchesPerRank(huge) == 1);
+  huge.drop_last = true;
+  REQUIRE(feedline::BatchesPerRank(huge) == 0);
+  huge.dataset_size = std::numeric_limits<int64_t>::max();
+  huge.batch_size = 2;
+  huge.drop_last = false;
+  REQUIRE(feedline::BatchesPerRank(huge) == std::numeric_limits<int64_t>::max() / 2 + 1);
 }
 
 TEST_CASE("ranks get disjoint, complete, equal shards (DistributedSampler)", "[sampler]") {
