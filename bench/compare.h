@@ -39,11 +39,10 @@ namespace feedline::bench {
 inline constexpr double kPipelineTarget = 50000;
 
 // What feedline's pipeline costs per sample when the samples cost (almost) nothing to read and
-// decode: measured on tiny 8 x 8 JPEGs delivered at 1 x 1 pixels. A true synthetic source
-// (pre-decoded samples, no I/O, no decode) needs a library hook that does not exist yet (see
-// README), so the figure here is a lower bound on that pipeline's samples/s; subtracting
-// what one thread spends reading and decoding a tiny file on its own estimates the pipeline's
-// own CPU per sample.
+// decode, as --compare-torch measures it: tiny 8 x 8 JPEGs delivered at 1 x 1 pixels, a lower
+// bound on the pipeline's samples/s; subtracting what one thread spends reading and decoding a
+// tiny file on its own estimates the pipeline's own CPU per sample. (`--source synthetic`,
+// LoaderOptions::synthetic, measures the pipeline with no read or decode at all.)
 struct PipelineOverhead {
   int cores = 1;
   double samples_per_s = 0;              // measured (steady epochs)
