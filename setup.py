@@ -65,7 +65,7 @@ setup(
     version=version(),
     description="A high-throughput data loader for deep-learning training (C++ core)",
     license="Apache-2.0",
-    packages=["feedline"],
+    packages=["feedline", "feedline.dataloader"],
     package_dir={"feedline": "python/feedline"},
     ext_modules=[Extension("feedline._feedline", sources=[])],
     cmdclass={"build_ext": CMakeBuild, "egg_info": EggInfoInBuild},

@@ -16,23 +16,6 @@ namespace py = pybind11;
 namespace feedline::python {
 namespace {
 
-template <typename E>
-std::string EnumChoices() {
-  std::string names;
-  for (const auto& [name, value] : EnumNames<E>::kValues) {
-    absl::StrAppend(&names, names.empty() ? "" : ", ", "'", name, "'");
-  }
-  return names;
-}
-
-template <typename E>
-const char* EnumName(E e) {
-  for (const auto& [name, value] : EnumNames<E>::kValues) {
-    if (value == e) return name;
-  }
-  return "?";
-}
-
 std::string TypeOf(py::handle v) { return Py_TYPE(v.ptr())->tp_name; }
 
 template <typename T>
@@ -50,19 +33,7 @@ const char* Expected() {
 template <typename T>
 void FromPython(const char* name, py::handle v, T* out) {
   if constexpr (std::is_enum_v<T>) {
-    if (!py::isinstance<py::str>(v)) {
-      throw py::type_error(absl::StrCat(name, ": expected one of ", EnumChoices<T>(), ", got ",
-                                        TypeOf(v)));
-    }
-    const std::string s = v.cast<std::string>();
-    for (const auto& [n, value] : EnumNames<T>::kValues) {
-      if (s == n) {
-        *out = value;
-        return;
-      }
-    }
-    throw py::value_error(
-        absl::StrCat(name, ": expected one of ", EnumChoices<T>(), ", got '", s, "'"));
+    *out = EnumFromPython<T>(name, v);
   } else {
     // A bool is an int to Python: refused where a count is meant, and only bools are bools.
     if (py::isinstance<py::bool_>(v) != std::is_same_v<T, bool>) {
@@ -83,8 +54,6 @@ py::object ToPython(const T& v) {
     return py::str(EnumName(v));
   } else if constexpr (std::is_same_v<T, std::array<double, 3>>) {
     return py::make_tuple(v[0], v[1], v[2]);
-  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
-    return py::cast(v);
   } else {
     return py::cast(v);  // a pair becomes a tuple
   }

@@ -82,8 +82,10 @@ class Loader {
   // malformed shard), kResourceExhausted (fixed settings that cannot fit the budget).
   static absl::StatusOr<std::unique_ptr<Loader>> Create(LoaderOptions options);
   // Any data set and transform. Only the engine's options apply (sampling, resources, caching
-  // "bytes", robustness, device; not the image ones). Errors: kInvalidArgument (a null data set
-  // or transform, an empty data set, an invalid schema, an option), kResourceExhausted.
+  // "bytes", robustness, device); an image option set to other than its default is refused,
+  // named, never ignored, unless `transform` was made from it (SampleTransform::ReadsOptions:
+  // image::MakeTransform). Errors: kInvalidArgument (a null data set or transform, an empty data
+  // set, an invalid schema, an option), kResourceExhausted.
   static absl::StatusOr<std::unique_ptr<Loader>> Create(
       std::shared_ptr<const Dataset> dataset, std::shared_ptr<const SampleTransform> transform,
       LoaderOptions options = LoaderOptions());

@@ -262,6 +262,9 @@ class LoaderOptions {
 absl::Status ValidateOptions(const LoaderOptions& options, OptionGroup group);
 // The error for an option `option` that is wrong for the reason `why`: "option: why".
 absl::Status InvalidOption(absl::string_view option, absl::string_view why);
+// The names of the options of `group` whose values differ from their declared defaults, in
+// declaration order (the generic factory refuses image options set on it with these).
+std::vector<std::string> ChangedOptions(const LoaderOptions& options, OptionGroup group);
 
 // The names of each enum's values, as the Python keyword arguments take them.
 template <typename E>

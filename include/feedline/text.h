@@ -28,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -36,6 +37,7 @@
 #include "feedline/batch.h"
 #include "feedline/dataset.h"
 #include "feedline/loader.h"
+#include "feedline/options.h"
 #include "feedline/transform.h"
 
 namespace feedline::text {
@@ -318,7 +320,39 @@ absl::StatusOr<std::unique_ptr<PackedLoader>> MakePackedTextLoader(const std::st
                                                                    TokenizeOptions tokenize,
                                                                    PackOptions pack,
                                                                    LoaderOptions options);
+// Token windows of a token file (OpenTokenWindows) whose `tokens.path` may be an http(s):// or
+// s3:// URL (downloaded once into feedline's cache; messages name the URL), on the engine.
+absl::StatusOr<std::unique_ptr<Loader>> MakeTokenLoader(TokenFileOptions tokens,
+                                                        LoaderOptions options);
+// Packed rows of a token file's documents (OpenTokenDocuments; the file and its index may be
+// URLs, fetched together): `options` and `pack` as for MakePackedTextLoader. The cuts are
+// counted in docs.cut (made when null), shared with pack.cut.
+absl::StatusOr<std::unique_ptr<PackedLoader>> MakePackedTokenLoader(TokenDocumentOptions docs,
+                                                                    PackOptions pack,
+                                                                    LoaderOptions options);
+// A SentencePiece model by path or URL (a URL's local copy is loaded, fetched within
+// `read_timeout_ms`; messages name the URL).
+absl::StatusOr<std::shared_ptr<const Tokenizer>> LoadSentencePieceFrom(
+    const std::string& model, const SentencePieceOptions& options = {},
+    double read_timeout_ms = LoaderOptions().read_timeout_ms());
 
 }  // namespace feedline::text
+
+namespace feedline {
+// The text built-in's enums by name, as Python takes them (and as a packed state records its
+// mode).
+template <>
+struct EnumNames<text::TokenDType> {
+  static constexpr std::pair<const char*, text::TokenDType> kValues[] = {
+      {"uint16", text::TokenDType::kUint16}, {"uint32", text::TokenDType::kUint32}};
+};
+template <>
+struct EnumNames<text::PackMode> {
+  static constexpr std::pair<const char*, text::PackMode> kValues[] = {
+      {"concat", text::PackMode::kConcat},
+      {"bestfit", text::PackMode::kBestFit},
+      {"bucket", text::PackMode::kBucket}};
+};
+}  // namespace feedline
 
 #endif  // FEEDLINE_TEXT_H_

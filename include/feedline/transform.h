@@ -46,6 +46,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "feedline/dataset.h"
+#include "feedline/options.h"
 #include "feedline/random.h"
 #include "feedline/schema.h"
 
@@ -152,6 +153,11 @@ class SampleTransform {
   // is set between epochs (feedline.DataLoader's sampler order). The engine then starts no epoch
   // ahead of the consumer (LoaderOptions::epoch_head_start is not applied).
   virtual bool MayStartAhead() const { return true; }
+  // True when this transform was made from the loader options of `group` (the image built-in's
+  // transform, image::MakeTransform(options), from the image options): the generic factory
+  // then takes those options beside the engine's. Any other option of a group no transform
+  // reads is refused there, named, rather than silently ignored.
+  virtual bool ReadsOptions(OptionGroup /*group*/) const { return false; }
 };
 
 }  // namespace feedline

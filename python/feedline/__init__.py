@@ -10,7 +10,7 @@ The work happens in C++ threads (read -> decode -> batch slot); batches reach Py
 tensors through DLPack without a copy. Each ``iter(loader)`` starts the next epoch.
 
 One module per face: image.py (ImageLoader), text.py (TextLoader), tokens.py (TokenLoader),
-dataloader.py (DataLoader, imported when first asked for: it imports torch).
+dataloader/ (DataLoader, imported when first asked for: it imports torch).
 """
 
 from . import _feedline

@@ -24,6 +24,8 @@ import signal
 import struct
 import traceback
 
+from . import _collate
+
 _HEADER = struct.Struct("<qqq")  # a reply: status, inline, nbytes
 _REQUEST = struct.Struct("<qqqqq")  # op, position, n, seed, index (then n keys)
 _M64 = (1 << 64) - 1
@@ -176,7 +178,6 @@ def run_worker_init_fn(worker_init_fn, worker_id):
 def layout(samples, pad):
     """The batch layout learned from a batch's samples: ("layout", a `_collate.Schema` or None
     when the samples have no layout the slots can hold)."""
-    from . import _collate
     schema = _collate.infer(samples[0])
     if schema is not None and pad is not None:
         pad_arg, pad_value, bounds = pad
@@ -231,7 +232,6 @@ def main(dataset, schema, batch_mode, collate_fn, request_fd, reply_fd, staging_
         exit_with_parent(parent_pid)
     lower_priority()
     import torch
-    from . import _collate
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training loop's
     for fd in close_fds:
         try:

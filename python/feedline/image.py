@@ -154,7 +154,7 @@ class ImageLoader(_LoaderFace):
         layout = layout.upper()
 
         self._return_index = return_index
-        self._loader = _feedline.Loader(
+        self._loader = _feedline.image_loader(
             source=source, shards=shards, batch_size=batch_size, shuffle=shuffle, seed=seed,
             drop_last=drop_last, transform=transform, size=size, resize_size=resize_size,
             scale=scale, ratio=ratio, flip=flip, layout=layout,
@@ -223,7 +223,7 @@ class ImageLoader(_LoaderFace):
     @property
     def classes(self):
         """Class names, as torchvision's ImageFolder.classes (empty for list files)."""
-        return list(self._loader.classes)
+        return list(_feedline.image_classes(self._loader))
 
     @property
     def class_to_idx(self):
@@ -234,7 +234,7 @@ class ImageLoader(_LoaderFace):
         """(path, class index) pairs, as torchvision's ImageFolder.samples."""
         if self._samples is None:
             # Paths and URLs as messages show them: a URL without its credentials or query.
-            self._samples = [(_shown(p), c) for p, c in self._loader.samples]
+            self._samples = [(_shown(p), c) for p, c in _feedline.image_samples(self._loader)]
         return self._samples
 
     @property

@@ -1,9 +1,12 @@
-// The generic factory (include/feedline/loader.h): any data set and transform; it reads the
-// engine's options only (the image options are image::MakeTransform's). It lives in the engine's
+// The generic factory (include/feedline/loader.h): any data set and transform. It reads the
+// engine's options only, and refuses an image option set on it unless the transform was made
+// from them (SampleTransform::ReadsOptions: image::MakeTransform's). It lives in the engine's
 // library, so that a program with its own Dataset and SampleTransform links feedline::engine
 // alone (no codec, tokenizer or HTTP client).
 #include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "engine/device_stage.h"
 #include "engine/engine_parts.h"
@@ -15,6 +18,13 @@ namespace feedline {
 absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(
     std::shared_ptr<const Dataset> dataset, std::shared_ptr<const SampleTransform> transform,
     LoaderOptions options) {
+  // An image option would be silently ignored, unless the transform was made from them.
+  if (std::vector<std::string> image = ChangedOptions(options, OptionGroup::kImage);
+      !image.empty() && transform != nullptr && !transform->ReadsOptions(OptionGroup::kImage)) {
+    return InvalidOption(image.front(),
+                         "an image option, which this loader's transform does not read (the image "
+                         "built-in's Loader::Create(options) and image::MakeTransform do)");
+  }
   if (options.cache() == Cache::kDecoded) {
     return InvalidOption("cache", "\"decoded\" is the image built-in's; use \"bytes\"");
   }

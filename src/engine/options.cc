@@ -2,7 +2,9 @@
 #include "feedline/options.h"
 
 #include <cmath>
+#include <string>
 #include <type_traits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -44,6 +46,26 @@ absl::Status ValidateOptions(const LoaderOptions& options, OptionGroup group) {
     }
   });
   return status;
+}
+
+std::vector<std::string> ChangedOptions(const LoaderOptions& options, OptionGroup group) {
+  // The defaults' fields in declaration order: the i-th visited field of `options` has the
+  // type of the i-th default.
+  const LoaderOptions defaults;
+  std::vector<const void*> default_fields;
+  defaults.ForEachOption([&](const OptionInfo&, const auto& value) {
+    default_fields.push_back(&value);
+  });
+  std::vector<std::string> changed;
+  size_t i = 0;
+  options.ForEachOption([&](const OptionInfo& info, const auto& value) {
+    using T = std::decay_t<decltype(value)>;
+    if (info.group == group && !(value == *static_cast<const T*>(default_fields[i]))) {
+      changed.emplace_back(info.name);
+    }
+    ++i;
+  });
+  return changed;
 }
 
 }  // namespace feedline

@@ -55,6 +55,7 @@ class ImageTransform final : public SampleTransform {
   absl::Status Apply(const Record& record, const SampleContext& context, WorkerState* state,
                      SampleWriter& out) const override;
   bool SkipsRead(int64_t index) const override;
+  bool ReadsOptions(OptionGroup group) const override { return group == OptionGroup::kImage; }
 
   // The decoded cache (options.cache() == kDecoded); before the loader runs.
   void AttachCache(std::shared_ptr<SampleCache> cache) { cache_ = std::move(cache); }

@@ -5,8 +5,10 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_replace.h"
 #include "feedline/dataset.h"
 #include "feedline/loader.h"
 #include "feedline/text.h"
@@ -48,6 +50,49 @@ absl::StatusOr<std::unique_ptr<PackedLoader>> MakePackedTextLoader(const std::st
       MakeTextLoader(source, std::move(tokenize), std::move(options));
   if (!docs.ok()) return docs.status();
   return PackedLoader::Create(*std::move(docs), std::move(pack));
+}
+
+absl::StatusOr<std::unique_ptr<Loader>> MakeTokenLoader(TokenFileOptions tokens,
+                                                        LoaderOptions options) {
+  absl::StatusOr<std::string> local = LocalCopy(tokens.path, options.read_timeout_ms());
+  if (!local.ok()) return local.status();
+  if (tokens.name.empty()) tokens.name = tokens.path;
+  tokens.path = *std::move(local);
+  absl::StatusOr<TokenWindows> windows = OpenTokenWindows(tokens);
+  if (!windows.ok()) return windows.status();
+  return Loader::Create(windows->dataset, windows->transform, std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<PackedLoader>> MakePackedTokenLoader(TokenDocumentOptions docs,
+                                                                    PackOptions pack,
+                                                                    LoaderOptions options) {
+  absl::StatusOr<std::vector<std::string>> local =
+      LocalCopies({docs.path, docs.index_path}, options.read_timeout_ms());
+  if (!local.ok()) return local.status();
+  if (docs.name.empty()) docs.name = docs.path;
+  if (docs.index_name.empty()) docs.index_name = docs.index_path;
+  docs.path = (*local)[0];
+  docs.index_path = (*local)[1];
+  if (docs.cut == nullptr) docs.cut = std::make_shared<CutCounter>();
+  pack.cut = docs.cut;
+  absl::StatusOr<TokenDocuments> opened = OpenTokenDocuments(docs);
+  if (!opened.ok()) return opened.status();
+  absl::StatusOr<std::unique_ptr<Loader>> loader =
+      Loader::Create(opened->dataset, opened->transform, std::move(options));
+  if (!loader.ok()) return loader.status();
+  return PackedLoader::Create(*std::move(loader), std::move(pack));
+}
+
+absl::StatusOr<std::shared_ptr<const Tokenizer>> LoadSentencePieceFrom(
+    const std::string& model, const SentencePieceOptions& options, double read_timeout_ms) {
+  absl::StatusOr<std::string> local = LocalCopy(model, read_timeout_ms);
+  if (!local.ok()) return local.status();
+  absl::StatusOr<std::shared_ptr<const Tokenizer>> tokenizer = LoadSentencePiece(*local, options);
+  if (!tokenizer.ok() && *local != model) {
+    return absl::Status(tokenizer.status().code(),
+                        absl::StrReplaceAll(tokenizer.status().message(), {{*local, model}}));
+  }
+  return tokenizer;
 }
 
 }  // namespace feedline::text

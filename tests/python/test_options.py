@@ -74,18 +74,18 @@ def test_imageloader_takes_every_declared_option_with_its_default():
 
 def test_the_binding_takes_declared_names_and_types_only(image_folder):
     with pytest.raises(TypeError, match="unexpected keyword argument 'batchsize'"):
-        _feedline.Loader(source="x", batchsize=4)
+        _feedline.image_loader(source="x", batchsize=4)
     with pytest.raises(TypeError, match="batch_size: expected an int, got str"):
-        _feedline.Loader(source="x", batch_size="4")
+        _feedline.image_loader(source="x", batch_size="4")
     with pytest.raises(TypeError, match="shuffle: expected a bool, got int"):
-        _feedline.Loader(source="x", shuffle=1)
+        _feedline.image_loader(source="x", shuffle=1)
     with pytest.raises(TypeError, match="workers: expected an int, got bool"):
-        _feedline.Loader(source="x", workers=True)
+        _feedline.image_loader(source="x", workers=True)
     with pytest.raises(ValueError, match="transform: expected one of 'train', 'eval', "
                                          "'eval_fast', got 'crop'"):
-        _feedline.Loader(source="x", transform="crop")
+        _feedline.image_loader(source="x", transform="crop")
     with pytest.raises(ValueError, match=r"worker_nice: must be in \[0, 19\]"):
-        _feedline.Loader(source=image_folder, worker_nice=20)
+        _feedline.image_loader(source=image_folder, worker_nice=20)
 
 
 def test_imageloader_passes_the_new_options_through(image_folder):

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/clock.h"
 #include "engine/device_stage.h"
@@ -513,6 +514,24 @@ TEST_CASE("bad schemas, data sets and options are refused with the reason", "[en
   REQUIRE(absl::IsInvalidArgument(
       Loader::Create(docs, ok_transform, LoaderOptions().cache(feedline::Cache::kDecoded))
           .status()));
+  // An image option on a generic loader would be ignored: refused, named. Engine options and
+  // image options left at their defaults are taken.
+  for (const auto& [options, name] :
+       {std::pair{LoaderOptions().size(128), "size"},
+        std::pair{LoaderOptions().batch_size(2).dtype(DType::kFloat32), "dtype"},
+        std::pair{LoaderOptions().accept_corrupt(true).transform(feedline::Transform::kEval),
+                  "transform"},
+        std::pair{LoaderOptions("photos/"), "source"}}) {
+    const absl::Status image = Loader::Create(docs, ok_transform, options).status();
+    INFO(image.message());
+    REQUIRE(absl::IsInvalidArgument(image));
+    REQUIRE(absl::StartsWith(image.message(), absl::StrCat(name, ": an image option, which")));
+  }
+  CHECK(feedline::ChangedOptions(LoaderOptions().size(224).seed(3), feedline::OptionGroup::kImage)
+            .empty());
+  CHECK(feedline::ChangedOptions(LoaderOptions().size(224).seed(3),
+                                 feedline::OptionGroup::kEngine) == std::vector<std::string>{"seed"});
+  REQUIRE(Loader::Create(docs, ok_transform, LoaderOptions().size(224).batch_size(2)).ok());
   const absl::Status no_gpu =
       Loader::Create(docs, ok_transform, LoaderOptions().device("cuda:0")).status();
   REQUIRE(absl::IsFailedPrecondition(no_gpu));

@@ -301,6 +301,91 @@ TEST_CASE("one-call text loaders: a file, a shard, padded or packed, as wired by
   CHECK(missing.status().message().find("nope.txt") != std::string::npos);
 }
 
+TEST_CASE("one-call token loaders: windows and packed documents, as wired by hand", "[text]") {
+  testing::TempDir dir;
+  // 40 documents of 1..300 tokens, each ending in kEos, as uint16; the index their offsets.
+  std::vector<uint16_t> ids;
+  std::vector<uint64_t> offsets = {0};
+  std::mt19937_64 rng(5);
+  for (int d = 0; d < 40; ++d) {
+    const int n = 1 + int(rng() % 300);
+    for (int i = 0; i + 1 < n; ++i) ids.push_back(uint16_t(1 + rng() % 250));
+    ids.push_back(kEos);
+    offsets.push_back(ids.size());
+  }
+  const std::string path = dir.path() + "/train.bin";
+  const std::string index = dir.path() + "/train.idx";
+  testing::WriteFile(path, std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 2));
+  testing::WriteFile(index, std::string(reinterpret_cast<const char*>(offsets.data()),
+                                        offsets.size() * 8));
+  const LoaderOptions o = LoaderOptions().batch_size(8).seed(11).workers(2);
+  auto fields_of = [](auto& loader, const char* field) {
+    std::vector<std::vector<int64_t>> out;
+    auto epoch = loader.StartEpoch();
+    for (;;) {
+      absl::StatusOr<Batch> b = epoch->Next();
+      if (absl::IsOutOfRange(b.status())) break;
+      REQUIRE(b.ok());
+      const TensorView v = b->field(field);
+      const auto* data = static_cast<const int64_t*>(v.data);
+      out.emplace_back(data, data + v.shape[0] * v.shape[1]);
+    }
+    return out;
+  };
+  // Windows: the same batches as OpenTokenWindows on the engine.
+  TokenFileOptions w;
+  w.path = path;
+  w.seq_len = 32;
+  auto windows = OpenTokenWindows(w);
+  REQUIRE(windows.ok());
+  auto reference = Loader::Create(windows->dataset, windows->transform, o);
+  REQUIRE(reference.ok());
+  auto loader = MakeTokenLoader(w, o);
+  REQUIRE(loader.ok());
+  const auto want = fields_of(**reference, "input_ids");
+  REQUIRE(want.size() == size_t((ids.size() / 33 + 7) / 8));
+  CHECK(fields_of(**loader, "input_ids") == want);
+  // Packed documents: the same rows as OpenTokenDocuments + PackedLoader, cuts counted.
+  TokenDocumentOptions t;
+  t.path = path;
+  t.index_path = index;
+  t.max_length = 200;
+  t.eos_id = kEos;
+  PackOptions p;
+  p.seq_len = 64;
+  p.batch_size = 4;
+  TokenDocumentOptions hand = t;
+  hand.cut = std::make_shared<CutCounter>();
+  auto docs = OpenTokenDocuments(hand);
+  REQUIRE(docs.ok());
+  auto doc_loader = Loader::Create(docs->dataset, docs->transform, o);
+  REQUIRE(doc_loader.ok());
+  PackOptions hand_pack = p;
+  hand_pack.cut = hand.cut;
+  auto reference_packed = PackedLoader::Create(*std::move(doc_loader), hand_pack);
+  REQUIRE(reference_packed.ok());
+  auto packed = MakePackedTokenLoader(t, p, o);
+  REQUIRE(packed.ok());
+  const std::vector<Rows> rows = Epoch(**reference_packed);
+  const std::vector<Rows> got = Epoch(**packed);
+  REQUIRE(got.size() == rows.size());
+  for (size_t b = 0; b < rows.size(); ++b) CHECK(got[b].ids == rows[b].ids);
+  CHECK((*packed)->pack_stats().cut_documents == (*reference_packed)->pack_stats().cut_documents);
+  CHECK((*packed)->pack_stats().cut_documents > 0);
+  // A missing file or index is named; so is a missing tokenizer model.
+  w.path = dir.path() + "/nope.bin";
+  auto missing = MakeTokenLoader(w, o);
+  REQUIRE(!missing.ok());
+  CHECK(missing.status().message().find("nope.bin") != std::string::npos);
+  t.index_path = dir.path() + "/nope.idx";
+  auto missing_index = MakePackedTokenLoader(t, p, o);
+  REQUIRE(!missing_index.ok());
+  CHECK(missing_index.status().message().find("nope.idx") != std::string::npos);
+  auto model = LoadSentencePieceFrom(dir.path() + "/nope.model");
+  REQUIRE(!model.ok());
+  CHECK(model.status().message().find("nope.model") != std::string::npos);
+}
+
 TEST_CASE("packing bestfit: whole documents, each once, rows nearly full", "[text]") {
   const Corpus c(3000);
   PackOptions p;

@@ -1,0 +1,288 @@
+// The text built-in's face (feedline.TextLoader, feedline.TokenLoader): SentencePiece
+// tokenizers, token windows, tokenized documents and packed rows. Bindings only: the loaders
+// are the text built-in's one-call factories (include/feedline/text.h).
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "bind_common.h"
+#include "feedline/text.h"
+#include "py_options.h"
+
+namespace feedline::python {
+namespace {
+
+using PackedEpochHolder = std::unique_ptr<text::PackedEpoch, ReleaseGilDeleter>;
+
+// A loaded tokenizer, shared by the loaders made with it (Python's view of it: its counters).
+struct TokenizerHandle {
+  std::shared_ptr<const text::Tokenizer> tokenizer;
+};
+
+text::PackOptions PackOptionsOf(const py::str& pack, int64_t seq_len, int64_t window_rows,
+                                bool split_long, bool mask_boundaries, int64_t batch_size,
+                                bool drop_last) {
+  text::PackOptions p;
+  p.mode = EnumFromPython<text::PackMode>("pack", pack);
+  p.seq_len = seq_len;
+  p.batch_size = batch_size;
+  p.window_rows = window_rows;
+  p.split_long = split_long;
+  p.mask_boundaries = mask_boundaries;
+  p.drop_last = drop_last;
+  return p;
+}
+
+text::TokenizeOptions TokenizeOptionsOf(const std::string& field,
+                                        std::shared_ptr<const text::Tokenizer> tokenizer,
+                                        int64_t max_length, bool add_bos, bool add_eos,
+                                        std::shared_ptr<text::CutCounter> cut) {
+  text::TokenizeOptions t;
+  t.tokenizer = std::move(tokenizer);
+  t.max_length = max_length;
+  t.add_bos = add_bos;
+  t.add_eos = add_eos;
+  t.field = field;
+  t.cut = std::move(cut);
+  return t;
+}
+
+// Runs `make` with the GIL released; its error raised as Python's.
+template <typename F>
+auto Unlocked(F make) {
+  decltype(make()) made;
+  {
+    py::gil_scoped_release release;
+    made = make();
+  }
+  if (!made.ok()) ThrowStatus(made.status(), false);
+  return *std::move(made);
+}
+
+py::dict PackedStateToDict(const text::PackedLoader::State& s) {
+  py::dict d;
+  d["documents"] = StateToDict(s.documents);
+  d["batches_done"] = s.batches_done;
+  d["document"] = s.document;
+  d["offset"] = s.offset;
+  d["seq_len"] = s.seq_len;
+  d["batch_size"] = s.batch_size;
+  d["window_rows"] = s.window_rows;
+  d["mode"] = EnumName(text::PackMode(s.mode));
+  d["version"] = 1;
+  return d;
+}
+
+text::PackedLoader::State DictToPackedState(const py::dict& d) {
+  for (const char* k : {"documents", "batches_done", "document", "offset", "seq_len",
+                        "batch_size", "window_rows", "mode"}) {
+    if (!d.contains(k)) throw py::value_error(absl::StrCat("state_dict: missing key '", k, "'"));
+  }
+  text::PackedLoader::State s;
+  if (!py::isinstance<py::dict>(d["documents"])) {
+    throw py::type_error("state_dict: 'documents' must be a dict");
+  }
+  s.documents = DictToState(d["documents"].cast<py::dict>());
+  for (auto [key, out] : {std::pair{"batches_done", &s.batches_done}, {"document", &s.document},
+                          {"offset", &s.offset}, {"seq_len", &s.seq_len},
+                          {"batch_size", &s.batch_size}, {"window_rows", &s.window_rows}}) {
+    const py::handle v = d[key];
+    if (py::isinstance<py::bool_>(v) || !py::isinstance<py::int_>(v)) {
+      throw py::type_error(absl::StrCat("state_dict: '", key, "' must be an int"));
+    }
+    try {
+      *out = v.cast<int64_t>();
+    } catch (const py::cast_error&) {
+      throw py::value_error(absl::StrCat("state_dict: '", key, "' is out of range"));
+    }
+  }
+  s.mode = int(EnumFromPython<text::PackMode>("state_dict: 'mode'", d["mode"]));
+  return s;
+}
+
+}  // namespace
+
+void BindText(py::module_& m) {
+  // A SentencePiece model (a path or URL), loaded once for a TextLoader's loaders.
+  py::class_<TokenizerHandle>(m, "Tokenizer").def("counters", [](const TokenizerHandle& h) {
+    const text::Tokenizer::Counters c = h.tokenizer->counters();
+    py::dict d;
+    d["word_cache"] = c.word_cache;
+    d["documents"] = c.documents;
+    d["words"] = c.words;
+    d["cached_words"] = c.cached_words;
+    return d;
+  });
+  m.def(
+      "sentencepiece",
+      [](const std::string& model, bool word_cache) {
+        text::SentencePieceOptions options;
+        options.word_cache = word_cache;
+        return TokenizerHandle{Unlocked([&] { return text::LoadSentencePieceFrom(model, options); })};
+      },
+      py::arg("model"), py::arg("word_cache"));
+
+  py::class_<text::CutCounter, std::shared_ptr<text::CutCounter>>(m, "CutCounter")
+      .def_property_readonly("documents",
+                             [](const text::CutCounter& c) { return c.documents.load(); })
+      .def_property_readonly("tokens", [](const text::CutCounter& c) { return c.tokens.load(); })
+      .def_property_readonly("partly", [](const text::CutCounter& c) { return c.partly.load(); });
+
+  // Token windows of a token file (a path or URL).
+  m.def(
+      "token_loader",
+      [](const std::string& path, const py::str& dtype, int64_t seq_len, int64_t vocab_size,
+         const py::kwargs& engine) {
+        text::TokenFileOptions t;
+        t.path = path;
+        t.dtype = EnumFromPython<text::TokenDType>("dtype", dtype);
+        t.seq_len = seq_len;
+        t.vocab_size = vocab_size;
+        LoaderOptions o = EngineOptions(engine);
+        return LoaderHolder(
+            Unlocked([&] { return text::MakeTokenLoader(std::move(t), std::move(o)); }).release());
+      },
+      py::arg("path"), py::arg("dtype"), py::arg("seq_len"), py::arg("vocab_size"));
+
+  // Documents from a text / JSON Lines file or WebDataset shards, tokenized in the workers:
+  // (loader, cut counter). Documents cut to max_length: truncation is what padded batches ask
+  // for, but the tokens past it are counted (stats()["truncation"]) and warned about, never
+  // dropped unseen.
+  m.def(
+      "text_loader",
+      [](const std::string& path, const std::string& field, const TokenizerHandle& tokenizer,
+         int64_t max_length, bool add_bos, bool add_eos, const py::kwargs& engine) {
+        LoaderOptions o = EngineOptions(engine);
+        auto cut = std::make_shared<text::CutCounter>();
+        text::TokenizeOptions t =
+            TokenizeOptionsOf(field, tokenizer.tokenizer, max_length, add_bos, add_eos, cut);
+        std::unique_ptr<Loader> loader =
+            Unlocked([&] { return text::MakeTextLoader(path, std::move(t), std::move(o)); });
+        return py::make_tuple(LoaderHolder(loader.release()), cut);
+      },
+      py::arg("path"), py::arg("field"), py::arg("tokenizer"), py::arg("max_length"),
+      py::arg("add_bos"), py::arg("add_eos"));
+
+  // Packed rows of tokenized documents: `batch_size` rows per batch (and drop_last) are the
+  // packer's; the documents are tokenized `doc_batch` at a time in the workers, every one.
+  m.def(
+      "packed_text_loader",
+      [](const std::string& path, const std::string& field, const TokenizerHandle& tokenizer,
+         int64_t max_length, bool add_bos, bool add_eos, const py::str& pack, int64_t seq_len,
+         int64_t window_rows, bool split_long, bool mask_boundaries, int64_t doc_batch,
+         int64_t batch_size, bool drop_last, const py::kwargs& engine) {
+        text::PackOptions p = PackOptionsOf(pack, seq_len, window_rows, split_long,
+                                            mask_boundaries, batch_size, drop_last);
+        LoaderOptions o = EngineOptions(engine).batch_size(doc_batch).drop_last(false);
+        text::TokenizeOptions t =
+            TokenizeOptionsOf(field, tokenizer.tokenizer, max_length, add_bos, add_eos, nullptr);
+        return Unlocked([&] {
+          return text::MakePackedTextLoader(path, std::move(t), std::move(p), std::move(o));
+        });
+      },
+      py::arg("path"), py::arg("field"), py::arg("tokenizer"), py::arg("max_length"),
+      py::arg("add_bos"), py::arg("add_eos"), py::arg("pack"), py::arg("seq_len"),
+      py::arg("window_rows"), py::arg("split_long"), py::arg("mask_boundaries"),
+      py::arg("doc_batch"), py::arg("batch_size"), py::arg("drop_last"));
+
+  // Packed rows of a token file's documents (its document index): as packed_text_loader.
+  m.def(
+      "packed_token_loader",
+      [](const std::string& path, const py::str& dtype, const std::string& index,
+         int64_t vocab_size, int64_t max_length, int64_t eos_id, const py::str& pack,
+         int64_t seq_len, int64_t window_rows, bool split_long, bool mask_boundaries,
+         int64_t doc_batch, int64_t batch_size, bool drop_last, int64_t pad_id,
+         const py::kwargs& engine) {
+        text::TokenDocumentOptions t;
+        t.path = path;
+        t.dtype = EnumFromPython<text::TokenDType>("dtype", dtype);
+        t.index_path = index;
+        t.vocab_size = vocab_size;
+        t.max_length = max_length;
+        t.eos_id = eos_id;
+        text::PackOptions p = PackOptionsOf(pack, seq_len, window_rows, split_long,
+                                            mask_boundaries, batch_size, drop_last);
+        p.pad_id = pad_id;
+        LoaderOptions o = EngineOptions(engine).batch_size(doc_batch).drop_last(false);
+        return Unlocked([&] {
+          return text::MakePackedTokenLoader(std::move(t), std::move(p), std::move(o));
+        });
+      },
+      py::arg("path"), py::arg("dtype"), py::arg("index"), py::arg("vocab_size"),
+      py::arg("max_length"), py::arg("eos_id"), py::arg("pack"), py::arg("seq_len"),
+      py::arg("window_rows"), py::arg("split_long"), py::arg("mask_boundaries"),
+      py::arg("doc_batch"), py::arg("batch_size"), py::arg("drop_last"), py::arg("pad_id"));
+
+  py::class_<text::PackedEpoch, PackedEpochHolder>(m, "PackedEpoch")
+      .def_property_readonly("epoch", &text::PackedEpoch::epoch)
+      .def("__len__",
+           [](const text::PackedEpoch&) -> int64_t {
+             throw py::type_error("packed rows per epoch are known only once it is tokenized");
+           })
+      .def("cancel",
+           [](text::PackedEpoch& e) {
+             py::gil_scoped_release release;
+             e.Cancel();
+           })
+      .def("next_fields", [](text::PackedEpoch& e) { return NextFields(e); });
+
+  py::class_<text::PackedLoader>(m, "PackedLoader")
+      .def("start_epoch",
+           [](text::PackedLoader& l) {
+             std::unique_ptr<text::PackedEpoch> e;
+             {
+               py::gil_scoped_release release;
+               e = l.StartEpoch();
+             }
+             return PackedEpochHolder(e.release());
+           })
+      .def_property_readonly(
+          "num_samples", [](const text::PackedLoader& l) { return l.documents().num_samples(); })
+      .def("set_epoch", &text::PackedLoader::set_epoch)
+      .def_property_readonly("next_epoch", &text::PackedLoader::next_epoch)
+      .def("state", [](const text::PackedLoader& l) { return PackedStateToDict(l.state()); })
+      .def("load_state",
+           [](text::PackedLoader& l, const py::dict& d, bool resplit) {
+             if (resplit) throw py::value_error("resplit: not supported for packed rows");
+             absl::Status st = l.LoadState(DictToPackedState(d));
+             if (!st.ok()) ThrowStatus(st, false);
+           })
+      .def("save_trace",
+           [](const text::PackedLoader& l, const std::string& path) {
+             absl::Status s;
+             {
+               py::gil_scoped_release release;
+               s = l.documents().SaveTrace(path);
+             }
+             if (!s.ok()) ThrowStatus(s, false);
+           })
+      .def("stats",
+           [](const text::PackedLoader& l) {
+             py::dict d = StatsToDict(l.documents().stats());
+             const text::PackStats p = l.pack_stats();
+             py::dict packing;
+             packing["rows"] = p.rows;
+             packing["tokens"] = p.tokens;
+             packing["slots"] = p.slots;
+             packing["documents"] = p.documents;
+             packing["truncated"] = p.truncated;
+             packing["split"] = p.split;
+             packing["empty"] = p.empty;
+             packing["cut_documents"] = p.cut_documents;
+             packing["cut_tokens"] = p.cut_tokens;
+             packing["cut_partly"] = p.cut_partly;
+             packing["efficiency"] = p.efficiency();
+             d["packing"] = packing;
+             return d;
+           })
+      .def("set_workers", [](text::PackedLoader& l, int n) { l.documents().set_workers(n); })
+      .def("set_prefetch", [](text::PackedLoader& l, int n) { l.documents().set_prefetch(n); })
+      .def_property_readonly(
+          "workers", [](const text::PackedLoader& l) { return l.documents().stats().workers; })
+      .def_property_readonly(
+          "prefetch", [](const text::PackedLoader& l) { return l.documents().stats().prefetch; });
+}
+
+}  // namespace feedline::python

@@ -1,0 +1,311 @@
+"""How feedline.DataLoader runs a map-style dataset on the engine: the executor chosen (worker
+processes, or engine threads under the GIL), the transform and its worker processes, the batch
+layout learned for in-place collation, and the engine run over an epoch's batches."""
+
+import itertools
+import os
+import pickle
+
+import torch
+import torch.utils.data as tud
+
+from .. import _collate, _feedline, _worker
+from .._util import _parse_bytes, _parse_count, _resolve_cuda
+from ._runtime import _check_cuda, _cpus, _signed64, _tls, _weak, _worker_copy
+
+
+class _Executor:
+    """DataLoader's engine side (a mixin: the loader's own attributes)."""
+
+    def _start_engine(self, batches, skip, base_seed):
+        """Starts the engine over batches[skip:]: (engine epoch, schema or None, engine batch,
+        learning) or None when there is nothing to load. `learning`: the layout is not known
+        yet, and the engine makes only as many whole batches as there are worker processes
+        (each learns the layout from its batch); the caller starts it again after them, in
+        place. No batch is made twice, and every worker is busy at once, as torch's are."""
+        left = batches[skip:]
+        if not left:
+            return None
+        sizes = {len(b) for b in left[:-1]}
+        regular = self._auto_collation and len(sizes) <= 1 and (
+            not sizes or len(left[-1]) <= min(sizes))
+        first_index = sum(len(b) for b in batches[:skip])  # the epoch order's index of left[0][0]
+        flat = [k for b in left for k in b]
+        if self._executor is None:
+            self._executor, self._executor_reason = self._choose_executor(flat)
+        if self._executor == "process" and not all(isinstance(k, int) for k in flat):
+            raise TypeError("executor='process' needs int sample keys; use executor='thread'")
+        if not self._procs_started():
+            self._spawn_seed = base_seed
+        if self._device is not None and self._device.type == "cuda":
+            _check_cuda(self._engine_device())  # a clear DeviceError now, in any mode
+        # In place needs the layout, which worker processes learn from their first batch.
+        self._wants_layout = (regular and self.collate_fn is tud.default_collate
+                              and self._executor == "process")
+        self._pad_config = ((self._pad, self._pad_value, dict(self._pad_bounds))
+                            if self._pad else None)
+        schema = self._layout() if self._wants_layout else None
+        learning = self._learning()
+        if learning:
+            left = left[:self._process_count()]
+            flat = [k for b in left for k in b]
+        batch_mode = schema is None
+        if batch_mode:
+            engine_batch = 1
+            offsets = list(itertools.accumulate([0] + [len(b) for b in left]))
+        else:
+            engine_batch = max(len(left[0]), 1)
+            offsets = list(range(len(flat) + 1))
+        self._ensure_transform(schema, batch_mode)
+        self._keys = flat if not batch_mode else left
+        self._key_offsets = offsets
+        if self._executor == "process":
+            # Batch k of the epoch goes to worker process k mod n, as torch's batches go.
+            self._transform.set_keys(flat, offsets, _signed64(base_seed), first_index,
+                                     first_batch=skip, positions_per_batch=engine_batch)
+        else:
+            self._transform.set_keys([], [0])
+        positions = len(left) if batch_mode else len(flat)
+        key = (positions, engine_batch, learning)
+        if self._loader is None or self._loader_key != key:
+            if self._loader is not None:
+                self._retire(loader=self._loader)
+            self._loader = None
+            workers = _parse_count("workers", self._workers)
+            if self._executor == "process" and not workers:
+                # An engine thread only waits on its process's pipe (no CPU of its own): one per
+                # process, so that every worker process can be at work, as torch's are.
+                workers = self._process_count()
+            prefetch = _parse_count("prefetch", self.prefetch_factor)
+            if learning:  # every worker process makes its first batch, all at once (as torch's)
+                workers = len(left)
+                prefetch = max(prefetch or 0, len(left))
+            self._loader = _feedline.python_loader(
+                self._transform, positions=positions, fingerprint=positions,
+                batch_size=engine_batch, drop_last=False, workers=workers,
+                prefetch=prefetch,
+                memory_budget=_parse_bytes("memory_budget", self._memory_budget),
+                on_error=self._on_error,
+                max_errors=_parse_count("max_errors", self._max_errors),
+                device=(self._engine_device() if schema is not None else None) or "cpu")
+            self._loader_key = key
+        self._results.clear()
+        return self._loader.start_epoch(), schema, engine_batch, learning
+
+    def _learning(self):
+        return self._wants_layout and self._learned is None
+
+    def _procs_started(self):
+        return self._transform is not None and self._transform.processes > 0
+
+    def _layout(self):
+        """The batch layout (a _collate.Schema) for worker processes to write samples into the
+        batch slots in place, or None: batches are made whole in the workers (as torch's are).
+        Until the layout is known the workers learn it from the samples of their first batch
+        (with pad=, the bounds from that batch's longest; a longer sample later grows them):
+        the epoch's first batches, one per worker process, are made whole, the rest in place,
+        and no sample is made for the layout alone. Worker threads always make whole batches:
+        they share the training thread's GIL, which in-place writes would not spare."""
+        if self._learned is None or self._learned[0] is None:
+            return None
+        schema = self._learned[0]
+        if self._pad_bounds:
+            schema = _collate.with_bounds(schema, self._pad_bounds)
+        return schema
+
+    def _learn(self, learned):
+        """A worker process's ("layout", schema or None) or ("error", text) of pad= naming no
+        field of the samples."""
+        if learned is None or self._learned is not None:
+            return
+        if learned[0] == "error":
+            raise ValueError(learned[1])
+        self._learned = (learned[1],)
+
+    def _ensure_transform(self, schema, batch_mode):
+        """The transform for this layout. Worker processes outlive a change of layout (learned
+        at the first epoch, a padded bound grown): the new transform adopts them and sends them
+        the layout, so worker_init_fn runs once per process, as torch's persistent workers."""
+        key = (None if schema is None else [f for f in schema.engine_fields()], batch_mode)
+        if self._transform is not None and self._transform_key == key:
+            if self._executor == "process" and not self._procs_started():
+                self._use_processes()  # persistent_workers=False: this epoch's new workers
+            return
+        self._schema = schema
+        self._batch_mode = batch_mode
+        fields = schema.engine_fields() if schema is not None else [("batch", "int64", [], False)]
+        old = self._transform
+        if self._loader is not None:
+            self._retire(loader=self._loader)
+        if old is not None:
+            self._retire(transform=old)
+        self._transform = _feedline.PythonTransform(fields, batch_mode, _weak(self._fetch))
+        self._transform.set_timeout(float(self.timeout))
+        self._transform_key = key
+        self._loader = None
+        if self._executor != "process":
+            return
+        if old is not None and old.processes > 0:
+            self._transform.adopt_processes(old, pickle.dumps(
+                (schema, batch_mode, self._learning(), self._pad_config)))
+            return
+        self._use_processes()
+
+    def _process_count(self):
+        """Worker processes: num_workers when it is given, as torch's workers (ids 0..n-1,
+        worker_init_fn once in each, batch k made by worker k mod n); left out, workers=N or
+        one per core. How many of them work at once is the engine's thread count, tuned."""
+        if self.num_workers:
+            return self.num_workers
+        return _parse_count("workers", self._workers) or _cpus()
+
+    def _use_processes(self):
+        self._stop_processes()
+        self._transform.use_processes(_weak(self._spawn), self._process_count())
+
+    @property
+    def _collate_batch(self):
+        """What collates a batch made in Python (the calling thread, or a worker's irregular
+        batch): with pad=, torch's default collation padded as the engine pads."""
+        if self._pad and self._auto_collation and self.collate_fn is tud.default_collate:
+            if self._padded_collate is None:
+                self._padded_collate = _collate.PaddedCollate(self._pad, self._pad_value)
+            return self._padded_collate
+        return self.collate_fn
+
+    @property
+    def _batch_collate_fn(self):
+        """What a worker applies to a batch's samples (auto collation) or to its one sample
+        (batch_size=None: the collate_fn, torch's default_convert unless the user gave one)."""
+        return self._collate_batch if self._auto_collation else self.collate_fn
+
+    def _batch_in_caller(self, keys):
+        """The batch of `keys`, made in the calling thread as torch's num_workers=0 makes it."""
+        if self._auto_collation:
+            return self._collate_batch([self.dataset[k] for k in keys])
+        return self.collate_fn(self.dataset[keys[0]])
+
+    def _choose_executor(self, flat):
+        """Stable for a loader's arguments, and made without calling the dataset."""
+        if self._executor_option != "auto":
+            return self._executor_option, "forced (executor=)"
+        if not all(isinstance(k, int) for k in flat[:64]):
+            return "thread", "sample keys are not ints: worker processes take int keys"
+        return "process", ("as torch's workers: each process has its own GIL and RNGs, a crash "
+                           "is the worker's, and the training thread keeps its GIL")
+
+    def _engine_device(self):
+        """"cuda:N" when batches go to a GPU through the engine's copy stage (pinned slots, a
+        side stream, an event the consumer's stream waits on), else None."""
+        if self._device is None or self._device.type != "cuda":
+            return None
+        if self._device.index is not None:
+            return f"cuda:{self._device.index}"
+        return _resolve_cuda("cuda")
+
+    # Thread executor: called by the engine's worker threads, with the GIL.
+    def _fetch(self, position, worker=0):
+        """Makes the whole batch at `position` (worker threads always do: see _layout); None,
+        or the error text naming the sample that failed."""
+        # `worker`: the engine thread's id, 0..threads-1, the same in every epoch. The engine
+        # keeps its worker threads (and their Python thread states, so their thread-local data)
+        # from epoch to epoch; the WorkerInfo is still kept here by id and set each time, for a
+        # sample made elsewhere (a replacement on the calling thread) and for an id whose thread
+        # was replaced (it was stuck in a cancelled epoch's sample). An id's first sample runs
+        # worker_init_fn, once for the loader's life (persistent workers).
+        info = self._thread_worker(worker)
+        if isinstance(info, str):
+            return info
+        _tls.info = info
+        out, _, failed = _worker.make_batch(info.dataset, self._keys[position],
+                                            self._batch_collate_fn, self._auto_collation)
+        if failed is not None:
+            return _worker.error_text(failed[0], failed[1], "a feedline worker thread")
+        # A list: under on_error="skip" a failed batch's place is taken by another position,
+        # which is then made twice.
+        self._results.setdefault(position, []).append(out)
+        return None
+
+    def _thread_worker(self, worker):
+        """Worker thread `worker`'s WorkerInfo, made (and worker_init_fn run) at its first
+        sample; or the error text of its worker_init_fn (tried again at the next sample)."""
+        info = self._thread_workers.get(worker)
+        if info is None:
+            # Each worker its own copy of the dataset, as each of torch's worker processes has.
+            own = _worker_copy(self.dataset)
+            info = tud._utils.worker.WorkerInfo(
+                id=worker, num_workers=max(_cpus(), worker + 1), seed=torch.initial_seed(),
+                dataset=own)
+            _tls.info = info
+            if self.worker_init_fn is not None:
+                try:
+                    self.worker_init_fn(worker)
+                except Exception as e:  # noqa: BLE001
+                    return _worker.error_text(e, f"worker_init_fn({worker})",
+                                              "a feedline worker thread")
+            self._thread_workers[worker] = info
+        return info
+
+    # Process executor: (re)starts worker i, from the engine's thread (GIL held).
+    def _spawn(self, i, close_fds):
+        import multiprocessing as mp
+        import sys
+        if sys.is_finalizing():
+            raise RuntimeError("the interpreter is exiting")
+        old = self._procs.get(i)
+        code = None
+        if old is not None:
+            old.join(timeout=2)
+            if old.is_alive():
+                old.kill()
+                old.join(timeout=2)
+            # As torch says it (its SIGCHLD handler's words): "is killed by signal: ..."
+            code = old.exitcode
+            if code is not None and code < 0:
+                import signal
+                try:
+                    code = (f"is killed by signal: {signal.strsignal(-code)} "
+                            f"({signal.Signals(-code).name}).")
+                except ValueError:
+                    code = f"is killed by signal {-code}."
+            elif code is not None:
+                code = f"exited unexpectedly with exit code {code}."
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        sfd = os.memfd_create(f"feedline-worker-{i}")
+        staging = self._staging_bytes()
+        os.ftruncate(sfd, staging)
+        ctx = mp.get_context("fork")
+        p = ctx.Process(target=_worker.main, daemon=True, name=f"feedline-worker-{i}",
+                        args=(self.dataset, self._schema, self._batch_mode,
+                              self._batch_collate_fn, req_r, rep_w,
+                              sfd, staging, i, self._transform.processes or 1,
+                              self._spawn_seed, self.worker_init_fn,
+                              list(close_fds) + [req_w, rep_r], os.getpid(),
+                              self._pad_config, self._learning(), self._auto_collation))
+        p.start()
+        os.close(req_r)
+        os.close(rep_w)
+        self._procs[i] = p
+        return (p.pid, req_w, rep_r, sfd, staging, code)
+
+    def _staging_bytes(self):
+        """A worker process's shared staging area: two samples of the layout (a larger reply
+        goes through the pipe), 64 MiB while the layout is not known. Pages are only used
+        when written."""
+        if self._schema is None:
+            return 64 << 20
+        per = sum(8 * len(f.shape) + 8 + f.slot_elements() *
+                  torch.empty((), dtype=f.dtype).element_size() for f in self._schema.fields)
+        return max(16 << 20, 2 * per + _collate.OBJECT_BYTES + 4096)
+
+    def _stop_processes(self):
+        if self._transform is not None:
+            self._transform.stop_processes()
+        for p in self._procs.values():
+            p.join(timeout=2)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=2)
+        self._procs.clear()
+

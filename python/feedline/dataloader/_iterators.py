@@ -1,0 +1,212 @@
+"""The iterators of a map-style feedline.DataLoader epoch: in the calling thread (num_workers=0),
+or from the engine (batches made whole in Python, or collated in place into the engine's slots)."""
+
+import json
+import pickle
+
+import torch
+
+from .. import _collate
+from .._feedline import DataError
+from ._runtime import _raise_from_text, _to_device
+
+
+class _BaseIter:
+    def __init__(self, owner):
+        self._owner = owner
+        self._batches_done = 0
+        self._finished = False
+        self._cancelled = None
+
+    def __iter__(self):
+        return self
+
+    def __len__(self):
+        return len(self._owner)
+
+    def _cancel(self, why):
+        self._cancelled = why
+        self._close()
+
+    def _close(self):
+        pass
+
+    def _check(self):
+        if self._cancelled is not None:
+            raise RuntimeError(f"feedline.DataLoader: this epoch's iterator was stopped: "
+                               f"{self._cancelled}")
+
+    def _out(self, batch, on_device=False):
+        self._batches_done += 1
+        dev = self._owner._device
+        if dev is not None and not on_device:
+            batch = _to_device(batch, dev)
+        return batch
+
+
+
+class _EmptyIter(_BaseIter):
+    def __init__(self):
+        self._batches_done, self._finished, self._cancelled = 0, True, None
+
+    def __next__(self):
+        raise StopIteration
+
+    def __len__(self):
+        return 0
+
+
+class _SerialIter(_BaseIter):
+    """num_workers=0: the calling thread does the work, as torch does."""
+
+    def __init__(self, owner, batches, skip):
+        super().__init__(owner)
+        if owner.num_workers == 0:
+            owner._executor, owner._executor_reason = "main", "num_workers=0"
+        self._batches = iter(batches[skip:])
+        self._batches_done = skip
+
+    def __next__(self):
+        self._check()
+        o = self._owner
+        try:
+            keys = next(self._batches)
+        except StopIteration:
+            self._finished = True
+            raise
+        return self._out(o._batch_in_caller(keys))
+
+
+class _EngineIter(_BaseIter):
+    def __init__(self, owner, batches, skip, base_seed):
+        super().__init__(owner)
+        self._epoch = None
+        self._started = False
+        self._base_seed = base_seed
+        self._schema = None
+        self._engine_batch = 1
+        self._batches_done = skip
+        self._batches = batches  # the epoch's whole order: a restart continues in it
+        self._position_batch = 0  # the engine's batches handed out (errors included)
+        self._on_device = False
+        self._serial = None  # the rest of the epoch's batches, when the calling thread loads
+        self._learning_run = False  # this engine run makes the first batches, to learn the layout
+
+    def _begin(self):
+        """Starts (or, after a grown bound, restarts) the engine at the next batch to give."""
+        self._started = True
+        o = self._owner
+        got = o._start_engine(self._batches, self._batches_done, self._base_seed)
+        if got is None:
+            self._finished = True
+            return
+        self._epoch, self._schema, self._engine_batch, self._learning_run = got
+        self._position_batch = 0
+        # Collated batches come from the copy stage already on the GPU (see _start_engine).
+        self._on_device = self._schema is not None and o._engine_device() is not None
+
+    def _grow_and_restart(self, overflow):
+        """A padded sample was longer than its field's bound: the bound grows (kept for later
+        epochs), the epoch restarts at this batch with the new slots; no sample is lost."""
+        o = self._owner
+        f, d, n = overflow
+        o._pad_bounds[(f, d)] = _collate.learned_bound(n)
+        o._pad_restarts += 1
+        self._close()
+        self._begin()
+        if self._epoch is None:
+            raise StopIteration
+
+    def _close(self):
+        epoch, self._epoch = self._epoch, None
+        if epoch is not None:
+            epoch.cancel()
+
+    @property
+    def _workers(self):
+        """The worker processes (multiprocessing.Process, by worker id), as torch's iterator
+        lists them; worker threads are not listed."""
+        procs = self._owner._procs
+        return [procs[i] for i in sorted(procs)]
+
+    def __next__(self):
+        self._check()
+        if self._serial is not None:  # the calling thread took over (see below)
+            o = self._owner
+            try:
+                keys = next(self._serial)
+            except StopIteration:
+                self._finished = True
+                raise
+            return self._out(o._batch_in_caller(keys))
+        if not self._started:
+            self._begin()
+        if self._epoch is None:
+            self._finished = True
+            raise StopIteration
+        o = self._owner
+        try:
+            # timeout=: worker processes time each sample themselves (the hung one is killed
+            # and its sample named); worker threads cannot be, so the wait for the batch is.
+            fields, _, index = self._epoch.next_fields(
+                o.timeout if o._executor == "thread" else 0)
+        except StopIteration:
+            self._close()
+            if self._learning_run and self._batches_done < len(self._batches):
+                self._begin()  # the rest of the epoch, in place once the layout is known
+                return self.__next__()
+            self._finished = True
+            raise
+        except DataError:
+            k = self._position_batch
+            texts = [o._transform.take_error(pos)
+                     for pos in range(k * self._engine_batch, (k + 1) * self._engine_batch)]
+            for text in texts:
+                details = text.partition("\n")[2] if text else ""
+                if "_collate.PadOverflow" in details:
+                    overflow = _collate.overflow_of(json.loads(details).get("message", ""))
+                    if overflow is not None:
+                        self._grow_and_restart(overflow)
+                        return self.__next__()
+            if o.num_workers is None and any('"unpicklable": true' in t for t in texts):
+                # A batch that cannot travel between processes (a namedtuple pickle cannot find
+                # by its name): with num_workers left out, the calling thread loads, as torch's
+                # default (num_workers=0) does; torch's own workers would fail here too.
+                self._close()
+                o._executor, o._executor_reason = "main", (
+                    "num_workers not given and the batches cannot be pickled: the calling "
+                    "thread loads, as torch's default")
+                o._stop_processes()
+                self._serial = iter(self._batches[self._batches_done:])
+                return self.__next__()
+            self._position_batch += 1
+            self._batches_done += 1
+            for text in texts:
+                if text:
+                    _raise_from_text(text)
+            raise
+        self._position_batch += 1
+        if self._schema is None:  # batch mode: the batch was made in Python
+            pos = int(torch.from_dlpack(fields["batch"])[0])
+            if o._executor == "process":
+                out, learned = pickle.loads(o._transform.take_result(pos))
+                o._learn(learned)
+                return self._out(out)
+            made = o._results[pos]
+            out = made.pop()
+            if not made:
+                del o._results[pos]
+            return self._out(out)
+        columns = []
+        for f in self._schema.fields:
+            columns.append(_collate.as_field_dtype(torch.from_dlpack(fields[f"f{f.index}"]), f))
+        lengths = {f.index: torch.from_dlpack(fields[f"f{f.index}_lengths"])
+                   for f in self._schema.fields if f.variable}
+        objects = None
+        if self._schema.objects:
+            values = torch.from_dlpack(fields[_collate.OBJECTS_FIELD]).cpu().numpy()
+            offs = torch.from_dlpack(fields[_collate.OBJECTS_FIELD + "_offsets"]).tolist()
+            objects = [pickle.loads(values[offs[i]:offs[i + 1]].tobytes())
+                       for i in range(len(offs) - 1)]
+        return self._out(_collate.rebuild(self._schema, columns, objects, lengths),
+                         on_device=self._on_device)
