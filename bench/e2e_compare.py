@@ -14,6 +14,12 @@ workload, in one run, contenders interleaved round after round:
 Workloads (the bundled ImageNet-like JPEGs; random-resized-crop 224 + flip, uint8 NCHW):
   image     feedline.ImageLoader(transform="train") / torch: torchvision ImageFolder
   pil       the torchvision ImageFolder through feedline.DataLoader / through torch's DataLoader
+and (the first --text-docs documents of the bundled text corpus, its SentencePiece model; 8
+steps an epoch; counted in real tokens, not documents, so that padded and packed compare):
+  text      feedline.TextLoader padded, --text-batch documents a batch / torch: a map-style data
+            set tokenized by Python sentencepiece in the workers, padded by a collate_fn
+  packed    feedline.TextLoader(pack="concat", seq_len=--seq-len), --pack-rows rows a batch /
+            torch: the same padded peer (torch has no packer): the same documents, fewer steps
 
 Every contender runs --epochs whole epochs in a process of its own (the first is warm-up: the
 loaders' start, the worker processes' fork); the figures cover the later epochs, epoch starts
@@ -23,9 +29,9 @@ and GIL); the loader's CPU per sample (the process tree's CPU less the trainer's
 the trainer waited for batches; peak PSS of the process tree; what feedline chose.
 With --hog, another process keeps one core busy throughout (a logger, a checkpoint writer).
 
-    /usr/bin/python3 bench/e2e_compare.py --data DIR [--steps 10:150,60:80,5:10]
-        [--workloads image,pil] [--torch-workers 1,2,3] [--rounds 2] [--epochs 4] [--hog]
-        [--json FILE]
+    /usr/bin/python3 bench/e2e_compare.py --data DIR [--text-dir DIR] [--steps 10:150,60:80,5:10]
+        [--workloads image,pil,text,packed] [--torch-workers 1,2,3] [--rounds 2] [--epochs 4]
+        [--hog] [--json FILE]
 """
 
 import argparse
@@ -53,8 +59,51 @@ def _spin(cpu_s):
     return x
 
 
-def _make_loader(workload, loader, data, batch, workers):
+TEXT_WORKLOADS = ("text", "packed")
+
+
+def _make_text_loader(workload, loader, a):
     import torch
+    if loader == "feedline":
+        import feedline
+        if workload == "packed":
+            return feedline.TextLoader(a.corpus, a.model, batch_size=a.pack_rows, pack="concat",
+                                       seq_len=a.seq_len, add_eos=True, seed=0)
+        return feedline.TextLoader(a.corpus, a.model, batch_size=a.text_batch, max_length=2048,
+                                   seed=0)
+    import sentencepiece
+    with open(a.corpus, encoding="utf-8") as f:
+        docs = [line.rstrip("\n") for line in f if line.strip()]
+    model = a.model
+    pad = max(sentencepiece.SentencePieceProcessor(model_file=model).pad_id(), 0)
+
+    class Documents(torch.utils.data.Dataset):  # what users run today: bench/peer_text.py's
+        sp = None
+
+        def __len__(self):
+            return len(docs)
+
+        def __getitem__(self, i):
+            if self.sp is None:  # one processor per worker process
+                self.sp = sentencepiece.SentencePieceProcessor(model_file=model)
+            return torch.tensor(self.sp.encode(docs[i])[:2048])
+
+    def collate(xs):
+        out = torch.full((len(xs), max(len(x) for x in xs)), pad, dtype=torch.long)
+        for i, x in enumerate(xs):
+            out[i, :len(x)] = x
+        return {"input_ids": out, "lengths": torch.tensor([len(x) for x in xs])}
+
+    return torch.utils.data.DataLoader(Documents(), batch_size=a.text_batch, shuffle=True,
+                                       num_workers=a.workers, collate_fn=collate,
+                                       persistent_workers=a.workers > 0)
+
+
+def _make_loader(a):
+    import torch
+    workload, loader, data, batch, workers = a.workload, a.loader, a.data, a.batch_size, a.workers
+    if workload in TEXT_WORKLOADS:
+        return _make_text_loader(workload, loader, a)
     if loader == "feedline" and workload == "image":
         import feedline
         return feedline.ImageLoader(data, batch_size=batch, transform="train", size=224,
@@ -71,10 +120,28 @@ def _make_loader(workload, loader, data, batch, workers):
                                        persistent_workers=workers > 0)
 
 
-def _images(b):
-    if isinstance(b, dict):
-        return b["image"]
-    return b[0]
+def _count(b):
+    """What a batch carries: images, or for text its real tokens (padding not counted)."""
+    if isinstance(b, dict) and "input_ids" in b:
+        if "attention_mask" in b and "lengths" not in b:
+            return int(b["attention_mask"].sum())
+        return int(b["lengths"].sum())
+    x = b["image"] if isinstance(b, dict) else b[0]
+    return int(x.shape[0])
+
+
+def _made_in_advance(a):
+    """The ideal's batches: the workload's batches, made before the loop (no loader in it)."""
+    import torch
+    if a.workload in TEXT_WORKLOADS:
+        # The feedline loader's own epoch, copied: the same steps and tokens as it gives.
+        loader = _make_text_loader(a.workload, "feedline", a)
+        return [{k: v.clone() for k, v in b.items()} for b in loader]
+    n = len([f for _, _, fs in os.walk(a.data) for f in fs])
+    steps = -(-n // a.batch_size)
+    return [(torch.zeros(min(a.batch_size, n - k * a.batch_size), 3, 224, 224,
+                         dtype=torch.uint8), torch.zeros(a.batch_size, dtype=torch.int64))
+            for k in range(steps)]
 
 
 def run_contender(a):
@@ -84,16 +151,10 @@ def run_contender(a):
     torch.manual_seed(0)
     c_s, g_s = a.c_ms / 1000.0, a.g_ms / 1000.0
     if a.loader == "ideal":
-        # Batches made in advance: the loop alone, at the loader's batch shape.
-        n = len([f for _, _, fs in os.walk(a.data) for f in fs])
-        steps = -(-n // a.batch_size)
-        made = [(torch.zeros(min(a.batch_size, n - k * a.batch_size), 3, 224, 224,
-                             dtype=torch.uint8), torch.zeros(a.batch_size, dtype=torch.int64))
-                for k in range(steps)]
-        epochs = [made] * a.epochs
+        epochs = [_made_in_advance(a)] * a.epochs
         loader = None
     else:
-        loader = _make_loader(a.workload, a.loader, a.data, a.batch_size, a.workers)
+        loader = _make_loader(a)
         epochs = [loader] * a.epochs
     out = {"epochs": []}
     for e, source in enumerate(epochs):
@@ -112,8 +173,7 @@ def run_contender(a):
             waited += w1 - w0
             if steps == 0:
                 first_wait = w1 - w0 + (w0 - t0)  # iter() and the first batch
-            x = _images(b)
-            samples += int(x.shape[0])
+            samples += _count(b)
             steps += 1
             c0 = time.thread_time()
             _spin(c_s)
@@ -177,7 +237,7 @@ def _summary(r, c_ms, skip_first=1):
     wall = sum(e["wall"] for e in eps)
     steps = sum(e["steps"] for e in eps)
     trainer_cpu = sum(e["trainer_cpu"] for e in eps)
-    return dict(rate=samples / wall, stretch=(sum(e["trainer_wall"] for e in eps) /
+    return dict(rate=samples / wall, samples_per_epoch=samples / len(eps), stretch=(sum(e["trainer_wall"] for e in eps) /
                                                max(1e-9, steps * c_ms / 1000.0)),
                 loader_cpu_ms=1000.0 * (sum(e["cpu"] for e in eps) - trainer_cpu) / samples,
                 waited_ms=1000.0 * sum(e["waited"] for e in eps) / steps,
@@ -194,7 +254,12 @@ def main():
     p.add_argument("--data")
     p.add_argument("--steps", default="10:150,60:80,5:10",
                    help="C:G pairs in ms (GPU-bound, launch-bound, loader-bound)")
-    p.add_argument("--workloads", default="image,pil")
+    p.add_argument("--workloads", help="default: image,pil, and text,packed with --text-dir")
+    p.add_argument("--text-dir", help="corpus.txt (one document a line) and m.model")
+    p.add_argument("--text-docs", type=int, default=2048)
+    p.add_argument("--text-batch", type=int, default=256, help="documents a padded batch")
+    p.add_argument("--pack-rows", type=int, default=12, help="rows a packed batch")
+    p.add_argument("--seq-len", type=int, default=1024, help="tokens a packed row")
     p.add_argument("--torch-workers", default="1,2,3")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--epochs", type=int, default=4)
@@ -209,13 +274,35 @@ def main():
     p.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--c-ms", type=float, help=argparse.SUPPRESS)
     p.add_argument("--g-ms", type=float, help=argparse.SUPPRESS)
+    p.add_argument("--corpus", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.contender:
         return run_contender(a)
     if not a.data:
         p.error("--data is required")
     steps = [tuple(float(v) for v in s.split(":")) for s in a.steps.split(",")]
-    workloads = a.workloads.split(",")
+    workloads = (a.workloads or ("image,pil,text,packed" if a.text_dir else "image,pil")).split(",")
+    text_args = []
+    if any(w in TEXT_WORKLOADS for w in workloads):
+        if not a.text_dir:
+            p.error("the text workloads need --text-dir (corpus.txt and m.model)")
+        # The corpus's first --text-docs documents, in a file of their own.
+        import tempfile
+        work = tempfile.mkdtemp(prefix="feedline-e2e-")
+        corpus = os.path.join(work, "corpus.txt")
+        with open(os.path.join(a.text_dir, "corpus.txt"), encoding="utf-8") as f, \
+                open(corpus, "w", encoding="utf-8") as out:
+            kept = 0
+            for line in f:
+                if kept == a.text_docs:
+                    break
+                if line.strip():
+                    out.write(line)
+                    kept += 1
+        text_args = ["--corpus", corpus, "--model", os.path.join(a.text_dir, "m.model"),
+                     "--text-batch", str(a.text_batch), "--pack-rows", str(a.pack_rows),
+                     "--seq-len", str(a.seq_len)]
     torch_workers = [int(w) for w in a.torch_workers.split(",") if w]
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1",
                OPENBLAS_NUM_THREADS="1")
@@ -234,7 +321,8 @@ def main():
                         cmd = [sys.executable, os.path.abspath(__file__), "--contender",
                                "--data", a.data, "--workload", wl, "--loader", loader,
                                "--workers", str(w), "--c-ms", str(c_ms), "--g-ms", str(g_ms),
-                               "--epochs", str(a.epochs), "--batch-size", str(a.batch_size)]
+                               "--epochs", str(a.epochs), "--batch-size", str(a.batch_size)
+                               ] + (text_args if wl in TEXT_WORKLOADS else [])
                         r, pss = _measure(cmd, env)
                         s = _summary(r, c_ms)
                         s["pss_mib"] = pss / 2**20
@@ -255,16 +343,18 @@ def main():
     mean = {}
     for key, runs in results.items():
         m = {k: sum(r[k] for r in runs) / len(runs) for k in
-             ("rate", "stretch", "loader_cpu_ms", "waited_ms", "epoch_start_ms", "pss_mib")}
+             ("rate", "samples_per_epoch", "stretch", "loader_cpu_ms", "waited_ms",
+              "epoch_start_ms", "pss_mib")}
         m["chose"] = runs[-1]["chose"]
         m["processes"] = runs[-1]["processes"]
         m["workers"] = runs[-1]["workers"]
         mean[key] = m
     print(f"\nend to end{' (another process busy on one core)' if a.hog else ''}: "
           f"batch {a.batch_size}, epochs 2-{a.epochs} of {a.epochs}, {a.rounds} rounds (means)")
+    print("(samples/s: images for image and pil, real tokens for text and packed)")
     print(f"{'step C:G ms':12s} {'workload':8s} {'contender':24s} {'samples/s':>9s} "
           f"{'/ideal':>7s} {'stretch':>7s} {'wait/step':>10s} {'1st batch':>10s} "
-          f"{'loader CPU':>11s} "
+          f"{'loader CPU':>11s} "  # per sample
           f"{'peak PSS':>9s}  chose")
     report = []
     for c_ms, g_ms in steps:
@@ -283,7 +373,7 @@ def main():
                 print(f"{c_ms:g}:{g_ms:g}".ljust(12) + f" {wl:8s} {key[3]:24s} "
                       f"{m['rate']:9.1f} {m['rate'] / ideal:6.2f}x {m['stretch']:6.2f}x "
                       f"{m['waited_ms']:8.1f}ms {m['epoch_start_ms']:8.1f}ms "
-                      f"{m['loader_cpu_ms']:8.2f} ms "
+                      f"{m['loader_cpu_ms'] * 1000:8.1f} us "
                       f"{m['pss_mib']:6.0f} MiB  {chose}")
             f = mean[(wl, c_ms, g_ms, "feedline")]
             t = mean[best]

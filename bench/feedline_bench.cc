@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -43,6 +44,7 @@
 #include "feedline/options.h"
 #include "feedline/stats.h"
 #include "loader_run.h"
+#include "process_tree.h"
 #include "svg_plot.h"
 #include "synthetic_images.h"
 #include "tune_grid.h"
@@ -139,8 +141,9 @@ modes:
   --e2e                 the loaders inside a training loop (bench/e2e_compare.py): a Python
                         step that holds the GIL for C ms of CPU, then waits G ms for the
                         "GPU", at a GPU-bound, a launch-bound and a loader-bound (C, G);
-                        feedline.ImageLoader and feedline.DataLoader (PIL ImageFolder)
-                        against the same loop fed ready batches (the ideal) and torch's
+                        feedline.ImageLoader, feedline.DataLoader (PIL ImageFolder) and
+                        feedline.TextLoader (padded; packed) against the same loop fed
+                        ready batches (the ideal) and torch's
                         DataLoader at each --torch-workers count (default 1,2,3), two
                         interleaved rounds: samples/s end to end, the step's CPU stretch,
                         waits per step and at epoch starts, loader CPU, peak PSS
@@ -745,8 +748,18 @@ int RunEndToEnd(const BenchFlags& flags) {
   if (!scripts.ok()) return Fail(scripts.status());
   absl::StatusOr<std::string> data = EnsureBundledData(flags.quiet);
   if (!data.ok()) return Fail(data.status());
+  // The text workloads' corpus and model, made by feedline-bench-text (it links SentencePiece).
+  const std::string text_dir = DataSetDir("text-v2").string();
+  absl::StatusOr<feedline::bench::ChildRun> prepared = feedline::bench::RunChild(
+      {(feedline::bench::ExecutableDir() / "feedline-bench-text").string(), "--data-dir", text_dir,
+       "--prepare"},
+      {}, std::chrono::milliseconds(1000));
+  if (!prepared.ok()) return Fail(prepared.status());
+  if (prepared->exit_code != 0) {
+    return Fail(absl::InternalError("--e2e: feedline-bench-text could not make the text corpus"));
+  }
   std::vector<std::string> args = {*python, (fs::path(*scripts) / "e2e_compare.py").string(),
-                                   "--data", *data};
+                                   "--data", *data, "--text-dir", text_dir};
   if (flags.given.count("--epochs")) args.insert(args.end(), {"--epochs", absl::StrCat(flags.epochs)});
   if (flags.given.count("--batch-size")) {
     args.insert(args.end(), {"--batch-size", absl::StrCat(flags.batch_size)});

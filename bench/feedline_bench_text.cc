@@ -5,6 +5,7 @@
 //
 //   feedline-bench-text --data-dir DIR --python PATH --script-dir DIR [--epochs N]
 //                       [--torch-workers 1,2,4] [--json FILE] [--quiet]
+//   feedline-bench-text --data-dir DIR --prepare   (makes the corpus and model only: --e2e)
 #include <cstdio>
 #include <string>
 
@@ -16,10 +17,11 @@
 int main(int argc, char** argv) {
   feedline::bench::TextCompareOptions o;
   std::string json_path;
+  bool prepare = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--quiet") {
-      o.quiet = true;
+    if (arg == "--quiet" || arg == "--prepare") {
+      (arg == "--quiet" ? o.quiet : prepare) = true;
       continue;
     }
     if (i + 1 >= argc) {
@@ -51,6 +53,13 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "feedline-bench-text: bad option %s %s\n", arg.c_str(), value.c_str());
       return 2;
     }
+  }
+  if (prepare && !o.data_dir.empty()) {
+    if (absl::Status s = feedline::bench::EnsureCorpus(o.data_dir, o.quiet); !s.ok()) {
+      std::fprintf(stderr, "feedline-bench: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    return 0;
   }
   if (o.data_dir.empty() || o.python.empty() || o.script_dir.empty()) {
     std::fprintf(stderr, "feedline-bench-text: --data-dir, --python and --script-dir are needed\n");

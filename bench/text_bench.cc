@@ -97,32 +97,6 @@ std::string FindInPath(const std::string& name) {
   return name;
 }
 
-absl::Status EnsureCorpus(const fs::path& dir, bool quiet) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  const fs::path corpus = dir / "corpus.txt", model = dir / "m.model";
-  if (!fs::exists(corpus)) {
-    if (!quiet) std::fprintf(stderr, "feedline-bench: making the text corpus in %s\n", dir.c_str());
-    const fs::path tmp = dir / "corpus.txt.tmp";
-    std::ofstream(tmp, std::ios::binary) << MakeCorpus();
-    fs::rename(tmp, corpus, ec);
-    if (ec) return absl::InternalError(absl::StrCat(corpus.string(), ": ", ec.message()));
-  }
-  if (!fs::exists(model)) {
-    absl::StatusOr<ChildRun> run = RunChild(
-        {FindInPath("spm_train"), "--input=" + corpus.string(),
-         "--model_prefix=" + (dir / "m").string(), "--vocab_size=2000", "--hard_vocab_limit=false",
-         "--pad_id=3", "--character_coverage=1.0", "--minloglevel=2"},
-        {}, std::chrono::milliseconds(1000));
-    if (!run.ok()) return run.status();
-    if (run->exit_code != 0) {
-      return absl::FailedPreconditionError(
-          "spm_train failed (Debian's sentencepiece package: cmake/install-deps.sh installs it)");
-    }
-  }
-  return absl::OkStatus();
-}
-
 std::vector<std::string> Lines(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   std::vector<std::string> out;
@@ -229,6 +203,33 @@ absl::StatusOr<TextContender> RunPeer(const TextCompareOptions& o, const fs::pat
 }
 
 }  // namespace
+
+absl::Status EnsureCorpus(const std::string& data_dir, bool quiet) {
+  const fs::path dir = data_dir;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const fs::path corpus = dir / "corpus.txt", model = dir / "m.model";
+  if (!fs::exists(corpus)) {
+    if (!quiet) std::fprintf(stderr, "feedline-bench: making the text corpus in %s\n", dir.c_str());
+    const fs::path tmp = dir / "corpus.txt.tmp";
+    std::ofstream(tmp, std::ios::binary) << MakeCorpus();
+    fs::rename(tmp, corpus, ec);
+    if (ec) return absl::InternalError(absl::StrCat(corpus.string(), ": ", ec.message()));
+  }
+  if (!fs::exists(model)) {
+    absl::StatusOr<ChildRun> run = RunChild(
+        {FindInPath("spm_train"), "--input=" + corpus.string(),
+         "--model_prefix=" + (dir / "m").string(), "--vocab_size=2000", "--hard_vocab_limit=false",
+         "--pad_id=3", "--character_coverage=1.0", "--minloglevel=2"},
+        {}, std::chrono::milliseconds(1000));
+    if (!run.ok()) return run.status();
+    if (run->exit_code != 0) {
+      return absl::FailedPreconditionError(
+          "spm_train failed (Debian's sentencepiece package: cmake/install-deps.sh installs it)");
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<TextCompareResult> RunTextComparison(const TextCompareOptions& o) {
   const fs::path dir = o.data_dir;

@@ -62,6 +62,9 @@ struct TextCompareResult {
 };
 
 absl::StatusOr<TextCompareResult> RunTextComparison(const TextCompareOptions& options);
+// The bundled corpus (corpus.txt: long-tailed documents, one a line) and its SentencePiece
+// model (m.model, trained by Debian's spm_train) in `data_dir`, made when missing.
+absl::Status EnsureCorpus(const std::string& data_dir, bool quiet);
 void WriteTextJson(const TextCompareResult& result, JsonWriter& json);
 
 }  // namespace feedline::bench

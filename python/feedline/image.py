@@ -5,8 +5,9 @@ import re
 
 from . import _feedline
 from ._epoch import _EpochIterator, _start_epoch
-from ._util import (_LoaderFace, _check_type, _default_seed, _is_url, _pair, _parse_bytes,
-                    _parse_count, _resolve_cuda, _shown, _timeout, _triple, _world)
+from ._util import (_LoaderFace, _check_type, _default_seed, _engine_args, _is_url, _pair,
+                    _parse_bytes, _parse_count, _resolve_cuda, _shown, _timeout, _triple,
+                    _world)
 
 
 class ImageLoader(_LoaderFace):
@@ -110,12 +111,6 @@ class ImageLoader(_LoaderFace):
                 source = os.fsdecode(source)
             if "{" not in source and not _is_url(source) and not os.path.exists(source):
                 raise FileNotFoundError(f"source: {source}: no such file or directory")
-        _check_type("batch_size", batch_size, int, "an int")
-        _check_type("shuffle", shuffle, bool, "a bool")
-        _check_type("seed", seed, int, "an int")
-        if seed < 0:
-            raise ValueError(f"seed: must be >= 0, got {seed}")
-        _check_type("drop_last", drop_last, bool, "a bool")
         _check_type("transform", transform, str, "'train', 'eval' or 'eval_fast'")
         _check_type("accept_corrupt", accept_corrupt, bool, "a bool")
         _check_type("exif_transpose", exif_transpose, bool, "a bool")
@@ -126,7 +121,6 @@ class ImageLoader(_LoaderFace):
         if not isinstance(dtype, str) and not str(dtype).startswith("torch."):
             raise TypeError(f"dtype: expected a dtype name such as 'float32', "
                             f"got {type(dtype).__name__}")
-        _check_type("on_error", on_error, str, "'raise' or 'skip'")
         _check_type("return_index", return_index, bool, "a bool")
         _check_type("max_image_pixels", max_image_pixels, int, "an int")
         dtype = str(dtype).replace("torch.", "")
@@ -142,29 +136,21 @@ class ImageLoader(_LoaderFace):
         std = _triple("std", std)
         if cache is not None and cache not in ("bytes", "decoded"):
             raise ValueError(f"cache: expected None, 'bytes' or 'decoded', got {cache!r}")
-        if rank is None or world_size is None:
-            r, w = _world()
-            rank = r if rank is None else rank
-            world_size = w if world_size is None else world_size
+        # The engine's options, checked as every face checks them (rank and world_size from
+        # torch.distributed or the environment when not given).
+        engine = _engine_args(batch_size, shuffle, seed, drop_last, rank, world_size, workers,
+                              prefetch, memory_budget, on_error, max_errors)
         self._world_defaulted = self._args["rank"] is None and self._args["world_size"] is None
-        _check_type("rank", rank, int, "an int")
-        _check_type("world_size", world_size, int, "an int")
+        rank, world_size = engine["rank"], engine["world_size"]
         scale = _pair("scale", scale)
         ratio = _pair("ratio", ratio)
         layout = layout.upper()
 
         self._return_index = return_index
         self._loader = _feedline.image_loader(
-            source=source, shards=shards, batch_size=batch_size, shuffle=shuffle, seed=seed,
-            drop_last=drop_last, transform=transform, size=size, resize_size=resize_size,
-            scale=scale, ratio=ratio, flip=flip, layout=layout,
-            workers=_parse_count("workers", workers),
-            prefetch=_parse_count("prefetch", prefetch),
-            io_depth=_parse_count("io_depth", io_depth),
-            memory_budget=_parse_bytes("memory_budget", memory_budget),
-            on_error=on_error, rank=rank, world_size=world_size,
-            max_image_pixels=max_image_pixels,
-            max_errors=_parse_count("max_errors", max_errors),
+            source=source, shards=shards, transform=transform, size=size,
+            resize_size=resize_size, scale=scale, ratio=ratio, flip=flip, layout=layout,
+            io_depth=_parse_count("io_depth", io_depth), max_image_pixels=max_image_pixels,
             read_timeout_ms=1000.0 * _timeout(read_timeout),
             cache=cache or "none",
             dtype=dtype, mean=mean, stddev=std, device=device, accept_corrupt=accept_corrupt,
@@ -172,7 +158,7 @@ class ImageLoader(_LoaderFace):
             cache_budget=0 if cache_budget is None else _parse_bytes("cache_budget", cache_budget),
             simulated_read_latency_ms=float(_check_type(
                 "simulated_read_latency_ms", simulated_read_latency_ms, (int, float), "a number")),
-            worker_nice=worker_nice, epoch_head_start=epoch_head_start)
+            worker_nice=worker_nice, epoch_head_start=epoch_head_start, **engine)
         self._samples = None
         self.batch_size = batch_size
         self.seed = seed

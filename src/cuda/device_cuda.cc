@@ -59,7 +59,7 @@ class DeviceGuard {
 class PinnedAllocator final : public HostAllocator {
  public:
   explicit PinnedAllocator(int device) : device_(device) {}
-  void* Allocate(size_t bytes) override {
+  void* Allocate(size_t bytes, Fill) override {  // pinned: resident whole, whatever is written
     DeviceGuard guard(device_);
     void* p = nullptr;
     // std::bad_alloc is caught where a slot is opened: the batch fails, the process does not.

@@ -103,6 +103,7 @@ SlotLayout SlotLayout::Make(Schema schema, int64_t batch_size) {
     for (size_t d = 1; d < f.shape().size(); ++d) {
       if (f.shape()[d].variable) fl.first_dim_only = false;
     }
+    if (fl.variable) l.fill = Fill::kSparse;  // samples at strides of their largest size
     l.fields.push_back(fl);
     at = AlignUp(at + size_t(fl.sample_bytes) * size_t(batch_size));
   }
@@ -134,7 +135,7 @@ BatchSlot::BatchSlot(HostAllocator* a, std::shared_ptr<const SlotLayout> ref)
     : allocator(a),
       layout_ref(std::move(ref)),
       layout(layout_ref.get()),
-      arena(static_cast<uint8_t*>(a->Allocate(layout->arena_bytes))),
+      arena(static_cast<uint8_t*>(a->Allocate(layout->arena_bytes, layout->fill))),
       columns(size_t(layout->schema.size())),
       indices(size_t(layout->batch_size)) {
   const SlotLayout* l = layout;

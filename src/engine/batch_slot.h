@@ -50,6 +50,7 @@ struct SlotLayout {
   int64_t batch_size = 0;
   std::vector<FieldLayout> fields;
   size_t arena_bytes = 0;
+  Fill fill = Fill::kDense;  // kSparse when a field is variable (HostAllocator: pages)
 
   static SlotLayout Make(Schema schema, int64_t batch_size);
   // Bytes one slot costs (arena + per-sample metadata), for the memory budget.

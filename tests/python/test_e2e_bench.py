@@ -5,8 +5,13 @@ figures are the benchmark's, not a test's: this machine's speed varies)."""
 
 import json
 import os
+import random
+import shutil
 import subprocess
 import sys
+
+import pytest
+import sentencepiece
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -30,3 +35,42 @@ def test_the_end_to_end_benchmark_runs_and_reports_every_contender(small_folder,
     assert ideal["waited_ms"] < 5 and ideal["rate"] > 0
     assert contenders["pil|2.0|10.0|feedline"]["chose"] == "process"
     assert "image   " in r.stdout and "-> feedline / ideal" in r.stdout
+
+
+@pytest.mark.skipif(shutil.which("spm_train") is None, reason="spm_train missing")
+def test_the_text_workloads_count_real_tokens_and_match_the_ideals_steps(tmp_path):
+    # 96 documents of 1-40 words, a model trained on them: 2 padded batches of 48 documents and
+    # packed rows of 64 tokens, 3 rows a batch.
+    rng = random.Random(0)
+    words = "the of and to loader batch tensor gradient café 東京 naïve".split()
+    docs = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 40))) for _ in range(96)]
+    (tmp_path / "corpus.txt").write_text("\n".join(docs) + "\n", encoding="utf-8")
+    subprocess.run(["spm_train", f"--input={tmp_path / 'corpus.txt'}",
+                    f"--model_prefix={tmp_path / 'm'}", "--vocab_size=60",
+                    "--hard_vocab_limit=false", "--pad_id=3", "--character_coverage=1.0",
+                    "--minloglevel=2"], check=True, capture_output=True)
+    out = tmp_path / "e2e.json"
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "e2e_compare.py"),
+                        "--data", str(tmp_path), "--text-dir", str(tmp_path),
+                        "--workloads", "text,packed", "--text-docs", "96", "--text-batch", "48",
+                        "--pack-rows", "3", "--seq-len", "64", "--steps", "2:10",
+                        "--torch-workers", "1", "--rounds", "1", "--epochs", "2", "--quiet",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ))
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert {x["workload"] for x in report["ratios"]} == {"text", "packed"}
+    contenders = report["contenders"]
+    for wl in ("text", "packed"):
+        ideal = contenders[f"{wl}|2.0|10.0|ideal"]
+        feedline = contenders[f"{wl}|2.0|10.0|feedline"]
+        assert ideal["rate"] > 0 and feedline["rate"] > 0 and feedline["chose"] == "engine"
+    # The same documents whatever the contender: the tokens an epoch carries are the corpus's
+    # (padding never counted), so padded and packed rates compare.
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "m.model"))
+    tokens = sum(len(sp.encode(d)) for d in docs)
+    for key in ("text|2.0|10.0|ideal", "text|2.0|10.0|feedline",
+                "text|2.0|10.0|torch (num_workers=1)"):
+        assert contenders[key]["samples_per_epoch"] == tokens, key
+    # Packed rows carry an EOS after each document.
+    assert contenders["packed|2.0|10.0|feedline"]["samples_per_epoch"] == tokens + len(docs)
