@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
 #include "feedline/error.h"
+#include "wire_format.h"
 
 namespace py = pybind11;
 
@@ -383,26 +384,7 @@ absl::Status PyTransform::ApplyThread(int64_t position, ThreadWorker* state,
 }
 
 absl::Status PyTransform::WriteFields(const uint8_t* p, size_t n, SampleWriter& out) const {
-  size_t off = 0;
-  std::vector<int64_t> shape;
-  for (int f = 0; f < schema_.size(); ++f) {
-    const Field& field = schema_.field(f);
-    shape.resize(size_t(field.rank()));
-    if (off + 8 * shape.size() > n) return absl::DataLossError("truncated reply");
-    std::memcpy(shape.data(), p + off, 8 * shape.size());
-    off += 8 * shape.size();
-    int64_t elements = 1;
-    for (int64_t d : shape) {
-      if (d < 0) return absl::DataLossError("negative dimension in reply");
-      elements *= d;
-    }
-    const size_t bytes = size_t(elements) * size_t(ElementSize(field.dtype()));
-    if (off + bytes > n) return absl::DataLossError("truncated reply");
-    absl::Status st = out.Write(f, shape, p + off);
-    if (!st.ok()) return st;
-    off += (bytes + 7) / 8 * 8;
-  }
-  return absl::OkStatus();
+  return ReadSampleReply(schema_, p, n, out);
 }
 
 void PyTransform::UseProcesses(py::object respawn, int count) {

@@ -1,0 +1,25 @@
+// The sample a worker process sends back (python/py_dataset.h: wire format), read into a batch
+// slot. Kept apart from the pybind code so that a fuzz target reads it as the engine does
+// (tests/fuzz/fuzz_wire.cc): a reply is bytes from another process, which user code runs in.
+#ifndef FEEDLINE_PYTHON_WIRE_FORMAT_H_
+#define FEEDLINE_PYTHON_WIRE_FORMAT_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "feedline/schema.h"
+#include "feedline/transform.h"
+
+namespace feedline::python {
+
+// Writes the sample in `p[0, n)` into `out`: for each field of `schema` in order, its shape
+// (one little-endian int64 word per dimension) then its elements, padded to 8 bytes. Every word
+// is checked before it is used: a dimension outside the field's declared bound (negative, or
+// larger than a fixed size or an UpTo bound) and a payload shorter than the shapes say are
+// kDataLoss ("truncated reply", "dimension ... of field ..."); nothing is read past `n`.
+absl::Status ReadSampleReply(const Schema& schema, const uint8_t* p, size_t n, SampleWriter& out);
+
+}  // namespace feedline::python
+
+#endif  // FEEDLINE_PYTHON_WIRE_FORMAT_H_
