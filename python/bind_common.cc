@@ -230,6 +230,9 @@ py::dict StatsToDict(const Stats& s) {
   d["demand_images_per_s"] = s.demand_images_per_s;
   d["decode_ms_per_image"] = s.decode_ms_per_image;
   d["read_ms"] = s.read_ms;
+  d["trainer"] = py::dict(py::arg("cores") = s.trainer_cores,
+                          py::arg("cores_left") = s.cores_left_to_trainer,
+                          py::arg("reason") = s.trainer_reason);
   py::list tuning;
   for (const TuningEvent& t : s.tuning) {
     tuning.append(py::dict(py::arg("time_s") = t.time_s, py::arg("workers") = t.workers,

@@ -86,6 +86,11 @@ struct Stats {
   double demand_images_per_s = 0;   // the consumer's appetite (0: unknown; huge: unlimited)
   double decode_ms_per_image = 0;   // one decoder thread's time per image
   double read_ms = 0;               // one read, latency included
+  // The trainer: the cores the consumer's thread used (smoothed; measured by the autotuner when
+  // it sizes the workers), how many of them the workers leave to it now, and why.
+  double trainer_cores = 0;
+  int cores_left_to_trainer = 0;
+  std::string trainer_reason;
   std::vector<TuningEvent> tuning;  // the tuner's decisions, in order
   std::vector<TimelinePoint> timeline;
   std::string cache;  // "none", "bytes", "decoded"

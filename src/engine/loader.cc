@@ -166,6 +166,9 @@ Stats LoaderShared::Snapshot() {
       s.demand_images_per_s = tuner->demand_images_per_s();
       s.decode_ms_per_image = tuner->decode_s_per_image() * 1e3;
       s.read_ms = tuner->read_s() * 1e3;
+      s.trainer_cores = tuner->trainer_cores();
+      s.cores_left_to_trainer = tuner->cores_left_to_trainer();
+      s.trainer_reason = tuner->trainer_reason();
       for (const TunerDecision& d : tuner->decisions()) {
         s.tuning.push_back(TuningEvent{d.time_s, d.settings.workers, d.settings.io_depth,
                                        d.settings.prefetch, d.images_per_s, d.reason});

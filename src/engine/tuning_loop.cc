@@ -51,7 +51,8 @@ TuningLoop::Counters TuningLoop::ReadCounters() const {
                   .map_busy = sh.map.busy_ns.load(),
                   .reads = sh.read.items.load(),
                   .read_busy = sh.read.busy_ns.load(),
-                  .map_cpu = sh.map.cpu_ns.load()};
+                  .map_cpu = sh.map.cpu_ns.load(),
+                  .consumer_cpu = sh.consumer_cpu_ns.load()};
 }
 
 void TuningLoop::Tick(double interval_s) {
@@ -72,6 +73,7 @@ void TuningLoop::Tick(double interval_s) {
   sample.reads = now.reads - last_.reads;
   sample.read_busy_s = double(now.read_busy - last_.read_busy) * 1e-9;
   sample.decode_cpu_s = double(now.map_cpu - last_.map_cpu) * 1e-9;
+  sample.consumer_cpu_s = double(now.consumer_cpu - last_.consumer_cpu) * 1e-9;
   sample.at_s = double(NowNs() - sh.start_ns.load()) * 1e-9;
   last_ = now;
   // The consumer's current wait (it may be blocked right now, not yet counted).

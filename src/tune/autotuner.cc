@@ -28,6 +28,7 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
     Ema(&t_decode_, busy / double(s.decoded));
   }
   if (s.reads > 0) Ema(&t_read_, s.read_busy_s / double(s.reads));
+  if (s.consumer_cpu_s > 0) Ema(&trainer_, std::min(s.consumer_cpu_s / s.interval_s, 64.0));
   if (const int64_t stepped = s.stepped_images; stepped > 0) {
     // Over a window of intervals: an interval holds a few steps, and the last one is still
     // running when it ends. A consumer that spends (almost) no time outside Next() would take
@@ -103,6 +104,36 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
     want = std::clamp(want, 1, limits_.max_workers);
     // A consumer that keeps waiting while decoders are all busy needs every core.
     if (wait_fraction > 0.05 && demand_ > max_capacity) want = limits_.max_workers;
+    // The trainer's cores (see the header): not given to a worker while the others cover the
+    // load; given when they cannot (the loader is the bottleneck), or once the cap starved it.
+    const int trainer =
+        trainer_ > kTrainerMinCore ? int(std::ceil(trainer_ - kTrainerMinCore)) : 0;
+    const int leave = limits_.max_workers - trainer;
+    if (trainer_left_ > 0 && settings_.workers <= leave && wait_ema_ > kStarvedWait) {
+      trainer_cap_failed_ = true;
+      reason += "the trainer's core given to a worker (the consumer waited); ";
+    }
+    trainer_left_ = 0;
+    trainer_reason_.clear();
+    if (trainer > 0 && leave >= 1 && want > leave) {
+      if (!trainer_cap_failed_ && load <= double(leave)) {
+        want = leave;
+        trainer_left_ = trainer;
+        trainer_reason_ = absl::StrFormat(
+            "the trainer's thread uses %.2f cores; %d workers cover the demand (%.2f cores of "
+            "work)", trainer_, leave, load);
+      } else if (trainer_cap_failed_) {
+        trainer_reason_ = absl::StrFormat(
+            "none: the trainer's thread uses %.2f cores, but with %d workers it waited: the "
+            "loader takes what is left",
+            trainer_, leave);
+      } else {
+        trainer_reason_ = absl::StrFormat(
+            "none: the trainer's thread uses %.2f cores, but %d workers cannot feed it (%.2f "
+            "cores of work): the loader is the bottleneck and takes what is left",
+            trainer_, leave, load);
+      }
+    }
     // Up only for a real shortfall: when the model is at most kUpDeadBand short and the
     // consumer does not wait, the ring covers it (the estimates move by a few % from interval
     // to interval, and a controller that follows them flips a worker on and off).

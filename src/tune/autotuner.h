@@ -17,6 +17,14 @@
 // Workers go down one at a time, and every change is followed by a settling interval, so the
 // controller does not oscillate.
 //
+// The trainer's cores: the consumer's own thread needs CPU too (a training step's Python, its
+// kernel launches). The tuner measures it (trainer = the consumer thread's CPU time per second,
+// smoothed) and does not give a worker the core it needs: when cores - ceil(trainer) workers
+// cover the demand, workers stop there, a deep ring absorbing the jitter instead of a spare
+// worker; when they cannot, the loader is the bottleneck and takes what is left (its workers
+// run below the trainer's priority: LoaderOptions::worker_nice). A capped setting that starves
+// the consumer is left for good.
+//
 // The cost of an image depends on how many decoders run at once (shared caches, memory
 // bandwidth, SMT siblings): measured with w decoders, the model can ask for w when w - 1, each
 // faster alone, would cover the consumer. So when the consumer is the bottleneck and w - 1 is
@@ -51,6 +59,7 @@ struct TunerSample {
                              // contention wall time inflates and would ask for too few reads
   int64_t reads = 0;
   double read_busy_s = 0;  // summed over reader threads (the read latency included)
+  double consumer_cpu_s = 0;  // CPU time of the consumer's thread (0: not measured)
   double at_s = 0;         // when the interval ended, since tuning began (0: sum of intervals)
 };
 
@@ -95,6 +104,11 @@ class Autotuner {
   double demand_images_per_s() const { return demand_; }
   double decode_s_per_image() const { return t_decode_; }
   double read_s() const { return t_read_; }
+  // The cores the consumer's thread uses (smoothed; 0 before it is measured), and how many the
+  // workers leave it now (0: none kept back) with why.
+  double trainer_cores() const { return trainer_; }
+  int cores_left_to_trainer() const { return trainer_left_; }
+  const std::string& trainer_reason() const { return trainer_reason_; }
 
   static constexpr double kHeadroom = 1.15;
   // io_depth changes only when the model asks for this much more or less (a dead band: reads in
@@ -120,6 +134,8 @@ class Autotuner {
   // The consumer is starved when it waits more than this fraction of the time (smoothed).
   static constexpr double kStarvedWait = 0.04;
   static constexpr int kProbeAfter = 3;  // intervals at the current settings before a probe
+  // A consumer thread using less than this fraction of a core needs none kept back.
+  static constexpr double kTrainerMinCore = 0.05;
 
  private:
   TunerLimits limits_;
@@ -127,6 +143,10 @@ class Autotuner {
   std::vector<TunerDecision> decisions_;
   double time_s_ = 0;
   double demand_ = 0, t_decode_ = 0, t_read_ = 0;
+  double trainer_ = 0;               // cores of the consumer's thread (EMA)
+  int trainer_left_ = 0;             // cores the workers leave it now
+  bool trainer_cap_failed_ = false;  // the cap starved the consumer once: not applied again
+  std::string trainer_reason_;
   std::pair<int64_t, double> demand_window_[kDemandWindow] = {};  // images, consumer busy s
   int64_t demand_next_ = 0;
   int settle_ = 0;            // intervals to wait after a change

@@ -64,6 +64,27 @@ def test_image_loader_workers_yield_and_stats_show_the_trainers_share(image_fold
     assert 0 <= st["consumer_run_delay_s"] < 60
 
 
+def test_the_autotuner_measures_the_trainers_cores(image_folder):
+    """stats()["trainer"]: the cores the consumer's thread uses, as the autotuner measures them
+    to size the workers (the rule itself is tested in the [tune] unit tests)."""
+    loader = feedline.ImageLoader(image_folder, batch_size=4, size=32)  # workers: auto
+    start = time.monotonic()
+    while time.monotonic() - start < 2.0:  # whole epochs, ~2 s: several tuning intervals
+        for _ in loader:
+            end = time.thread_time() + 0.02  # a step that needs the CPU: most of a core
+            while time.thread_time() < end:
+                pass
+    trainer = loader.stats()["trainer"]
+    assert set(trainer) == {"cores", "cores_left", "reason"}
+    assert 0.2 < trainer["cores"] <= 1.05, trainer
+    assert trainer["cores_left"] in (0, 1) and isinstance(trainer["reason"], str)
+    # A loader whose workers are fixed has no tuner to measure it.
+    fixed = feedline.ImageLoader(image_folder, batch_size=4, size=32, workers=1, prefetch=2,
+                                 io_depth=1)
+    list(fixed)
+    assert fixed.stats()["trainer"] == {"cores": 0.0, "cores_left": 0, "reason": ""}
+
+
 def test_feedline_worker_nice_0_keeps_every_worker_at_the_trainers_priority(image_folder):
     """FEEDLINE_WORKER_NICE overrides the default for every face (a job that wants its loader to
     compete with other processes on equal terms)."""

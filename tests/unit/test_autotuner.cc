@@ -29,6 +29,8 @@ struct Machine {
   // The decoders' CPU time over their busy time (< 1: other threads take the cores from them,
   // as an HTTP client and a server on the same cores do).
   double cpu_share = 1.0;
+  // The cores the consumer's own thread uses (a training step's Python and launches).
+  double trainer_cpu = 0;
 };
 
 // Steady-state figures for one interval under `s` (a fluid model of the pipeline).
@@ -54,6 +56,7 @@ TunerSample Simulate(const Machine& m, const TunerSettings& s, double interval =
   x.reads = x.images_consumed;
   const double t_read = m.queueing ? std::max(m.t_read, s.io_depth / rate) : m.t_read;
   x.read_busy_s = x.reads * t_read;
+  x.consumer_cpu_s = m.trainer_cpu * interval;
   return x;
 }
 
@@ -318,4 +321,58 @@ TEST_CASE("a probe that starves the consumer ends at once", "[tune]") {
   REQUIRE(s.workers == 4);
   for (int k = 0; k < 50; ++k) s = tuner.Update(Simulate(m, s));
   REQUIRE(s.workers == 4);  // and not tried again
+}
+
+TEST_CASE("a consumer that needs a core: workers stop at cores - 1 when that feeds it", "[tune]") {
+  Machine m;
+  m.cores = 2;
+  m.t_decode = 0.004;
+  m.demand = 230;  // 0.92 cores of decoding: the headroom alone asks for a second worker
+  TunerLimits l = Limits(2);
+  l.tune_prefetch = false;  // no deep ring (lean mode) to fall back on
+  auto run = [&](double trainer_cpu, Autotuner* tuner) {  // from every core, the default
+    m.trainer_cpu = trainer_cpu;
+    TunerSettings s{2, 2, 4};
+    for (int i = 0; i < 30; ++i) s = tuner->Update(Simulate(m, s));
+    return s;
+  };
+  // A trainer that needs no CPU (a sleeping consumer): the spare worker, as before.
+  Autotuner idle(l, TunerSettings{2, 2, 4});
+  REQUIRE(run(0.0, &idle).workers == 2);
+  REQUIRE(idle.cores_left_to_trainer() == 0);
+  REQUIRE(idle.trainer_cores() == 0);
+  // A trainer using half a core keeps it: one worker covers the demand.
+  Autotuner busy(l, TunerSettings{2, 2, 4});
+  const TunerSettings s = run(0.5, &busy);
+  REQUIRE(s.workers == 1);
+  REQUIRE(busy.cores_left_to_trainer() == 1);
+  REQUIRE(busy.trainer_cores() == Approx(0.5).epsilon(0.05));
+  REQUIRE(busy.trainer_reason().find("1 workers cover the demand") != std::string::npos);
+  TunerSample x = Simulate(m, s);
+  REQUIRE(double(x.images_consumed) / x.interval_s >= 0.99 * 230);
+  // If the consumer then waits with the core kept back, the worker gets it, for good.
+  for (int i = 0; i < 6; ++i) {
+    TunerSample starved = Simulate(m, TunerSettings{1, 2, 4});
+    starved.consumer_wait_s = 0.3 * starved.interval_s;
+    busy.Update(starved);
+  }
+  TunerSettings after{1, 2, 4};
+  for (int i = 0; i < 20; ++i) after = busy.Update(Simulate(m, after));
+  REQUIRE(after.workers == 2);
+  REQUIRE(busy.cores_left_to_trainer() == 0);
+  REQUIRE(busy.trainer_reason().find("it waited") != std::string::npos);
+}
+
+TEST_CASE("a loader-bound trainer: the loader takes what the trainer leaves", "[tune]") {
+  Machine m;
+  m.cores = 2;
+  m.t_decode = 0.004;
+  m.demand = 420;  // 1.7 cores of decoding: one worker cannot feed it
+  m.trainer_cpu = 0.4;
+  Autotuner tuner(Limits(2), TunerSettings{1, 2, 2});
+  TunerSettings s{1, 2, 2};
+  for (int i = 0; i < 30; ++i) s = tuner.Update(Simulate(m, s));
+  REQUIRE(s.workers == 2);
+  REQUIRE(tuner.cores_left_to_trainer() == 0);
+  REQUIRE(tuner.trainer_reason().find("cannot feed it") != std::string::npos);
 }
