@@ -109,16 +109,20 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
     const int trainer =
         trainer_ > kTrainerMinCore ? int(std::ceil(trainer_ - kTrainerMinCore)) : 0;
     const int leave = limits_.max_workers - trainer;
-    if (trainer_left_ > 0 && settings_.workers <= leave && wait_ema_ > kStarvedWait) {
+    if (capped_for_trainer_ && settings_.workers <= leave && wait_ema_ > kStarvedWait) {
       trainer_cap_failed_ = true;
       reason += "the trainer's core given to a worker (the consumer waited); ";
     }
-    trainer_left_ = 0;
+    capped_for_trainer_ = false;
     trainer_reason_.clear();
-    if (trainer > 0 && leave >= 1 && want > leave) {
+    if (trainer > 0 && want <= leave) {
+      trainer_reason_ = absl::StrFormat(
+          "the trainer's thread uses %.2f cores; the demand needs %d workers (%.2f cores of "
+          "work)", trainer_, want, load);
+    } else if (trainer > 0 && leave >= 1) {
       if (!trainer_cap_failed_ && load <= double(leave)) {
         want = leave;
-        trainer_left_ = trainer;
+        capped_for_trainer_ = true;
         trainer_reason_ = absl::StrFormat(
             "the trainer's thread uses %.2f cores; %d workers cover the demand (%.2f cores of "
             "work)", trainer_, leave, load);

@@ -38,6 +38,8 @@
 #ifndef FEEDLINE_SRC_TUNE_AUTOTUNER_H_
 #define FEEDLINE_SRC_TUNE_AUTOTUNER_H_
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -107,7 +109,11 @@ class Autotuner {
   // The cores the consumer's thread uses (smoothed; 0 before it is measured), and how many the
   // workers leave it now (0: none kept back) with why.
   double trainer_cores() const { return trainer_; }
-  int cores_left_to_trainer() const { return trainer_left_; }
+  int cores_left_to_trainer() const {
+    if (trainer_ <= kTrainerMinCore) return 0;
+    const int trainer = int(std::ceil(trainer_ - kTrainerMinCore));
+    return std::max(0, std::min(trainer, limits_.max_workers - settings_.workers));
+  }
   const std::string& trainer_reason() const { return trainer_reason_; }
 
   static constexpr double kHeadroom = 1.15;
@@ -144,7 +150,7 @@ class Autotuner {
   double time_s_ = 0;
   double demand_ = 0, t_decode_ = 0, t_read_ = 0;
   double trainer_ = 0;               // cores of the consumer's thread (EMA)
-  int trainer_left_ = 0;             // cores the workers leave it now
+  bool capped_for_trainer_ = false;  // workers held at cores - ceil(trainer) for it
   bool trainer_cap_failed_ = false;  // the cap starved the consumer once: not applied again
   std::string trainer_reason_;
   std::pair<int64_t, double> demand_window_[kDemandWindow] = {};  // images, consumer busy s

@@ -375,4 +375,10 @@ TEST_CASE("a loader-bound trainer: the loader takes what the trainer leaves", "[
   REQUIRE(s.workers == 2);
   REQUIRE(tuner.cores_left_to_trainer() == 0);
   REQUIRE(tuner.trainer_reason().find("cannot feed it") != std::string::npos);
+  // A demand one worker covers with its headroom: the core is the trainer's without a cap.
+  m.demand = 150;
+  for (int i = 0; i < 40; ++i) s = tuner.Update(Simulate(m, s));
+  REQUIRE(s.workers == 1);
+  REQUIRE(tuner.cores_left_to_trainer() == 1);
+  REQUIRE(tuner.trainer_reason().find("the demand needs 1 workers") != std::string::npos);
 }
