@@ -302,34 +302,15 @@ Loader::State DictToState(const py::dict& d) {
   }
   Loader::State s;
   // Each value cast on its own, so that a wrong one is named (bool is not an int here).
-  auto get = [&d](const char* key, auto* out) {
-    using T = std::remove_pointer_t<decltype(out)>;
-    const py::handle v = d[key];
-    const bool is_bool = py::isinstance<py::bool_>(v);
-    if constexpr (std::is_same_v<T, bool>) {
-      if (!is_bool) throw py::type_error(absl::StrCat("state_dict: '", key, "' must be a bool"));
-      *out = v.cast<bool>();
-    } else {
-      if (is_bool || !py::isinstance<py::int_>(v)) {
-        throw py::type_error(absl::StrCat("state_dict: '", key, "' must be an int"));
-      }
-      try {
-        *out = v.cast<T>();
-      } catch (const py::cast_error&) {
-        throw py::value_error(absl::StrCat("state_dict: '", key, "' is out of range (",
-                                           std::string(py::str(v)), ")"));
-      }
-    }
-  };
-  get("epoch", &s.epoch);
-  get("batches_done", &s.batches_done);
-  get("seed", &s.seed);
-  get("rank", &s.rank);
-  get("world_size", &s.world_size);
-  get("batch_size", &s.batch_size);
-  get("shuffle", &s.shuffle);
-  get("drop_last", &s.drop_last);
-  get("dataset_size", &s.dataset_size);
+  StateValue(d, "epoch", &s.epoch);
+  StateValue(d, "batches_done", &s.batches_done);
+  StateValue(d, "seed", &s.seed);
+  StateValue(d, "rank", &s.rank);
+  StateValue(d, "world_size", &s.world_size);
+  StateValue(d, "batch_size", &s.batch_size);
+  StateValue(d, "shuffle", &s.shuffle);
+  StateValue(d, "drop_last", &s.drop_last);
+  StateValue(d, "dataset_size", &s.dataset_size);
   const py::handle fp = d["dataset_fingerprint"];
   if (!py::isinstance<py::str>(fp) ||
       !absl::SimpleHexAtoi(fp.cast<std::string>(), &s.dataset_fingerprint)) {

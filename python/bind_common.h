@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -119,6 +120,19 @@ using LoaderHolder = std::unique_ptr<Loader, ReleaseGilDeleter>;
 // ConnectionError or RuntimeError by its code.
 [[noreturn]] void ThrowStatus(const absl::Status& s, bool sample_error);
 
+// Runs `make` (returning a StatusOr: a loader's factory) with the GIL released; its value, or
+// its error raised as Python's.
+template <typename F>
+auto Unlocked(F make) {
+  decltype(make()) made;
+  {
+    py::gil_scoped_release release;
+    made = make();
+  }
+  if (!made.ok()) ThrowStatus(made.status(), false);
+  return *std::move(made);
+}
+
 // The epoch's next batch, waiting with the GIL released (and Ctrl-C honoured); StopIteration at
 // the end, the sample's error (DataError, DeviceError, ...) when it failed. `timeout_s` > 0:
 // RuntimeError when no batch came within it, as torch's DataLoader(timeout=) raises (the batch
@@ -181,6 +195,27 @@ LoaderOptions EngineOptions(const py::kwargs& kwargs);
 py::dict StatsToDict(const Stats& s);
 // A resume state as a dict, and back (every key checked: missing, wrong type, out of range).
 py::dict StateToDict(const Loader::State& s);
+// `d[key]` into `out`, named when it is wrong: a bool only for a bool (TypeError), an int in
+// range for an integer (TypeError, ValueError).
+template <typename T>
+void StateValue(const py::dict& d, const char* key, T* out) {
+  const py::handle v = d[key];
+  const bool is_bool = py::isinstance<py::bool_>(v);
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!is_bool) throw py::type_error(absl::StrCat("state_dict: '", key, "' must be a bool"));
+    *out = v.cast<bool>();
+  } else {
+    if (is_bool || !py::isinstance<py::int_>(v)) {
+      throw py::type_error(absl::StrCat("state_dict: '", key, "' must be an int"));
+    }
+    try {
+      *out = v.cast<T>();
+    } catch (const py::cast_error&) {
+      throw py::value_error(absl::StrCat("state_dict: '", key, "' is out of range (",
+                                         std::string(py::str(v)), ")"));
+    }
+  }
+}
 Loader::State DictToState(const py::dict& d);
 
 }  // namespace feedline::python

@@ -28,13 +28,7 @@ void BindImage(py::module_& m) {
   m.def("image_loader", [](const py::kwargs& kwargs) {
     LoaderOptions o;
     SetOptions(kwargs, {OptionGroup::kEngine, OptionGroup::kImage}, &o);
-    absl::StatusOr<std::unique_ptr<Loader>> loader;
-    {
-      py::gil_scoped_release release;
-      loader = Loader::Create(std::move(o));
-    }
-    if (!loader.ok()) ThrowStatus(loader.status(), false);
-    return LoaderHolder(loader->release());
+    return LoaderHolder(Unlocked([&] { return Loader::Create(std::move(o)); }).release());
   });
   m.def(
       "image_classes", [](const Loader& l) { return FilesOf(l).classes; }, py::arg("loader"),

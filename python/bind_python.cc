@@ -68,13 +68,10 @@ void BindPython(py::module_& m) {
         // PyTransform::SetKeys): the engine runs them as they come, on one rank. "cuda:N" for
         // `device`: pinned slots and the copy stage (every field copied on its side stream).
         LoaderOptions o = EngineOptions(engine).shuffle(false).rank(0).world_size(1);
-        absl::StatusOr<std::unique_ptr<Loader>> loader;
-        {
-          py::gil_scoped_release release;
-          loader = Loader::Create(MakePositions(positions, fingerprint), transform, std::move(o));
-        }
-        if (!loader.ok()) ThrowStatus(loader.status(), false);
-        return LoaderHolder(loader->release());
+        return LoaderHolder(Unlocked([&] {
+                              return Loader::Create(MakePositions(positions, fingerprint),
+                                                    transform, std::move(o));
+                            }).release());
       },
       py::arg("transform"), py::arg("positions"), py::arg("fingerprint"));
 }

@@ -49,18 +49,6 @@ text::TokenizeOptions TokenizeOptionsOf(const std::string& field,
   return t;
 }
 
-// Runs `make` with the GIL released; its error raised as Python's.
-template <typename F>
-auto Unlocked(F make) {
-  decltype(make()) made;
-  {
-    py::gil_scoped_release release;
-    made = make();
-  }
-  if (!made.ok()) ThrowStatus(made.status(), false);
-  return *std::move(made);
-}
-
 py::dict PackedStateToDict(const text::PackedLoader::State& s) {
   py::dict d;
   d["documents"] = StateToDict(s.documents);
@@ -88,15 +76,7 @@ text::PackedLoader::State DictToPackedState(const py::dict& d) {
   for (auto [key, out] : {std::pair{"batches_done", &s.batches_done}, {"document", &s.document},
                           {"offset", &s.offset}, {"seq_len", &s.seq_len},
                           {"batch_size", &s.batch_size}, {"window_rows", &s.window_rows}}) {
-    const py::handle v = d[key];
-    if (py::isinstance<py::bool_>(v) || !py::isinstance<py::int_>(v)) {
-      throw py::type_error(absl::StrCat("state_dict: '", key, "' must be an int"));
-    }
-    try {
-      *out = v.cast<int64_t>();
-    } catch (const py::cast_error&) {
-      throw py::value_error(absl::StrCat("state_dict: '", key, "' is out of range"));
-    }
+    StateValue(d, key, out);
   }
   s.mode = int(EnumFromPython<text::PackMode>("state_dict: 'mode'", d["mode"]));
   return s;

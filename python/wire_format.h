@@ -15,9 +15,9 @@ namespace feedline::python {
 
 // Writes the sample in `p[0, n)` into `out`: for each field of `schema` in order, its shape
 // (one little-endian int64 word per dimension) then its elements, padded to 8 bytes. Every word
-// is checked before it is used: a dimension outside the field's declared bound (negative, or
-// larger than a fixed size or an UpTo bound) and a payload shorter than the shapes say are
-// kDataLoss ("truncated reply", "dimension ... of field ..."); nothing is read past `n`.
+// is checked before it is used: a shape that does not fit the field (SampleWriter::Shaped:
+// kInvalidArgument naming it) and a payload shorter than the shapes say (kDataLoss, "truncated
+// reply"); nothing is read past `n`.
 absl::Status ReadSampleReply(const Schema& schema, const uint8_t* p, size_t n, SampleWriter& out);
 
 }  // namespace feedline::python

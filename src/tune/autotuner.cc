@@ -106,8 +106,7 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
     if (wait_fraction > 0.05 && demand_ > max_capacity) want = limits_.max_workers;
     // The trainer's cores (see the header): not given to a worker while the others cover the
     // load; given when they cannot (the loader is the bottleneck), or once the cap starved it.
-    const int trainer =
-        trainer_ > kTrainerMinCore ? int(std::ceil(trainer_ - kTrainerMinCore)) : 0;
+    const int trainer = TrainerCoresNeeded();
     const int leave = limits_.max_workers - trainer;
     if (capped_for_trainer_ && settings_.workers <= leave && wait_ema_ > kStarvedWait) {
       trainer_cap_failed_ = true;

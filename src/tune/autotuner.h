@@ -106,13 +106,11 @@ class Autotuner {
   double demand_images_per_s() const { return demand_; }
   double decode_s_per_image() const { return t_decode_; }
   double read_s() const { return t_read_; }
-  // The cores the consumer's thread uses (smoothed; 0 before it is measured), and how many the
-  // workers leave it now (0: none kept back) with why.
+  // The cores the consumer's thread uses (smoothed; 0 before it is measured), and how many of
+  // the whole cores it needs the workers leave it now, with why.
   double trainer_cores() const { return trainer_; }
   int cores_left_to_trainer() const {
-    if (trainer_ <= kTrainerMinCore) return 0;
-    const int trainer = int(std::ceil(trainer_ - kTrainerMinCore));
-    return std::max(0, std::min(trainer, limits_.max_workers - settings_.workers));
+    return std::max(0, std::min(TrainerCoresNeeded(), limits_.max_workers - settings_.workers));
   }
   const std::string& trainer_reason() const { return trainer_reason_; }
 
@@ -144,6 +142,10 @@ class Autotuner {
   static constexpr double kTrainerMinCore = 0.05;
 
  private:
+  // Whole cores the consumer's thread needs: ceil(trainer), 0 below kTrainerMinCore.
+  int TrainerCoresNeeded() const {
+    return trainer_ > kTrainerMinCore ? int(std::ceil(trainer_ - kTrainerMinCore)) : 0;
+  }
   TunerLimits limits_;
   TunerSettings settings_;
   std::vector<TunerDecision> decisions_;
