@@ -44,6 +44,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import peer_text  # noqa: E402  (bench/: the text peer, what users run today)
 
 
 # --- one contender, in its own process --------------------------------------------------------
@@ -63,7 +64,6 @@ TEXT_WORKLOADS = ("text", "packed")
 
 
 def _make_text_loader(workload, loader, a):
-    import torch
     if loader == "feedline":
         import feedline
         if workload == "packed":
@@ -71,32 +71,7 @@ def _make_text_loader(workload, loader, a):
                                        seq_len=a.seq_len, add_eos=True, seed=0)
         return feedline.TextLoader(a.corpus, a.model, batch_size=a.text_batch, max_length=2048,
                                    seed=0)
-    import sentencepiece
-    with open(a.corpus, encoding="utf-8") as f:
-        docs = [line.rstrip("\n") for line in f if line.strip()]
-    model = a.model
-    pad = max(sentencepiece.SentencePieceProcessor(model_file=model).pad_id(), 0)
-
-    class Documents(torch.utils.data.Dataset):  # what users run today: bench/peer_text.py's
-        sp = None
-
-        def __len__(self):
-            return len(docs)
-
-        def __getitem__(self, i):
-            if self.sp is None:  # one processor per worker process
-                self.sp = sentencepiece.SentencePieceProcessor(model_file=model)
-            return torch.tensor(self.sp.encode(docs[i])[:2048])
-
-    def collate(xs):
-        out = torch.full((len(xs), max(len(x) for x in xs)), pad, dtype=torch.long)
-        for i, x in enumerate(xs):
-            out[i, :len(x)] = x
-        return {"input_ids": out, "lengths": torch.tensor([len(x) for x in xs])}
-
-    return torch.utils.data.DataLoader(Documents(), batch_size=a.text_batch, shuffle=True,
-                                       num_workers=a.workers, collate_fn=collate,
-                                       persistent_workers=a.workers > 0)
+    return peer_text.torch_loader(a.corpus, a.model, a.text_batch, a.workers)
 
 
 def _make_loader(a):

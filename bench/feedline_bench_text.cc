@@ -20,8 +20,12 @@ int main(int argc, char** argv) {
   bool prepare = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--quiet" || arg == "--prepare") {
-      (arg == "--quiet" ? o.quiet : prepare) = true;
+    if (arg == "--quiet") {
+      o.quiet = true;
+      continue;
+    }
+    if (arg == "--prepare") {
+      prepare = true;
       continue;
     }
     if (i + 1 >= argc) {

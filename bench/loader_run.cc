@@ -33,7 +33,7 @@ double OtherCores(double machine_busy_delta, double cpu_delta, double seconds) {
 // Images the decoders have finished so far.
 int64_t DecodedImages(const feedline::Stats& stats) {
   for (const feedline::StageStats& s : stats.stages) {
-    if (s.name == "decode") return s.items;
+    if (s.name == "map") return s.items;
   }
   return 0;
 }
@@ -197,7 +197,7 @@ void WriteStatsJson(const feedline::Stats& st, bool timeline, JsonWriter& json) 
   json.Key("bottleneck_reason").String(st.bottleneck_reason);
   json.Key("consumer_wait_fraction").Number(st.consumer_wait_fraction);
   json.Key("epoch_start_wait_s").Number(st.epoch_start_wait_s);
-  json.Key("decode_ms_per_image").Number(st.decode_ms_per_image);
+  json.Key("decode_ms_per_image").Number(st.map_ms_per_sample);
   json.Key("read_ms").Number(st.read_ms);
   json.Key("bytes_in_use").Integer(st.bytes_in_use);
   json.Key("memory_budget").Integer(st.memory_budget);
@@ -223,7 +223,7 @@ void WriteStatsJson(const feedline::Stats& st, bool timeline, JsonWriter& json) 
     json.Key("workers").Integer(t.workers);
     json.Key("io_depth").Integer(t.io_depth);
     json.Key("prefetch").Integer(t.prefetch);
-    json.Key("images_per_s").Number(t.images_per_s);
+    json.Key("images_per_s").Number(t.samples_per_s);
     json.Key("reason").String(t.reason);
     json.EndObject();
   }
@@ -233,7 +233,7 @@ void WriteStatsJson(const feedline::Stats& st, bool timeline, JsonWriter& json) 
     for (const feedline::TimelinePoint& p : st.timeline) {
       json.BeginObject(true);
       json.Key("time_s").Number(p.time_s);
-      json.Key("images_per_s").Number(p.images_per_s);
+      json.Key("images_per_s").Number(p.samples_per_s);
       json.Key("consumer_wait_fraction").Number(p.consumer_wait_fraction);
       json.Key("workers").Integer(p.workers);
       json.Key("io_depth").Integer(p.io_depth);
@@ -260,7 +260,7 @@ void PrintTuning(const feedline::Stats& st, size_t max_lines) {
   for (size_t i = first; i < st.tuning.size(); ++i) {
     const feedline::TuningEvent& t = st.tuning[i];
     std::printf("  %7.2f s  %-12s at %7.1f images/s: %s\n", t.time_s,
-                SettingName(t.workers, t.prefetch, t.io_depth).c_str(), t.images_per_s,
+                SettingName(t.workers, t.prefetch, t.io_depth).c_str(), t.samples_per_s,
                 t.reason.c_str());
   }
 }
@@ -279,7 +279,7 @@ void AddTimelinePlot(const feedline::Stats& st, const std::vector<EpochFigures>&
     markers.push_back(PlotMarker{
         t.time_s,
         absl::StrFormat("%.2f s: %s (at %.0f images/s): %s", t.time_s,
-                        SettingName(t.workers, t.prefetch, t.io_depth), t.images_per_s, t.reason),
+                        SettingName(t.workers, t.prefetch, t.io_depth), t.samples_per_s, t.reason),
         kTuneColor, false, ""});
   }
   const std::vector<std::pair<std::string, std::string>> marker_legend = {
@@ -288,7 +288,7 @@ void AddTimelinePlot(const feedline::Stats& st, const std::vector<EpochFigures>&
   std::vector<double> t, rate, wait, workers, prefetch, io_depth;
   for (const feedline::TimelinePoint& p : st.timeline) {
     t.push_back(p.time_s);
-    rate.push_back(p.images_per_s);
+    rate.push_back(p.samples_per_s);
     wait.push_back(100 * p.consumer_wait_fraction);
     workers.push_back(p.workers);
     prefetch.push_back(p.prefetch);

@@ -17,6 +17,38 @@ import time
 import bench_proc
 
 
+def torch_loader(corpus, model, batch_size, workers):
+    """torch's DataLoader over the corpus's documents, tokenized in its workers; batches are
+    {"input_ids": [B, longest] padded, "lengths": [B]}. Also bench/e2e_compare.py's text peer."""
+    import sentencepiece
+    import torch
+
+    with open(corpus, encoding="utf-8") as f:
+        docs = [line.rstrip("\n") for line in f if line.strip()]
+    pad = max(sentencepiece.SentencePieceProcessor(model_file=model).pad_id(), 0)
+
+    class Documents(torch.utils.data.Dataset):
+        sp = None
+
+        def __len__(self):
+            return len(docs)
+
+        def __getitem__(self, i):
+            if self.sp is None:  # one processor per worker process
+                self.sp = sentencepiece.SentencePieceProcessor(model_file=model)
+            return torch.tensor(self.sp.encode(docs[i])[:2048])
+
+    def collate(xs):
+        out = torch.full((len(xs), max(len(x) for x in xs)), pad, dtype=torch.long)
+        for i, x in enumerate(xs):
+            out[i, :len(x)] = x
+        return {"input_ids": out, "lengths": torch.tensor([len(x) for x in xs])}
+
+    return torch.utils.data.DataLoader(Documents(), batch_size=batch_size, shuffle=True,
+                                       num_workers=workers, collate_fn=collate,
+                                       persistent_workers=workers > 0)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", required=True, help="one document per line")
@@ -29,41 +61,18 @@ def main():
     if args.workers < 1:
         parser.error("--workers: persistent_workers needs at least one worker")
 
-    import sentencepiece
     import torch
 
-    with open(args.corpus, encoding="utf-8") as f:
-        docs = [line.rstrip("\n") for line in f if line.strip()]
-    pad = max(sentencepiece.SentencePieceProcessor(model_file=args.model).pad_id(), 0)
-
-    class Documents(torch.utils.data.Dataset):
-        sp = None
-
-        def __len__(self):
-            return len(docs)
-
-        def __getitem__(self, i):
-            if self.sp is None:  # one processor per worker process
-                self.sp = sentencepiece.SentencePieceProcessor(model_file=args.model)
-            return torch.tensor(self.sp.encode(docs[i])[:2048])
-
-    def collate(xs):
-        out = torch.full((len(xs), max(len(x) for x in xs)), pad, dtype=torch.long)
-        for i, x in enumerate(xs):
-            out[i, :len(x)] = x
-        return out, torch.tensor([len(x) for x in xs])
-
     torch.manual_seed(args.seed)
-    loader = torch.utils.data.DataLoader(Documents(), batch_size=args.batch_size, shuffle=True,
-                                         num_workers=args.workers, collate_fn=collate,
-                                         persistent_workers=True)
+    loader = torch_loader(args.corpus, args.model, args.batch_size, args.workers)
     bench_proc.report("info", contender="torch", torch=torch.__version__, workers=args.workers,
-                      documents=len(docs))
+                      documents=len(loader.dataset))
     for e in range(args.epochs):
         cpu0 = bench_proc.tree_cpu_seconds()
         t0 = time.perf_counter()
         n = tokens = slots = 0
-        for ids, lengths in loader:
+        for batch in loader:
+            ids, lengths = batch["input_ids"], batch["lengths"]
             n += int(ids.shape[0])
             tokens += int(lengths.sum())
             slots += ids.numel()

@@ -195,9 +195,9 @@ LoaderOptions EngineOptions(const py::kwargs& kwargs) {
 py::dict StatsToDict(const Stats& s) {
   py::dict d;
   d["elapsed_s"] = s.elapsed_s;
-  d["images"] = s.images;
+  d["samples"] = s.samples;
   d["batches"] = s.batches;
-  d["images_per_s"] = s.images_per_s;
+  d["samples_per_s"] = s.samples_per_s;
   d["consumer_wait_s"] = s.consumer_wait_s;
   d["consumer_wait_fraction"] = s.consumer_wait_fraction;
   d["epoch_start_wait_s"] = s.epoch_start_wait_s;
@@ -227,8 +227,8 @@ py::dict StatsToDict(const Stats& s) {
   d["bottleneck_reason"] = s.bottleneck_reason;
   d["auto"] = py::dict(py::arg("workers") = s.auto_workers, py::arg("io_depth") = s.auto_io_depth,
                        py::arg("prefetch") = s.auto_prefetch);
-  d["demand_images_per_s"] = s.demand_images_per_s;
-  d["decode_ms_per_image"] = s.decode_ms_per_image;
+  d["demand_samples_per_s"] = s.demand_samples_per_s;
+  d["map_ms_per_sample"] = s.map_ms_per_sample;
   d["read_ms"] = s.read_ms;
   d["trainer"] = py::dict(py::arg("cores") = s.trainer_cores,
                           py::arg("cores_left") = s.cores_left_to_trainer,
@@ -237,12 +237,12 @@ py::dict StatsToDict(const Stats& s) {
   for (const TuningEvent& t : s.tuning) {
     tuning.append(py::dict(py::arg("time_s") = t.time_s, py::arg("workers") = t.workers,
                            py::arg("io_depth") = t.io_depth, py::arg("prefetch") = t.prefetch,
-                           py::arg("images_per_s") = t.images_per_s, py::arg("reason") = t.reason));
+                           py::arg("samples_per_s") = t.samples_per_s, py::arg("reason") = t.reason));
   }
   d["tuning"] = tuning;
   py::list timeline;
   for (const TimelinePoint& t : s.timeline) {
-    timeline.append(py::dict(py::arg("time_s") = t.time_s, py::arg("images_per_s") = t.images_per_s,
+    timeline.append(py::dict(py::arg("time_s") = t.time_s, py::arg("samples_per_s") = t.samples_per_s,
                              py::arg("consumer_wait_fraction") = t.consumer_wait_fraction,
                              py::arg("workers") = t.workers, py::arg("io_depth") = t.io_depth,
                              py::arg("prefetch") = t.prefetch,

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The dependency rule of ../shared/DESIGN.md, checked on the sources: the engine and the core
 # include nothing from the workloads (image/, io/, text/), the device (cuda/) or the adapters
-# (torch/, python/); core/ does not include engine/ either; the copy stage (cuda/) includes the
-# engine's device seam and no workload; the public headers include only public headers (and
-# Abseil / the standard library). Prints each offending line; exits 1 if any.
+# (torch/, python/); core/ does not include engine/ either; the copy stage (cuda/) includes no
+# engine internals and no workload (the public device seam only); the public headers include only
+# public headers (and Abseil / the standard library). Prints each offending line; exits 1 if any.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 status=0
@@ -22,10 +22,10 @@ check src/tune 'engine/|image/|io/|text/|cuda/|torch/|loaders/' "src/tune is a p
 check src/image 'engine/|io/|cuda/|torch/|loaders/' "src/image depends on the public API and core only"
 check src/io 'engine/|image/|cuda/|torch/|loaders/' "src/io depends on the public API and core only"
 check src/text 'engine/|image/|io/|cuda/|torch/|loaders/' "src/text depends on the public API and core only"
-# The copy stage implements the engine's device seam: of the engine it includes that seam and the
-# slots it copies, nothing else; no workload either (a field's conversion is described to it).
-check src/cuda 'image/|io/|text/|tune/|torch/|loaders/|engine/(?!device_stage\.h|batch_slot\.h)' \
-  "src/cuda includes only the engine's device seam (engine/device_stage.h, engine/batch_slot.h)"
+# The copy stage implements the public device seam (feedline/device.h): nothing of the engine's
+# internals, no workload (a field's conversion is declared by its transform, through the seam).
+check src/cuda 'engine/|image/|io/|text/|tune/|torch/|loaders/' \
+  "src/cuda reaches batches and conversions only through feedline/device.h"
 check include/feedline 'core/|engine/|image/|io/|cuda/|tune/|loaders/' "public headers include public headers only"
 if ((status == 0)); then echo "layers: ok"; fi
 exit $status

@@ -42,10 +42,12 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "feedline/dataset.h"
+#include "feedline/device.h"
 #include "feedline/options.h"
 #include "feedline/random.h"
 #include "feedline/schema.h"
@@ -158,6 +160,11 @@ class SampleTransform {
   // then takes those options beside the engine's. Any other option of a group no transform
   // reads is refused there, named, rather than silently ignored.
   virtual bool ReadsOptions(OptionGroup /*group*/) const { return false; }
+  // The fields a GPU loader's device converts after their copy, as this transform leaves them
+  // on the host (device.h): the image built-in made for a GPU writes uint8 HWC pixels and asks
+  // for them normalised there. Asked once, when a loader on a GPU is made. Default: none (every
+  // field is copied as it is).
+  virtual std::vector<DeviceConversion> DeviceConversions() const { return {}; }
 };
 
 }  // namespace feedline

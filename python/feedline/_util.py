@@ -185,7 +185,8 @@ class _LoaderFace:
         self._loader.load_state(state, resplit)
 
     def stats(self):
-        """Per-stage figures, images/s, current settings, bottleneck verdict and errors."""
+        """Per-stage figures (the "read", "map" and "consumer" stages), samples/s, current
+        settings, the bottleneck verdict and errors."""
         return self._loader.stats()
 
     def save_trace(self, path):

@@ -232,6 +232,14 @@ class ImageLoader(_LoaderFace):
         """Samples per epoch for this rank."""
         return self._loader.num_samples
 
+    def stats(self):
+        """The engine's figures (see the README's stats section: samples, samples_per_s, the
+        "read", "map" and "consumer" stages, the bottleneck verdict, settings and errors) in the
+        image built-in's words: "images", "images_per_s", "demand_images_per_s" and
+        "decode_ms_per_image" beside their sample names; the map stage is the "decode" stage,
+        and a map-bound verdict says "decode"."""
+        return _image_words(_LoaderFace.stats(self))
+
     def __repr__(self):
         return (f"feedline.ImageLoader({_shown(self.source)!r}, batch_size={self.batch_size}, "
                 f"batches={len(self)}, workers={self.workers}, prefetch={self.prefetch})")
@@ -276,3 +284,21 @@ class _SamplerView:
     @property
     def rank(self):
         return self._loader.rank
+
+
+def _image_words(s):
+    """The engine's stats() dict, said in images: the scalars gain image names; the map stage
+    and a map-bound verdict are called "decode"."""
+    for sample_word, image_word in (("samples", "images"), ("samples_per_s", "images_per_s"),
+                                    ("demand_samples_per_s", "demand_images_per_s"),
+                                    ("map_ms_per_sample", "decode_ms_per_image")):
+        if sample_word in s:
+            s[image_word] = s[sample_word]
+    stages = s.get("stages") or {}
+    if "map" in stages:
+        s["stages"] = {("decode" if k == "map" else k): v for k, v in stages.items()}
+    if s.get("bottleneck") == "map":
+        s["bottleneck"] = "decode"
+    for event in list(s.get("tuning") or []) + list(s.get("timeline") or []):
+        event["images_per_s"] = event.get("samples_per_s", 0.0)
+    return s

@@ -8,9 +8,10 @@
 // a GPU or driver gets kFailedPrecondition from `CheckDevice`, at once. CUDA calls select the
 // loader's device for their duration and restore the caller's current device afterwards.
 //
-// Implements the engine's device seam (engine/device_stage.h: ChooseDevice, DeviceStage) and
-// includes only it and engine/batch_slot.h of the engine; the engine does not include this
-// folder. Built into feedline::engine.
+// Implements the device seam (feedline/device.h: ChooseDevice, DeviceStage) and includes nothing
+// of the engine's internals or of the workloads: it copies what a HostBatch points to and makes
+// the conversions a transform declared; the engine does not include this folder. Built into
+// feedline::engine.
 //
 // Thread safety: `CopyStage::Submit` is called by one thread at a time (the consumer, or the
 // worker that assembled the batch); a `DeviceBatch`'s release may happen on any thread (the
@@ -20,14 +21,12 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/host_allocator.h"
-#include "engine/batch_slot.h"
-#include "engine/device_stage.h"
+#include "feedline/device.h"
 
 namespace feedline::cuda {
 
@@ -49,13 +48,15 @@ absl::Status CheckDevice(int index);
 // Page-locked host memory (cudaHostAlloc) for the ring's slots; null without CUDA.
 HostAllocator* PinnedHostAllocator(int device);
 
+// kInvalidArgument unless `spec` asks for conversions the copy stage makes: at most one, of a
+// fixed uint8 field [size, size, 3]. (Device-independent: device_common.cc.)
+absl::Status CheckConversions(const DeviceStageSpec& spec);
+
 class CopyStage : public DeviceStage {
  public:
-  // A stage for `device` copying slots of `layout`; the field `image->field`, when given, is
-  // converted on the device.
-  static absl::StatusOr<std::unique_ptr<CopyStage>> Create(
-      int device, std::shared_ptr<const internal::SlotLayout> layout,
-      std::optional<internal::PixelConversion> image);
+  // A stage for `device` copying batches of `spec`, with its conversions (at most one, of a
+  // field that is uint8 [size, size, 3]: kInvalidArgument naming the field otherwise).
+  static absl::StatusOr<std::unique_ptr<CopyStage>> Create(int device, DeviceStageSpec spec);
 };
 
 }  // namespace feedline::cuda

@@ -25,12 +25,33 @@ absl::StatusOr<int> ParseDevice(const std::string& device) {
       absl::StrCat("device: expected \"cpu\", \"cuda\" or \"cuda:N\", got \"", device, "\""));
 }
 
+absl::Status CheckConversions(const DeviceStageSpec& spec) {
+  if (spec.conversions.size() > 1) {
+    return absl::InvalidArgumentError("device: at most one field may be converted on the device");
+  }
+  for (const DeviceConversion& c : spec.conversions) {
+    const bool in_range = c.field >= 0 && c.field < spec.schema.size();
+    const Field* f = in_range ? &spec.schema.field(c.field) : nullptr;
+    bool pixels = f != nullptr && c.size > 0 && f->dtype() == DType::kUint8 && !f->variable() &&
+                  f->rank() == 3;
+    for (int d = 0; pixels && d < 3; ++d) {
+      pixels = f->shape()[size_t(d)].size == (d < 2 ? c.size : 3);
+    }
+    if (!pixels) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device: the conversion of field ", c.field,
+          in_range ? absl::StrCat(" (\"", f->name(), "\")") : std::string(" (no such field)"),
+          " needs a fixed uint8 field [", c.size, ", ", c.size, ", 3]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace feedline::cuda
 
-namespace feedline::internal {
+namespace feedline {
 
-absl::StatusOr<DeviceChoice> ChooseDevice(const std::string& device,
-                                          std::optional<PixelConversion> conversion) {
+absl::StatusOr<DeviceChoice> ChooseDevice(const std::string& device) {
   absl::StatusOr<int> index = cuda::ParseDevice(device);
   if (!index.ok()) return index.status();
   DeviceChoice choice;
@@ -39,14 +60,14 @@ absl::StatusOr<DeviceChoice> ChooseDevice(const std::string& device,
   // Fails at once, with the reason, on a machine without a GPU or driver.
   if (absl::Status s = cuda::CheckDevice(*index); !s.ok()) return s;
   choice.allocator = cuda::PinnedHostAllocator(*index);
-  choice.make_stage = [index = *index, conversion](std::shared_ptr<const SlotLayout> layout)
-      -> absl::StatusOr<std::unique_ptr<DeviceStage>> {
+  choice.make_stage =
+      [index = *index](DeviceStageSpec spec) -> absl::StatusOr<std::unique_ptr<DeviceStage>> {
     absl::StatusOr<std::unique_ptr<cuda::CopyStage>> stage =
-        cuda::CopyStage::Create(index, std::move(layout), conversion);
+        cuda::CopyStage::Create(index, std::move(spec));
     if (!stage.ok()) return stage.status();
     return std::unique_ptr<DeviceStage>(*std::move(stage));
   };
   return choice;
 }
 
-}  // namespace feedline::internal
+}  // namespace feedline

@@ -10,6 +10,9 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
+#include <string>
+#include <utility>
 #include <mutex>
 #include <new>
 #include <thread>
@@ -149,7 +152,7 @@ class Reaper {
   }
 };
 
-class CudaDeviceBatch final : public internal::DeviceBatch {
+class CudaDeviceBatch final : public DeviceCopy {
  public:
   CudaDeviceBatch(CudaCopyStage* stage, std::shared_ptr<CudaCopyStage> keep, Buffer* buffer)
       : stage_(stage), keep_(std::move(keep)), buffer_(buffer) {}
@@ -193,9 +196,11 @@ class CudaDeviceBatch final : public internal::DeviceBatch {
 
 class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
  public:
-  CudaCopyStage(int device, std::shared_ptr<const internal::SlotLayout> layout,
-                std::optional<internal::PixelConversion> image)
-      : device_(device), layout_ref_(std::move(layout)), layout_(*layout_ref_), image_(image) {
+  CudaCopyStage(int device, DeviceStageSpec spec)
+      : device_(device),
+        spec_(std::move(spec)),
+        image_(spec_.conversions.empty() ? std::nullopt
+                                         : std::optional<DeviceConversion>(spec_.conversions[0])) {
     if (image_) norm_ = Normalization::From(image_->mean, image_->std);
   }
   ~CudaCopyStage() {
@@ -234,21 +239,26 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
 
   int device() const { return device_; }
 
-  absl::StatusOr<std::shared_ptr<internal::DeviceBatch>> Submit(
-      std::shared_ptr<internal::BatchSlot> slot, int64_t n) {
+  absl::StatusOr<std::shared_ptr<DeviceCopy>> Submit(HostBatch host) {
+    if (host.fields.size() != size_t(spec_.schema.size()) || host.size < 0 ||
+        host.size > spec_.batch_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device: a batch of ", host.fields.size(), " fields and ", host.size,
+                       " samples, for a stage made for ", spec_.schema.size(), " fields and ",
+                       spec_.batch_size, " samples"));
+    }
     DeviceGuard guard(device_);
     FEEDLINE_CUDA_RETURN(guard.status());
-    ReturnCopiedSlots(/*wait_ns=*/0);
+    ReturnCopied(/*wait_ns=*/0);
     absl::StatusOr<Buffer*> buffer = Acquire();
     if (!buffer.ok()) return buffer.status();
     Buffer* b = *buffer;
     auto batch = std::make_shared<CudaDeviceBatch>(this, shared_from_this(), b);
     batch->device = device_;
-    batch->CopyHostSide(*slot, n);
     const bool timed = batches_.load() % kTimeEvery == 0;
-    absl::Status st = Enqueue(*slot, n, b, timed, batch.get());
+    absl::Status st = Enqueue(host, b, timed, batch.get());
     if (!st.ok()) {
-      // The copy may have started: the pinned slot must not go back to the ring while the
+      // The copy may have started: the pinned memory must not go back to its owner while the
       // device still reads it, so wait for the stream (whatever it says) before giving up.
       // The buffer keeps its release event: the failure may have come before the wait for the
       // consumer's work on its previous batch, which its next copy must still wait for.
@@ -261,11 +271,11 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
     std::lock_guard<std::mutex> lock(mu_);
     b->timed = timed;  // copy_ms() reads it from any thread
     batch->ready_event = b->ready;
-    // The slot goes back to the ring once this copy is done (ReturnCopiedSlots), not when the
-    // batch dies: the batch keeps only its device buffer and its host side.
-    copying_.push_back(Copying{b->ready, std::move(slot)});
+    // The host memory goes back to its owner (the slot to the ring) once this copy is done
+    // (ReturnCopied), not when the batch dies: the batch keeps only its device buffer.
+    copying_.push_back(Copying{b->ready, std::move(host.owner)});
     batches_.fetch_add(1);
-    return std::shared_ptr<internal::DeviceBatch>(std::move(batch));
+    return std::shared_ptr<DeviceCopy>(std::move(batch));
   }
 
   void Release(Buffer* b, cudaStream_t consumer, bool after_device_sync) {
@@ -305,25 +315,31 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
   int64_t batches() const { return batches_.load(); }
 
  private:
-  absl::Status Enqueue(const internal::BatchSlot& slot, int64_t n, Buffer* b, bool timed,
-                       internal::DeviceBatch* batch) {
+  absl::Status Enqueue(const HostBatch& host, Buffer* b, bool timed, DeviceCopy* batch) {
+    const int64_t n = host.size;
     if (b->has_release) FEEDLINE_CUDA_RETURN(cudaStreamWaitEvent(stream_, b->released, 0));
     if (timed) FEEDLINE_CUDA_RETURN(cudaEventRecord(b->start, stream_));
-    const Schema& schema = layout_.schema;
+    const Schema& schema = spec_.schema;
     batch->columns.resize(size_t(schema.size()));
     for (int f = 0; f < schema.size(); ++f) {
-      const internal::Column& c = slot.columns[size_t(f)];
-      internal::DeviceBatch::Column& out = batch->columns[size_t(f)];
+      const HostBatch::Field& c = host.fields[size_t(f)];
+      DeviceCopy::Column& out = batch->columns[size_t(f)];
       int64_t elems = 1;
       for (int64_t d : c.shape) elems *= d;
       const size_t bytes = size_t(elems) * size_t(ElementSize(schema.field(f).dtype()));
+      if (elems < 0 || int64_t(bytes) > spec_.field_bytes[size_t(f)]) {
+        return absl::InvalidArgumentError(absl::StrCat("device: field \"", schema.field(f).name(),
+                                                       "\" of ", bytes, " bytes, beyond the ",
+                                                       spec_.field_bytes[size_t(f)],
+                                                       " its buffer holds"));
+      }
       if (image_ && f == image_->field) {
         const int64_t hw = int64_t(image_->size) * image_->size;
         const DType t = image_->dtype;
         const bool nchw = image_->layout == Layout::kNCHW;
         const bool as_is = !Staged();
         FEEDLINE_CUDA_RETURN(cudaMemcpyAsync(as_is ? b->fields[size_t(f)] : b->staging,
-                                             slot.field_data(f), size_t(n * hw * 3),
+                                             c.data, size_t(n * hw * 3),
                                              cudaMemcpyHostToDevice, stream_));
         const int kind = t == DType::kFloat32    ? kConvertFloat32
                          : t == DType::kFloat16  ? kConvertFloat16
@@ -338,7 +354,7 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
         out.dtype = t;
       } else {
         if (bytes > 0) {
-          FEEDLINE_CUDA_RETURN(cudaMemcpyAsync(b->fields[size_t(f)], slot.field_data(f), bytes,
+          FEEDLINE_CUDA_RETURN(cudaMemcpyAsync(b->fields[size_t(f)], c.data, bytes,
                                                cudaMemcpyHostToDevice, stream_));
         }
         out.shape = c.shape;
@@ -352,20 +368,20 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
   }
 
  public:
-  // Gives the slots whose copies are done back to the ring (the stream runs the copies in
+  // Drops the host memory of the copies that are done (the stream runs the copies in
   // order: the first one not done ends the walk). An error other than "not ready" (a dead
   // context) keeps the rest until the stage ends. `wait_ns` > 0: while none is done, polls
   // for up to that long (outside the lock, so that Submit goes on). Any thread (the pool's
   // reclaim hook).
-  void ReturnCopiedSlots(int64_t wait_ns) {
-    std::vector<std::shared_ptr<internal::BatchSlot>> done;
+  void ReturnCopied(int64_t wait_ns) {
+    std::vector<std::shared_ptr<const void>> done;
     const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(wait_ns);
     for (;;) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         cudaError_t e = cudaSuccess;
         while (!copying_.empty() && (e = cudaEventQuery(copying_.front().ready)) == cudaSuccess) {
-          done.push_back(std::move(copying_.front().slot));
+          done.push_back(std::move(copying_.front().owner));
           copying_.pop_front();
         }
         if (!done.empty() || copying_.empty() || e != cudaErrorNotReady ||
@@ -375,7 +391,7 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
-    // `done` returns the slots to the pool here, outside the lock.
+    // `done` lets the memory go (the slots back to the pool) here, outside the lock.
   }
 
  private:
@@ -410,13 +426,13 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
     }
     auto b = std::make_unique<Buffer>();
     auto align = [](size_t x) { return (x + 255) / 256 * 256; };
-    const Schema& schema = layout_.schema;
-    const size_t batch = size_t(layout_.batch_size);
+    const Schema& schema = spec_.schema;
+    const size_t batch = size_t(spec_.batch_size);
     std::vector<size_t> offsets;
     size_t at = 0;
     for (int f = 0; f < schema.size(); ++f) {
       offsets.push_back(at);
-      size_t bytes = size_t(layout_.fields[size_t(f)].sample_bytes) * batch;
+      size_t bytes = size_t(spec_.field_bytes[size_t(f)]);
       if (image_ && f == image_->field) {
         bytes = size_t(image_->size) * size_t(image_->size) * 3 * batch *
                 size_t(ElementSize(image_->dtype));
@@ -444,9 +460,8 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
   }
 
   const int device_;
-  const std::shared_ptr<const internal::SlotLayout> layout_ref_;
-  const internal::SlotLayout& layout_;
-  const std::optional<internal::PixelConversion> image_;
+  const DeviceStageSpec spec_;
+  const std::optional<DeviceConversion> image_;
   Normalization norm_{};
   cudaStream_t stream_ = nullptr;
   static constexpr int64_t kTimeEvery = 8;
@@ -455,7 +470,7 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
   std::vector<Buffer*> free_;
   struct Copying {
     cudaEvent_t ready;
-    std::shared_ptr<internal::BatchSlot> slot;
+    std::shared_ptr<const void> owner;  // the host memory copied from
   };
   std::deque<Copying> copying_;  // submission order
   mutable double timed_ms_ = 0;
@@ -526,26 +541,27 @@ int CurrentDevice() {
   return device;
 }
 
-absl::StatusOr<std::unique_ptr<CopyStage>> CopyStage::Create(
-    int device, std::shared_ptr<const internal::SlotLayout> layout,
-    std::optional<internal::PixelConversion> image) {
+absl::StatusOr<std::unique_ptr<CopyStage>> CopyStage::Create(int device, DeviceStageSpec spec) {
+  if (absl::Status s = CheckConversions(spec); !s.ok()) return s;
+  if (spec.field_bytes.size() != size_t(spec.schema.size())) {
+    return absl::InvalidArgumentError("device: the stage's spec needs one size per field");
+  }
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;
   // Owned through a shared_ptr (device batches keep the stage alive); the unique_ptr handed
   // out holds a forwarding shell.
-  auto stage = std::make_shared<CudaCopyStage>(device, std::move(layout), image);
+  auto stage = std::make_shared<CudaCopyStage>(device, std::move(spec));
   if (absl::Status s = stage->Init(); !s.ok()) return s;
   class Shell final : public CopyStage {
    public:
     explicit Shell(std::shared_ptr<CudaCopyStage> s) : s_(std::move(s)) {}
     int device() const override { return s_->device(); }
-    absl::StatusOr<std::shared_ptr<internal::DeviceBatch>> Submit(
-        std::shared_ptr<internal::BatchSlot> slot, int64_t n) override {
-      return s_->Submit(std::move(slot), n);
+    absl::StatusOr<std::shared_ptr<DeviceCopy>> Submit(HostBatch batch) override {
+      return s_->Submit(std::move(batch));
     }
     int64_t device_bytes() const override { return s_->device_bytes(); }
     double copy_ms() const override { return s_->copy_ms(); }
     int64_t batches() const override { return s_->batches(); }
-    void ReturnCopiedSlots(int64_t wait_ns) override { s_->ReturnCopiedSlots(wait_ns); }
+    void ReturnCopied(int64_t wait_ns) override { s_->ReturnCopied(wait_ns); }
 
    private:
     std::shared_ptr<CudaCopyStage> s_;

@@ -24,8 +24,7 @@ absl::Status CheckDevice(int index) {
 
 HostAllocator* PinnedHostAllocator(int) { return nullptr; }
 
-absl::StatusOr<std::unique_ptr<CopyStage>> CopyStage::Create(
-    int device, std::shared_ptr<const internal::SlotLayout>, std::optional<internal::PixelConversion>) {
+absl::StatusOr<std::unique_ptr<CopyStage>> CopyStage::Create(int device, DeviceStageSpec) {
   return CheckDevice(device);
 }
 

@@ -23,12 +23,12 @@ double Utilisation(const StageStats* st) {
 
 void DiagnoseBottleneck(Stats* s) {
   const StageStats* rd = Find(*s, "read");
-  const StageStats* dc = Find(*s, "decode");
+  const StageStats* dc = Find(*s, "map");
   const StageStats* cp = Find(*s, "copy");
   const double dec_util = Utilisation(dc);
   const double rd_util = Utilisation(rd);
   const double capacity =
-      s->decode_ms_per_image > 0 ? 1e3 * s->workers / s->decode_ms_per_image : 0.0;
+      s->map_ms_per_sample > 0 ? 1e3 * s->workers / s->map_ms_per_sample : 0.0;
   const double copy_busy = cp != nullptr && s->elapsed_s > 0 ? cp->busy_s / s->elapsed_s : 0.0;
   if (s->batches == 0) {
     s->bottleneck = "unknown";
@@ -41,13 +41,13 @@ void DiagnoseBottleneck(Stats* s) {
         100 * copy_busy, 1e3 * cp->busy_s / double(std::max<int64_t>(1, cp->items)),
         100 * s->consumer_wait_fraction);
   } else if (s->consumer_wait_fraction < 0.05 ||
-             (s->consumer_wait_fraction < 0.25 && s->demand_images_per_s > 0 &&
-              s->demand_images_per_s < 0.9 * capacity && dec_util < 0.8)) {
+             (s->consumer_wait_fraction < 0.25 && s->demand_samples_per_s > 0 &&
+              s->demand_samples_per_s < 0.9 * capacity && dec_util < 0.8)) {
     s->bottleneck = "consumer";
     s->bottleneck_reason = absl::StrFormat(
-        "the consumer waited %.1f%% of the time; it takes %.0f images/s, %d decoders can give "
+        "the consumer waited %.1f%% of the time; it takes %.0f samples/s, %d workers can give "
         "%.0f (busy %.0f%%)",
-        100 * s->consumer_wait_fraction, s->demand_images_per_s, s->workers, capacity,
+        100 * s->consumer_wait_fraction, s->demand_samples_per_s, s->workers, capacity,
         100 * dec_util);
     if (s->consumer_cpu_s > 0 && s->consumer_run_delay_s > kSlowedConsumer * s->consumer_cpu_s) {
       // The consumer's own work was stretched: other threads held the cores it was ready for.
@@ -61,7 +61,7 @@ void DiagnoseBottleneck(Stats* s) {
   } else if (dec_util < 0.6 && rd_util > 0.5) {
     s->bottleneck = "storage";
     s->bottleneck_reason = absl::StrFormat(
-        "the consumer waited %.1f%%; decoders idle %.0f%% of the time waiting for reads of "
+        "the consumer waited %.1f%%; workers idle %.0f%% of the time waiting for reads of "
         "%.1f ms each, %d reads in flight (readers busy %.0f%%)",
         100 * s->consumer_wait_fraction, 100 * (1 - dec_util), s->read_ms, s->io_depth,
         100 * rd_util);
@@ -75,11 +75,11 @@ void DiagnoseBottleneck(Stats* s) {
                             double(s->remote.bytes) / 1e6);
     }
   } else {
-    s->bottleneck = "decode";
+    s->bottleneck = "map";
     s->bottleneck_reason = absl::StrFormat(
-        "the consumer waited %.1f%%; %d decoders busy %.0f%%, %.2f ms per image (%.0f images/s "
+        "the consumer waited %.1f%%; %d workers busy %.0f%%, %.2f ms per sample (%.0f samples/s "
         "at most)",
-        100 * s->consumer_wait_fraction, s->workers, 100 * dec_util, s->decode_ms_per_image,
+        100 * s->consumer_wait_fraction, s->workers, 100 * dec_util, s->map_ms_per_sample,
         capacity);
   }
 }

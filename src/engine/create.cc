@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/device_stage.h"
+#include "feedline/device.h"
 #include "engine/engine_parts.h"
 #include "feedline/loader.h"
 #include "feedline/options.h"
@@ -31,7 +31,7 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(
   if (dataset == nullptr) return InvalidOption("dataset", "must not be null");
   if (transform == nullptr) return InvalidOption("transform", "must not be null");
   internal::EngineParts parts;
-  absl::StatusOr<internal::DeviceChoice> device = internal::ChooseDevice(options.device(), {});
+  absl::StatusOr<DeviceChoice> device = ChooseDevice(options.device());
   if (!device.ok()) return device.status();
   parts.device = *std::move(device);
   parts.dataset = std::move(dataset);

@@ -1,7 +1,7 @@
 // What a factory hands the engine to build a loader: the data set and transform, and the pieces
 // only the factory knows (the device with its per-field conversions, who uses the cache). The
 // generic factory (engine/create.cc) fills them for any data set; the image built-in's
-// (src/loaders/) adds the image field's device conversion and the decoded cache. The engine
+// (src/loaders/) adds the decoded cache. The engine
 // itself includes nothing of image/, io/, text/ or cuda/.
 #ifndef FEEDLINE_SRC_ENGINE_ENGINE_PARTS_H_
 #define FEEDLINE_SRC_ENGINE_ENGINE_PARTS_H_
@@ -25,8 +25,8 @@ namespace feedline::internal {
 struct EngineParts {
   std::shared_ptr<const Dataset> dataset;
   std::shared_ptr<const SampleTransform> transform;
-  // options.device() resolved (ChooseDevice, engine/device_stage.h): for a GPU, the copy stage
-  // for the slot layout and pinned memory.
+  // options.device() resolved (ChooseDevice, feedline/device.h): for a GPU, the copy stage
+  // (made for the slot layout and the transform's DeviceConversions) and pinned memory.
   DeviceChoice device;
   // With options.cache() != kNone the engine sizes a cache from the budget. When
   // `cache_holds_bytes`, the read stage stores records there; otherwise it is handed to

@@ -132,8 +132,8 @@ absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interr
   }
   // The step just ended worked on the batch returned last: its samples go with that busy time
   // (counted here, not at the return, so that any window sees matching samples and time).
-  sh.stepped_images.fetch_add(held_images_, std::memory_order_relaxed);
-  held_images_ = 0;
+  sh.stepped_samples.fetch_add(held_samples_, std::memory_order_relaxed);
+  held_samples_ = 0;
   const int64_t b = ring_.consumed();
   if (b >= core_.num_batches) {
     Shutdown();
@@ -172,10 +172,10 @@ absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interr
   batch.size_ = taken.count;
   sh.consumer.AddItem();
   sh.batches.fetch_add(1, std::memory_order_relaxed);
-  sh.images.fetch_add(batch.size_, std::memory_order_relaxed);
+  sh.samples.fetch_add(batch.size_, std::memory_order_relaxed);
   MaybeStartNext();  // (before Shutdown, which ends the hand-out)
   if (b + 1 == core_.num_batches) Shutdown();  // free the threads as soon as the epoch is done
-  held_images_ = batch.size_;
+  held_samples_ = batch.size_;
   MarkReturn();
   if (!taken.error.ok()) return taken.error;
   batch.index_ = b;
@@ -201,12 +201,12 @@ absl::StatusOr<std::shared_ptr<internal::DeviceBatch>> EpochRun::OnDevice(
     early_.erase(it);
     return d;
   }
-  return core_.shared->device_stage->Submit(std::move(slot), n);
+  return internal::SubmitSlot(*core_.shared->device_stage, std::move(slot), n);
 }
 
 bool EpochRun::QueueCopy(int64_t j, const std::shared_ptr<internal::BatchSlot>& slot, int64_t n) {
   absl::StatusOr<std::shared_ptr<internal::DeviceBatch>> d =
-      core_.shared->device_stage->Submit(slot, n);
+      internal::SubmitSlot(*core_.shared->device_stage, slot, n);
   if (!d.ok()) return false;  // submitted again when taken, which returns the error then
   early_.emplace(j, *std::move(d));
   return true;

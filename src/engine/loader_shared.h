@@ -149,8 +149,8 @@ class LoaderShared {
   }
 
   StageCounters read, map, consumer;  // map: the transform (decode, for images)
-  std::atomic<int64_t> images{0};
-  std::atomic<int64_t> stepped_images{0};  // images of the consumer steps in consumer.busy_ns
+  std::atomic<int64_t> samples{0};
+  std::atomic<int64_t> stepped_samples{0};  // samples of the consumer steps in consumer.busy_ns
   // The consumer's wait for the first batch of each epoch (the pipeline filling: a deeper ring
   // cannot shorten it, so the tuner's wait signal, steady_wait_ns, leaves it out).
   std::atomic<int64_t> epoch_start_wait_ns{0};

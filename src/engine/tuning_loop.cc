@@ -42,9 +42,9 @@ void TuningLoop::Loop() {
 
 TuningLoop::Counters TuningLoop::ReadCounters() const {
   const LoaderShared& sh = *core_->shared;
-  return Counters{.images = sh.images.load(),
+  return Counters{.samples = sh.samples.load(),
                   .consumer_busy = sh.consumer.busy_ns.load(),
-                  .stepped_images = sh.stepped_images.load(),
+                  .stepped_samples = sh.stepped_samples.load(),
                   .consumer_wait = sh.consumer.wait_ns.load(),
                   .steady_wait = sh.steady_wait_ns.load(),
                   .mapped = sh.map.items.load(),
@@ -60,19 +60,19 @@ void TuningLoop::Tick(double interval_s) {
   const Counters now = ReadCounters();
   TunerSample sample;
   sample.interval_s = interval_s;
-  sample.images_consumed = now.images - last_.images;
+  sample.samples_consumed = now.samples - last_.samples;
   sample.consumer_busy_s = double(now.consumer_busy - last_.consumer_busy) * 1e-9;
-  sample.stepped_images = now.stepped_images - last_.stepped_images;
+  sample.stepped_samples = now.stepped_samples - last_.stepped_samples;
   // The tuner's wait signal leaves out each epoch's first batch (filling, not jitter); the
   // timeline shows every wait.
   sample.consumer_wait_s = double(now.steady_wait - last_.steady_wait) * 1e-9;
   const double all_wait_s =
       std::min(double(now.consumer_wait - last_.consumer_wait) * 1e-9, interval_s);
-  sample.decoded = now.mapped - last_.mapped;
-  sample.decode_busy_s = double(now.map_busy - last_.map_busy) * 1e-9;
+  sample.mapped = now.mapped - last_.mapped;
+  sample.map_busy_s = double(now.map_busy - last_.map_busy) * 1e-9;
   sample.reads = now.reads - last_.reads;
   sample.read_busy_s = double(now.read_busy - last_.read_busy) * 1e-9;
-  sample.decode_cpu_s = double(now.map_cpu - last_.map_cpu) * 1e-9;
+  sample.map_cpu_s = double(now.map_cpu - last_.map_cpu) * 1e-9;
   sample.consumer_cpu_s = double(now.consumer_cpu - last_.consumer_cpu) * 1e-9;
   sample.at_s = double(NowNs() - sh.start_ns.load()) * 1e-9;
   last_ = now;
@@ -91,7 +91,7 @@ void TuningLoop::Tick(double interval_s) {
   const TunerSettings current{sh.workers.load(), sh.io_depth.load(), prefetch};
   TunerSettings applied = current;
   std::string reason;
-  const double rate = double(sample.images_consumed) / std::max(1e-9, interval_s);
+  const double rate = double(sample.samples_consumed) / std::max(1e-9, interval_s);
   {
     std::lock_guard<std::mutex> lock(sh.tuner_mu);
     if (sh.tuner) {
@@ -115,7 +115,7 @@ void TuningLoop::Tick(double interval_s) {
                     {{"workers", applied.workers},
                      {"io_depth", applied.io_depth},
                      {"prefetch", applied.prefetch}});
-  sh.trace->Counter("images/s", at, {{"images/s", rate}});
+  sh.trace->Counter("samples/s", at, {{"samples/s", rate}});
   if (!reason.empty()) sh.trace->Instant("tune", at, reason);
   apply_(current, applied);
 }

@@ -34,7 +34,7 @@ class TuningLoop {
  private:
   // Counter values at the previous tick.
   struct Counters {
-    int64_t images = 0, consumer_busy = 0, stepped_images = 0, consumer_wait = 0, steady_wait = 0,
+    int64_t samples = 0, consumer_busy = 0, stepped_samples = 0, consumer_wait = 0, steady_wait = 0,
             mapped = 0, map_busy = 0, reads = 0, read_busy = 0, map_cpu = 0, consumer_cpu = 0;
   };
   Counters ReadCounters() const;

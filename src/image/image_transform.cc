@@ -46,6 +46,10 @@ ImageTransformConfig ImageTransformConfig::From(const LoaderOptions& o, bool for
   c.accept_corrupt = o.accept_corrupt();
   c.exif_transpose = o.exif_transpose();
   c.synthetic = o.synthetic();
+  if (for_device) {
+    c.device_conversion = DeviceConversion{ImageTransform::kImage, o.size(), o.dtype(),
+                                           o.layout(), o.mean(), o.stddev()};
+  }
   return c;
 }
 

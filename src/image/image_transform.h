@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "core/sample_cache.h"
@@ -38,6 +39,9 @@ struct ImageTransformConfig {
   bool accept_corrupt = false;
   bool exif_transpose = false;  // turn images upright by their EXIF orientation first
   bool synthetic = false;       // benchmarks: fill each sample with a constant from its index
+  // A GPU loader's: what the device makes of the uint8 NHWC image (the options' dtype, layout
+  // and normalisation).
+  std::optional<DeviceConversion> device_conversion;
 
   // The image built-in's options, for a host (CPU) slot or, when `for_device`, for a GPU that
   // converts uint8 NHWC itself.
@@ -56,6 +60,10 @@ class ImageTransform final : public SampleTransform {
                      SampleWriter& out) const override;
   bool SkipsRead(int64_t index) const override;
   bool ReadsOptions(OptionGroup group) const override { return group == OptionGroup::kImage; }
+  std::vector<DeviceConversion> DeviceConversions() const override {
+    if (!config_.device_conversion) return {};
+    return {*config_.device_conversion};
+  }
 
   // The decoded cache (options.cache() == kDecoded); before the loader runs.
   void AttachCache(std::shared_ptr<SampleCache> cache) { cache_ = std::move(cache); }

@@ -5,12 +5,10 @@
 #include <jconfig.h>
 
 #include <memory>
-#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "cuda/device.h"
-#include "engine/device_stage.h"
 #include "engine/engine_parts.h"
 #include "feedline/image.h"
 #include "feedline/loader.h"
@@ -45,18 +43,10 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(LoaderOptions options) {
       FileDataset::Open(options.source(), options.shards(), options.read_timeout_ms());
   if (!files.ok()) return files.status();
   internal::EngineParts parts;
-  // The image field's device conversion: uint8 HWC crosses PCIe, the GPU normalises.
-  internal::PixelConversion conversion;
-  conversion.field = ImageTransform::kImage;
-  conversion.size = options.size();
-  conversion.dtype = options.dtype();
-  conversion.layout = options.layout();
-  conversion.mean = options.mean();
-  conversion.std = options.stddev();
-  absl::StatusOr<internal::DeviceChoice> device =
-      internal::ChooseDevice(options.device(), conversion);
+  absl::StatusOr<DeviceChoice> device = ChooseDevice(options.device());
   if (!device.ok()) return device.status();
   parts.device = *std::move(device);
+  // On a GPU, uint8 HWC crosses PCIe and the device normalises (the transform asks for it).
   auto transform = std::make_shared<ImageTransform>(
       ImageTransformConfig::From(options, parts.device.device >= 0));
   if (options.synthetic()) {

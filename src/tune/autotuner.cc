@@ -23,28 +23,28 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
   time_s_ = s.at_s > 0 ? s.at_s : time_s_ + s.interval_s;
   if (s.interval_s <= 0) return settings_;
   // Estimates; an interval without the events leaves an estimate unchanged.
-  if (s.decoded > 0) {
-    const double busy = s.decode_cpu_s > 0 ? s.decode_cpu_s : s.decode_busy_s;
-    Ema(&t_decode_, busy / double(s.decoded));
+  if (s.mapped > 0) {
+    const double busy = s.map_cpu_s > 0 ? s.map_cpu_s : s.map_busy_s;
+    Ema(&t_map_, busy / double(s.mapped));
   }
   if (s.reads > 0) Ema(&t_read_, s.read_busy_s / double(s.reads));
   if (s.consumer_cpu_s > 0) Ema(&trainer_, std::min(s.consumer_cpu_s / s.interval_s, 64.0));
-  if (const int64_t stepped = s.stepped_images; stepped > 0) {
+  if (const int64_t stepped = s.stepped_samples; stepped > 0) {
     // Over a window of intervals: an interval holds a few steps, and the last one is still
     // running when it ends. A consumer that spends (almost) no time outside Next() would take
     // anything: infinite.
     demand_window_[demand_next_ % kDemandWindow] = {
         stepped, std::max(s.consumer_busy_s, 1e-6 * double(stepped))};
     ++demand_next_;
-    int64_t images = 0;
+    int64_t samples = 0;
     double busy = 0;
     for (const auto& [n, b] : demand_window_) {
-      images += n;
+      samples += n;
       busy += b;
     }
-    demand_ = double(images) / busy;
+    demand_ = double(samples) / busy;
   }
-  const double rate = double(s.images_consumed) / s.interval_s;
+  const double rate = double(s.samples_consumed) / s.interval_s;
   const double wait_fraction = s.consumer_wait_s / s.interval_s;
   // Smoothed for the decisions a single batch's wait should not make (an interval holds a few
   // batches: one short wait is several % of it).
@@ -55,13 +55,13 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
   }
   if (probe_.active && StepProbe(s, rate)) return settings_;
   ++steady_;
-  if (t_decode_ <= 0) return settings_;
+  if (t_map_ <= 0) return settings_;
   if (demand_ <= 0) {
     // No batch consumed yet (slow storage delays the first one): reads in flight for what the
-    // decoders could take, with a wide margin (the first decodes are the slowest: cold caches,
+    // workers could take, with a wide margin (the first samples are the slowest: cold caches,
     // first touches, so the rate is underestimated); the rest waits for the consumer's figures.
     if (limits_.tune_io_depth && t_read_ > 0) {
-      const int want = IoDepthFor(double(settings_.workers) / t_decode_, kIoStartMargin);
+      const int want = IoDepthFor(double(settings_.workers) / t_map_, kIoStartMargin);
       if (want != settings_.io_depth) {
         TunerSettings next = settings_;
         next.io_depth = want;
@@ -75,14 +75,14 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
 
   TunerSettings next = settings_;
   std::string reason;
-  const double capacity_per_worker = 1.0 / t_decode_;
+  const double capacity_per_worker = 1.0 / t_map_;
   const double max_capacity = capacity_per_worker * limits_.max_workers;
   const double target_rate = std::min(demand_, max_capacity);
 
   // Lean mode: the consumer is the bottleneck and fewer workers cover its demand without
   // headroom; a deep ring absorbs the jitter instead of a spare worker (a worker costs CPU, a
   // ring slot only memory). Left for good if the consumer starts waiting.
-  const double load = target_rate * t_decode_;
+  const double load = target_rate * t_map_;
   bool lean = false;
   if (limits_.tune_workers && limits_.tune_prefetch && !lean_failed_ && demand_ < max_capacity &&
       limits_.max_prefetch >= kLeanPrefetch) {
@@ -102,7 +102,7 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
   if (limits_.tune_workers) {
     int want = static_cast<int>(std::ceil(load * (lean ? 1.0 : kHeadroom) - 1e-9));
     want = std::clamp(want, 1, limits_.max_workers);
-    // A consumer that keeps waiting while decoders are all busy needs every core.
+    // A consumer that keeps waiting while workers are all busy needs every core.
     if (wait_fraction > 0.05 && demand_ > max_capacity) want = limits_.max_workers;
     // The trainer's cores (see the header): not given to a worker while the others cover the
     // load; given when they cannot (the loader is the bottleneck), or once the cap starved it.
@@ -159,19 +159,19 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
     }
     if (next.workers != settings_.workers) {
       reason +=
-          absl::StrFormat("workers %d->%d (demand %.0f img/s, %.2f ms decode/img); ",
-                          settings_.workers, next.workers, std::min(demand_, 1e9), t_decode_ * 1e3);
+          absl::StrFormat("workers %d->%d (demand %.0f samples/s, %.2f ms per sample); ",
+                          settings_.workers, next.workers, std::min(demand_, 1e9), t_map_ * 1e3);
     }
   }
   if (limits_.tune_io_depth && t_read_ > 0) {
     int want = IoDepthFor(std::min(demand_, capacity_per_worker * next.workers), kIoRaiseMargin);
-    // Up only when reads hold the decoders back. Decoders busy (nearly) all the time have their
+    // Up only when reads hold the workers back. Workers busy (nearly) all the time have their
     // reads: more in flight would only wait, and lengthen the measured latency, and so ask for
     // more again (Little's law on a latency that holds its own queueing; with capacity from the
-    // decoders' CPU time, above what they deliver on shared cores, each step asked for more:
+    // workers' CPU time, above what they deliver on shared cores, each step asked for more:
     // 48 -> 94 -> 171 -> 256 over nginx + 20 ms).
-    const double decoders_busy = s.decode_busy_s / (double(settings_.workers) * s.interval_s);
-    if (want > settings_.io_depth && decoders_busy >= kDecodersFed) want = settings_.io_depth;
+    const double workers_busy = s.map_busy_s / (double(settings_.workers) * s.interval_s);
+    if (want > settings_.io_depth && workers_busy >= kWorkersFed) want = settings_.io_depth;
     if (want != settings_.io_depth) {
       next.io_depth = want;
       reason += absl::StrFormat("io_depth %d->%d (%.2f ms/read); ", settings_.io_depth, want,
@@ -187,12 +187,12 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
                               settings_.prefetch, next.prefetch, wait_ema_ * 100);
   }
   if (limits_.tune_prefetch && wait_fraction > 0.05 && demand_ > max_capacity) {
-    // Decode-bound: every core decodes; a ring a few batches deep keeps them busy across batch
+    // Map-bound: every core maps; a ring a few batches deep keeps them busy across batch
     // boundaries and the consumer's jitter (measured: 0.94x of the best fixed setting with 2).
     const int want = std::min(limits_.max_prefetch, 2 * next.workers + 2);
     if (want > settings_.prefetch) {
       next.prefetch = want;
-      reason += absl::StrFormat("prefetch %d->%d (decode-bound: a deeper ring); ",
+      reason += absl::StrFormat("prefetch %d->%d (map-bound: a deeper ring); ",
                                 settings_.prefetch, want);
     }
   }
@@ -210,17 +210,17 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
     probe_ = Probe{};
     probe_.active = true;
     probe_.from_workers = settings_.workers;
-    probe_.t_decode_from = t_decode_;
+    probe_.t_map_from = t_map_;
     next.workers = settings_.workers - 1;
     next.prefetch = std::max(settings_.prefetch, kLeanPrefetch);
     reason = absl::StrFormat(
-        "probe: workers %d->%d%s (demand %.0f img/s needs %.2f workers at %.2f ms/img measured "
+        "probe: workers %d->%d%s (demand %.0f samples/s needs %.2f workers at %.2f ms/img measured "
         "with %d; measuring with fewer); ",
         settings_.workers, next.workers,
         next.prefetch == settings_.prefetch
             ? ""
             : absl::StrFormat(", prefetch %d->%d", settings_.prefetch, next.prefetch),
-        demand_, load, t_decode_ * 1e3, settings_.workers);
+        demand_, load, t_map_ * 1e3, settings_.workers);
   }
 
   if (!(next == settings_)) {
@@ -234,11 +234,11 @@ int Autotuner::IoDepthFor(double rate, double raise_margin) const {
   // Little's law: reads in flight = rate x read time, with headroom, plus one.
   int want = static_cast<int>(std::ceil(rate * t_read_ * kHeadroom)) + 1;
   want = std::clamp(want, 1, limits_.max_io_depth);
-  // Straight up and past the estimate (kIoRaiseMargin: the estimate grows as the decoders warm
+  // Straight up and past the estimate (kIoRaiseMargin: the estimate grows as the workers warm
   // up, so one raise covers it rather than a step every few seconds); halfway down; never for
   // less than the dead band. Down is not skipped: reads in flight are not free (over HTTP each
   // is a connection, a buffer and the client's CPU: nginx + 20 ms on 2 cores, 112 in flight
-  // gave 2% fewer images/s than 64-80), and the first estimates run high (cold connections,
+  // gave 2% fewer samples/s than 64-80), and the first estimates run high (cold connections,
   // queueing behind the raise itself), which left the depth stuck at the raise (a halved
   // decrease was inside the dead band unless the model asked for under half).
   const int now = settings_.io_depth;
@@ -254,8 +254,8 @@ int Autotuner::IoDepthFor(double rate, double raise_margin) const {
 bool Autotuner::StepProbe(const TunerSample& s, double rate) {
   Probe& p = probe_;
   ++p.measured;
-  p.decoded += s.decoded;
-  p.decode_s += s.decode_cpu_s > 0 ? s.decode_cpu_s : s.decode_busy_s;
+  p.mapped += s.mapped;
+  p.map_s += s.map_cpu_s > 0 ? s.map_cpu_s : s.map_busy_s;
   p.wait_s += s.consumer_wait_s;
   p.interval_s += s.interval_s;
   const double wait_fraction = p.wait_s / std::max(1e-9, p.interval_s);
@@ -265,24 +265,24 @@ bool Autotuner::StepProbe(const TunerSample& s, double rate) {
   const int fewer = settings_.workers;
   TunerSettings next = settings_;
   int settle = 1;
-  const double t = p.decoded > 0 ? p.decode_s / double(p.decoded) : 0;
+  const double t = p.mapped > 0 ? p.map_s / double(p.mapped) : 0;
   const double need = demand_ * t;  // workers needed at the cost measured with `fewer`
   std::string reason;
   if (!starved && t > 0 && need <= double(fewer) * (1 + kProbeTolerance)) {
-    t_decode_ = t;  // the cost with fewer decoders
+    t_map_ = t;  // the cost with fewer workers
     reason = absl::StrFormat(
-        "probe kept workers %d (%.2f ms/img with %d instead of %.2f with %d: demand %.0f img/s "
+        "probe kept workers %d (%.2f ms/img with %d instead of %.2f with %d: demand %.0f samples/s "
         "needs %.2f workers; the consumer waited %.1f%%)",
-        fewer, t * 1e3, fewer, p.t_decode_from * 1e3, p.from_workers, demand_, need,
+        fewer, t * 1e3, fewer, p.t_map_from * 1e3, p.from_workers, demand_, need,
         100 * wait_fraction);
   } else {
     probe_failed_demand_ = demand_;
     lean_failed_ = true;  // w - 1 without headroom is what just failed
-    t_decode_ = p.t_decode_from;
+    t_map_ = p.t_map_from;
     next.workers = p.from_workers;
     settle = 3;  // the ring refills: the waits the probe caused are not jitter to absorb
     reason = absl::StrFormat(
-        "probe undone: workers %d->%d (with %d: %.2f ms/img, demand %.0f img/s needs %.2f "
+        "probe undone: workers %d->%d (with %d: %.2f ms/img, demand %.0f samples/s needs %.2f "
         "workers; the consumer waited %.1f%%)",
         fewer, p.from_workers, fewer, t * 1e3, demand_, need, 100 * wait_fraction);
   }
@@ -303,7 +303,7 @@ void Autotuner::Decide(const TunerSettings& next, int settle, double rate, std::
 void Autotuner::Fix(Knob knob, int value) {
   if (probe_.active) {
     settings_.workers = probe_.from_workers;
-    t_decode_ = probe_.t_decode_from;
+    t_map_ = probe_.t_map_from;
     probe_.active = false;
   }
   switch (knob) {

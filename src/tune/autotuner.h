@@ -1,16 +1,16 @@
-// The autotuner: sets decoder workers, reads in flight and ring depth from what the pipeline
+// The autotuner: sets map workers, reads in flight and ring depth from what the pipeline
 // measured, so that the consumer does not wait and no CPU is burnt beyond what achieves that.
 //
 // It is a model, not a blind hill-climb (tf.data's AUTOTUNE models its pipeline the same way):
 // every interval it estimates
-//   demand   images/s the consumer would take if it never waited (images / consumer busy time),
-//   t_decode seconds of one decoder thread per image,
+//   demand   samples/s the consumer would take if it never waited (samples / consumer busy time),
+//   t_map seconds of one map worker per sample,
 //   t_read   seconds one read takes (latency included),
 // and sets
-//   workers  = ceil(min(demand, cores / t_decode) * t_decode * headroom), within [1, cores]:
-//              all cores when decode is the bottleneck, fewer when the consumer is;
+//   workers  = ceil(min(demand, cores / t_map) * t_map * headroom), within [1, cores]:
+//              all cores when the map stage is the bottleneck, fewer when the consumer is;
 //   io_depth = ceil(rate * t_read * headroom) + 1 (Little's law): many reads in flight when
-//              storage is slow, without adding decode threads; up only while the decoders
+//              storage is slow, without adding map workers; up only while the workers
 //              wait for reads (t_read includes the reads' own queueing), down halfway;
 //   prefetch + 1 when the consumer still waits although production keeps up on average (the
 //              waits are jitter), within the memory budget.
@@ -25,8 +25,8 @@
 // run below the trainer's priority: LoaderOptions::worker_nice). A capped setting that starves
 // the consumer is left for good.
 //
-// The cost of an image depends on how many decoders run at once (shared caches, memory
-// bandwidth, SMT siblings): measured with w decoders, the model can ask for w when w - 1, each
+// The cost of a sample depends on how many workers run at once (shared caches, memory
+// bandwidth, SMT siblings): measured with w workers, the model can ask for w when w - 1, each
 // faster alone, would cover the consumer. So when the consumer is the bottleneck and w - 1 is
 // within reach, the tuner probes: w - 1 workers and a deep ring for a second, measuring the cost
 // there. It keeps w - 1 if that covers the demand to within kProbeTolerance (no headroom: the
@@ -50,14 +50,14 @@ namespace feedline {
 // What the stages did during one interval (deltas of the counters).
 struct TunerSample {
   double interval_s = 0;
-  int64_t images_consumed = 0;
+  int64_t samples_consumed = 0;
   double consumer_busy_s = 0;  // time the consumer spent outside Next()
-  int64_t stepped_images = 0;  // the images of the steps in consumer_busy_s (counted when a
+  int64_t stepped_samples = 0;  // the samples of the steps in consumer_busy_s (counted when a
                                // step ends, not at the hand-out): the demand's numerator
   double consumer_wait_s = 0;  // time the consumer spent blocked in Next()
-  int64_t decoded = 0;
-  double decode_busy_s = 0;  // summed over decoder threads (wall clock)
-  double decode_cpu_s = 0;   // the same work in CPU time (0: unknown, use decode_busy_s); under
+  int64_t mapped = 0;
+  double map_busy_s = 0;  // summed over map workers (wall clock)
+  double map_cpu_s = 0;   // the same work in CPU time (0: unknown, use map_busy_s); under
                              // contention wall time inflates and would ask for too few reads
   int64_t reads = 0;
   double read_busy_s = 0;  // summed over reader threads (the read latency included)
@@ -84,7 +84,7 @@ struct TunerLimits {
 struct TunerDecision {
   double time_s = 0;  // since tuning started
   TunerSettings settings;
-  double images_per_s = 0;  // measured over the interval that led to the decision
+  double samples_per_s = 0;  // measured over the interval that led to the decision
   std::string reason;
 };
 
@@ -103,8 +103,8 @@ class Autotuner {
   const std::vector<TunerDecision>& decisions() const { return decisions_; }
   void set_max_prefetch(int n) { limits_.max_prefetch = n; }
   // Estimates (EMA), for stats and tests; 0 before enough data.
-  double demand_images_per_s() const { return demand_; }
-  double decode_s_per_image() const { return t_decode_; }
+  double demand_samples_per_s() const { return demand_; }
+  double map_s_per_sample() const { return t_map_; }
   double read_s() const { return t_read_; }
   // The cores the consumer's thread uses (smoothed; 0 before it is measured), and how many of
   // the whole cores it needs the workers leave it now, with why.
@@ -120,8 +120,8 @@ class Autotuner {
   static constexpr double kIoDeadBand = 0.25;
   static constexpr double kIoRaiseMargin = 1.4;
   static constexpr double kIoStartMargin = 2.0;  // before the first batch
-  // Decoders busy at least this fraction of an interval are fed: io_depth does not go up.
-  static constexpr double kDecodersFed = 0.9;
+  // Workers busy at least this fraction of an interval are fed: io_depth does not go up.
+  static constexpr double kWorkersFed = 0.9;
   static constexpr size_t kMaxDecisions = 1000;
   static constexpr int kLeanPrefetch = 8;
   // A probe for one worker fewer starts when the model, at the current cost, needs at most this
@@ -129,7 +129,7 @@ class Autotuner {
   static constexpr double kProbeReach = 1.35;
   static constexpr int kProbeIntervals = 4;
   // Fewer workers are kept when they cover all but this fraction of the demand (and the
-  // consumer was not starved meanwhile): a whole decoder thread saved for at most a 3% slower
+  // consumer was not starved meanwhile): a whole map worker saved for at most a 3% slower
   // feed (the deep ring absorbs most of it), and a borderline measurement does not flip.
   static constexpr double kProbeTolerance = 0.03;
   static constexpr int kDemandWindow = 6;  // intervals (1.2 s) over which demand is measured
@@ -150,12 +150,12 @@ class Autotuner {
   TunerSettings settings_;
   std::vector<TunerDecision> decisions_;
   double time_s_ = 0;
-  double demand_ = 0, t_decode_ = 0, t_read_ = 0;
+  double demand_ = 0, t_map_ = 0, t_read_ = 0;
   double trainer_ = 0;               // cores of the consumer's thread (EMA)
   bool capped_for_trainer_ = false;  // workers held at cores - ceil(trainer) for it
   bool trainer_cap_failed_ = false;  // the cap starved the consumer once: not applied again
   std::string trainer_reason_;
-  std::pair<int64_t, double> demand_window_[kDemandWindow] = {};  // images, consumer busy s
+  std::pair<int64_t, double> demand_window_[kDemandWindow] = {};  // samples, consumer busy s
   int64_t demand_next_ = 0;
   int settle_ = 0;            // intervals to wait after a change
   int steady_ = 0;            // intervals measured since the last change
@@ -165,10 +165,10 @@ class Autotuner {
   struct Probe {
     bool active = false;
     int from_workers = 0;      // the setting to go back to
-    double t_decode_from = 0;  // the cost measured there
+    double t_map_from = 0;  // the cost measured there
     int measured = 0;          // intervals measured so far (after the settling one)
-    int64_t decoded = 0;
-    double decode_s = 0, wait_s = 0, interval_s = 0;
+    int64_t mapped = 0;
+    double map_s = 0, wait_s = 0, interval_s = 0;
   } probe_;
   double probe_failed_demand_ = 0;  // demand when a probe last failed (0: none failed)
 
@@ -177,7 +177,7 @@ class Autotuner {
   bool StepProbe(const TunerSample& s, double rate);
   // Applies `next` and records the decision; the next `settle` intervals change nothing.
   void Decide(const TunerSettings& next, int settle, double rate, std::string reason);
-  // The reads in flight for `rate` images/s (Little's law, dead band; a raise goes
+  // The reads in flight for `rate` samples/s (Little's law, dead band; a raise goes
   // `raise_margin` past the estimate).
   int IoDepthFor(double rate, double raise_margin) const;
 };

@@ -129,6 +129,39 @@ def test_stats_after_epochs(image_folder):
                                                         rel=0.05)
 
 
+def test_stats_speak_samples_and_the_image_loader_adds_images(image_folder):
+    """The engine's words are a workload's-neutral samples and map stage; ImageLoader says the
+    same figures in images too, and calls its map stage "decode"."""
+    data = list(range(64))
+    generic = feedline.DataLoader(data, batch_size=8, num_workers=2)
+    for _ in range(2):
+        for _ in generic:
+            pass
+    g = generic.stats()
+    # Over the loader's life, although its first batches (made whole in the worker processes,
+    # to learn the layout) ran on an engine run of their own.
+    assert g["samples"] == 128 and g["batches"] == 16 and g["samples_per_s"] > 0
+    assert {"read", "map", "consumer"} <= set(g["stages"]) and "decode" not in g["stages"]
+    assert g["stages"]["map"]["items"] >= 16  # positions: a sample, or a batch made whole
+    assert g["stages"]["consumer"]["items"] == 16
+    assert g["bottleneck"] in ("storage", "map", "consumer", "copy", "unknown")
+    assert "images" not in g and "images_per_s" not in g and "decode_ms_per_image" not in g
+    assert "map_ms_per_sample" in g and "demand_samples_per_s" in g
+
+    loader = feedline.ImageLoader(image_folder, batch_size=8, size=64)
+    for _ in loader:
+        pass
+    s = loader.stats()
+    for sample_word, image_word in (("samples", "images"), ("samples_per_s", "images_per_s"),
+                                    ("demand_samples_per_s", "demand_images_per_s"),
+                                    ("map_ms_per_sample", "decode_ms_per_image")):
+        assert s[image_word] == s[sample_word]
+    assert "decode" in s["stages"] and "map" not in s["stages"]
+    assert s["bottleneck"] != "map"
+    for event in s["tuning"] + s["timeline"]:
+        assert event["images_per_s"] == event["samples_per_s"]
+
+
 def test_stats_count_only_delivered_images(image_folder):
     """Prefetched batches the consumer never took are not 'delivered'."""
     loader = feedline.ImageLoader(image_folder, batch_size=4, size=64, prefetch=6, workers=2)

@@ -43,17 +43,17 @@ TunerSample Simulate(const Machine& m, const TunerSettings& s, double interval =
   const double rate = std::min(produced, m.demand);
   TunerSample x;
   x.interval_s = interval;
-  x.images_consumed = int64_t(rate * interval);
-  x.stepped_images = x.images_consumed;  // steady state: as many steps end as batches start
+  x.samples_consumed = int64_t(rate * interval);
+  x.stepped_samples = x.samples_consumed;  // steady state: as many steps end as batches start
   x.consumer_busy_s = std::isinf(m.demand) ? 0.0 : rate * interval / m.demand;
   x.consumer_wait_s = interval - x.consumer_busy_s;
   if (!std::isinf(m.demand) && produced > m.demand) x.consumer_wait_s = 0;
-  x.decoded = x.images_consumed;
+  x.mapped = x.samples_consumed;
   // Oversubscribed threads each take longer (time-sliced).
   const double slowdown = std::max(1.0, double(s.workers) / m.cores);
-  x.decode_busy_s = x.decoded * t_image * slowdown;
-  if (m.cpu_share < 1) x.decode_cpu_s = x.decode_busy_s * m.cpu_share;
-  x.reads = x.images_consumed;
+  x.map_busy_s = x.mapped * t_image * slowdown;
+  if (m.cpu_share < 1) x.map_cpu_s = x.map_busy_s * m.cpu_share;
+  x.reads = x.samples_consumed;
   const double t_read = m.queueing ? std::max(m.t_read, s.io_depth / rate) : m.t_read;
   x.read_busy_s = x.reads * t_read;
   x.consumer_cpu_s = m.trainer_cpu * interval;
@@ -109,7 +109,7 @@ TEST_CASE("slow storage: many reads in flight, no extra decode threads", "[tune]
   REQUIRE(late == 0);
   // The resulting rate is the decode limit.
   TunerSample x = Simulate(m, s);
-  REQUIRE(double(x.images_consumed) / x.interval_s >= 0.95 * 2000);
+  REQUIRE(double(x.samples_consumed) / x.interval_s >= 0.95 * 2000);
 }
 
 TEST_CASE("slow consumer: fewer workers, no CPU burnt to fill the ring", "[tune]") {
@@ -123,7 +123,7 @@ TEST_CASE("slow consumer: fewer workers, no CPU burnt to fill the ring", "[tune]
   REQUIRE(s.workers == 2);
   REQUIRE(late == 0);
   TunerSample x = Simulate(m, s);
-  REQUIRE(double(x.images_consumed) / x.interval_s >= 0.99 * 300);
+  REQUIRE(double(x.samples_consumed) / x.interval_s >= 0.99 * 300);
 }
 
 TEST_CASE("fixed settings are left alone; decisions are recorded with reasons", "[tune]") {
@@ -153,12 +153,12 @@ TEST_CASE("jitter: the ring deepens while production keeps up, within its limit"
   Autotuner tuner(l, TunerSettings{4, 2, 2});
   TunerSample x;
   x.interval_s = 0.2;
-  x.images_consumed = 100;
-  x.stepped_images = 100;
+  x.samples_consumed = 100;
+  x.stepped_samples = 100;
   x.consumer_busy_s = 0.15;  // demand ~667/s
   x.consumer_wait_s = 0.05;  // 25% waiting...
-  x.decoded = 100;
-  x.decode_busy_s = 100 * 0.002;  // ...although 4 decoders could give 2000/s
+  x.mapped = 100;
+  x.map_busy_s = 100 * 0.002;  // ...although 4 decoders could give 2000/s
   x.reads = 100;
   x.read_busy_s = 0.01;
   TunerSettings s;
@@ -204,7 +204,7 @@ TEST_CASE("a read latency that starts high: io depth comes back down to what it 
   REQUIRE(s.io_depth >= 47);
   REQUIRE(s.io_depth <= 67);
   TunerSample x = Simulate(m, s);
-  REQUIRE(double(x.images_consumed) / x.interval_s >= 0.95 * 2000);
+  REQUIRE(double(x.samples_consumed) / x.interval_s >= 0.95 * 2000);
 }
 
 TEST_CASE("decode-bound with queued reads: io depth does not climb on its own queueing", "[tune]") {
@@ -231,7 +231,7 @@ TEST_CASE("decode-bound with queued reads: io depth does not climb on its own qu
   REQUIRE(s.io_depth >= 40);
   REQUIRE(peak <= 100);
   TunerSample x = Simulate(m, s);
-  REQUIRE(double(x.images_consumed) / x.interval_s >= 0.95 * 2000);
+  REQUIRE(double(x.samples_consumed) / x.interval_s >= 0.95 * 2000);
 }
 
 TEST_CASE("a consumer that one worker just covers: one worker and a deep ring", "[tune]") {
@@ -274,7 +274,7 @@ TEST_CASE("a probe finds that fewer, faster decoders cover the consumer", "[tune
   bool kept = false;
   for (const auto& d : tuner.decisions()) kept |= d.reason.find("probe kept workers 1") == 0;
   REQUIRE(kept);
-  REQUIRE(tuner.decode_s_per_image() == Approx(0.001).epsilon(0.01));
+  REQUIRE(tuner.map_s_per_sample() == Approx(0.001).epsilon(0.01));
   TunerSample x = Simulate(m, s);
   REQUIRE(x.consumer_wait_s == 0);
 }
@@ -300,7 +300,7 @@ TEST_CASE("a probe that does not cover the consumer is undone, once", "[tune]") 
   int undone = 0;
   for (const auto& d : tuner.decisions()) undone += d.reason.find("probe undone") == 0;
   REQUIRE(undone == 1);
-  REQUIRE(tuner.decode_s_per_image() == Approx(0.001).epsilon(0.01));  // the cost with 2
+  REQUIRE(tuner.map_s_per_sample() == Approx(0.001).epsilon(0.01));  // the cost with 2
 }
 
 TEST_CASE("a probe that starves the consumer ends at once", "[tune]") {
@@ -349,7 +349,7 @@ TEST_CASE("a consumer that needs a core: workers stop at cores - 1 when that fee
   REQUIRE(busy.trainer_cores() == Approx(0.5).epsilon(0.05));
   REQUIRE(busy.trainer_reason().find("1 workers cover the demand") != std::string::npos);
   TunerSample x = Simulate(m, s);
-  REQUIRE(double(x.images_consumed) / x.interval_s >= 0.99 * 230);
+  REQUIRE(double(x.samples_consumed) / x.interval_s >= 0.99 * 230);
   // If the consumer then waits with the core kept back, the worker gets it, for good.
   for (int i = 0; i < 6; ++i) {
     TunerSample starved = Simulate(m, TunerSettings{1, 2, 4});

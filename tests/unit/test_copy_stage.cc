@@ -522,3 +522,92 @@ TEST_CASE("the last device batch, dropped after its loader, tears nothing down o
   RequireNothingLeft();
   REQUIRE_FALSE(cuda_stub::FreedOn(id));
 }
+
+namespace {
+
+// Pixels from the index alone: 2 x 2 x 3 uint8, value (index * 12 + position) % 256.
+class Pixels final : public feedline::Dataset {
+ public:
+  int64_t size() const override { return 10; }
+  absl::Status Read(int64_t, feedline::Record* record) const override {
+    record->Clear();
+    return absl::OkStatus();
+  }
+  uint64_t Fingerprint() const override { return 10; }
+  bool empty_records() const override { return true; }
+};
+
+// Writes the pixels into field 1 ("pixels") beside an int64 id (field 0), and asks the device
+// for `conversion`.
+class PixelTransform final : public feedline::SampleTransform {
+ public:
+  explicit PixelTransform(feedline::DeviceConversion conversion) : conversion_(conversion) {}
+  const feedline::Schema& schema() const override { return schema_; }
+  absl::Status Apply(const feedline::Record&, const feedline::SampleContext& ctx, WorkerState*,
+                     feedline::SampleWriter& out) const override {
+    *out.Fixed<int64_t>(0) = ctx.index();
+    uint8_t* p = out.Fixed<uint8_t>(1);
+    for (int i = 0; i < 12; ++i) p[i] = uint8_t(ctx.index() * 12 + i);
+    return absl::OkStatus();
+  }
+  std::vector<feedline::DeviceConversion> DeviceConversions() const override {
+    return {conversion_};
+  }
+
+ private:
+  feedline::DeviceConversion conversion_;
+  feedline::Schema schema_{feedline::Field("id", DType::kInt64, {}),
+                           feedline::Field("pixels", DType::kUint8, {2, 2, 3})};
+};
+
+}  // namespace
+
+TEST_CASE("a transform's declared conversion is made on the device; one it cannot be is refused",
+          "[cuda]") {
+  FreshStub();
+  feedline::DeviceConversion c;
+  c.field = 1;
+  c.size = 2;
+  c.dtype = DType::kFloat32;
+  c.layout = Layout::kNCHW;
+  c.mean = {0.0, 0.0, 0.0};
+  c.std = {1.0, 1.0, 1.0};
+  const LoaderOptions o = LoaderOptions().batch_size(4).shuffle(false).workers(1).device("cuda:0");
+  {
+    auto loader = Loader::Create(std::make_shared<Pixels>(), std::make_shared<PixelTransform>(c), o);
+    INFO(loader.status().ToString());
+    REQUIRE(loader.ok());
+    int64_t seen = 0;
+    for (absl::StatusOr<Batch>& b : **loader) {
+      REQUIRE(b.ok());
+      REQUIRE(b->set_consumer_stream(nullptr).ok());
+      REQUIRE(cudaStreamSynchronize(nullptr) == cudaSuccess);
+      const feedline::TensorView v = b->field("pixels");
+      REQUIRE(v.device == 0);
+      REQUIRE(v.dtype == DType::kFloat32);
+      REQUIRE(v.shape == std::vector<int64_t>{b->size(), 3, 2, 2});  // CHW now
+      std::vector<float> got(size_t(b->size() * 12));
+      cuda_stub::CopyToHost(got.data(), v.data, got.size() * sizeof(float));
+      for (int64_t s = 0; s < b->size(); ++s) {
+        const int64_t index = b->indices()[s];
+        for (int ch = 0; ch < 3; ++ch) {
+          for (int px = 0; px < 4; ++px) {
+            const float want = float(uint8_t(index * 12 + px * 3 + ch)) / 255.0f;
+            REQUIRE(got[size_t(s * 12 + ch * 4 + px)] == Approx(want).margin(1e-6));
+          }
+        }
+      }
+      seen += b->size();
+    }
+    REQUIRE(seen == 10);
+  }
+  // The int64 id is no uint8 pixel field: refused when the loader is made, the field named.
+  c.field = 0;
+  auto bad = Loader::Create(std::make_shared<Pixels>(), std::make_shared<PixelTransform>(c), o);
+  REQUIRE(absl::IsInvalidArgument(bad.status()));
+  REQUIRE_THAT(std::string(bad.status().message()), Catch::Matchers::Contains("\"id\""));
+  c.field = 7;
+  bad = Loader::Create(std::make_shared<Pixels>(), std::make_shared<PixelTransform>(c), o);
+  REQUIRE(absl::IsInvalidArgument(bad.status()));
+  REQUIRE_THAT(std::string(bad.status().message()), Catch::Matchers::Contains("no such field"));
+}

@@ -368,25 +368,23 @@ class FailsAtSix final : public feedline::SampleTransform {
 
 class LoggingCopyStage final : public feedline::DeviceStage {
  public:
-  struct Fake final : feedline::internal::DeviceBatch {
+  struct Fake final : feedline::DeviceCopy {
     absl::Status UseOnStream(void*) override { return absl::OkStatus(); }
   };
   int device() const override { return 0; }
   // Called by the workers (at assembly) and the consumer, one at a time: no REQUIRE here.
-  absl::StatusOr<std::shared_ptr<feedline::internal::DeviceBatch>> Submit(
-      std::shared_ptr<feedline::internal::BatchSlot> slot, int64_t n) override {
+  absl::StatusOr<std::shared_ptr<feedline::DeviceCopy>> Submit(
+      feedline::HostBatch batch) override {
     auto d = std::make_shared<Fake>();
-    d->columns.resize(size_t(slot->layout->schema.size()));  // data null: host fields
+    d->columns.resize(batch.fields.size());  // data null: the fields stay on the host
     {
       std::lock_guard<std::mutex> lock(mu);
-      submitted.push_back({slot->indices[0], taken.load(), n});
+      submitted.push_back({batch.indices[0], taken.load(), batch.size});
       if (concurrent.fetch_add(1) != 0) overlapped = true;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
     concurrent.fetch_sub(1);
-    d->CopyHostSide(*slot, n);
-    d->host = std::move(slot);  // its fields stay on the host
-    return std::shared_ptr<feedline::internal::DeviceBatch>(std::move(d));
+    return std::shared_ptr<feedline::DeviceCopy>(std::move(d));
   }
   int64_t device_bytes() const override { return 0; }
   double copy_ms() const override { return 0; }
@@ -415,13 +413,19 @@ TEST_CASE("the copy stage gets batches ahead of the consumer, in order, each onc
   parts.dataset = std::make_shared<Documents>(40);
   parts.transform = std::make_shared<FailsAtSix>();  // its batch is never copied
   parts.device.device = 0;
-  parts.device.make_stage =
-      [&stage_owner](auto) -> absl::StatusOr<std::unique_ptr<feedline::DeviceStage>> {
+  feedline::DeviceStageSpec spec;
+  parts.device.make_stage = [&stage_owner, &spec](feedline::DeviceStageSpec s)
+      -> absl::StatusOr<std::unique_ptr<feedline::DeviceStage>> {
+    spec = std::move(s);
     return std::unique_ptr<feedline::DeviceStage>(std::move(stage_owner));
   };
   auto loader = feedline::internal::BuildLoader(
       std::move(parts), LoaderOptions().batch_size(4).shuffle(false).workers(2).prefetch(4));
   REQUIRE(loader.ok());
+  // The stage is made for the slots: one int64 field of 4 samples, nothing to convert.
+  REQUIRE(spec.batch_size == 4);
+  REQUIRE(spec.field_bytes == std::vector<int64_t>{32});
+  REQUIRE(spec.conversions.empty());
   auto epoch = (*loader)->StartEpoch();
   int64_t ahead = 0;
   for (int64_t b = 0; b < 10; ++b) {

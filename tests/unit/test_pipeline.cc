@@ -192,7 +192,7 @@ TEST_CASE("resources change while running; every sample still comes once", "[pip
   REQUIRE(seen.size() == 75);
   REQUIRE(distinct.size() == 75);
   feedline::Stats s = loader->stats();
-  REQUIRE(s.images == 75);
+  REQUIRE(s.samples == 75);
   REQUIRE(s.batches == 10);
   REQUIRE(s.stages.size() == 3);
   REQUIRE(s.stages[1].items == 75);

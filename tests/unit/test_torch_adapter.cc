@@ -219,7 +219,7 @@ TEST_CASE("range-for gives every sample once per epoch", "[torch]") {
     orders.push_back(order);
   }
   CHECK(orders[0] != orders[1]);  // a fresh permutation per epoch (14! orders: no accident)
-  CHECK(loader->stats().images >= 2 * n);
+  CHECK(loader->stats().samples >= 2 * n);
 
   // set_epoch chooses the epoch: the same permutation again.
   loader->set_epoch(1);

@@ -37,6 +37,10 @@ class _BaseIter:
                                f"{self._cancelled}")
 
     def _out(self, batch, on_device=False):
+        order = getattr(self, "_order", None)  # the epoch's batches of keys, when known
+        if order is not None and self._batches_done < len(order):
+            keys = order[self._batches_done]
+            self._owner._delivered += len(keys) if isinstance(keys, (list, tuple)) else 1
         self._batches_done += 1
         dev = self._owner._device
         if dev is not None and not on_device:
@@ -64,6 +68,7 @@ class _SerialIter(_BaseIter):
         if owner.num_workers == 0:
             owner._executor, owner._executor_reason = "main", "num_workers=0"
         self._batches = iter(batches[skip:])
+        self._order = batches
         self._batches_done = skip
 
     def __next__(self):
@@ -87,6 +92,7 @@ class _EngineIter(_BaseIter):
         self._engine_batch = 1
         self._batches_done = skip
         self._batches = batches  # the epoch's whole order: a restart continues in it
+        self._order = batches
         self._position_batch = 0  # the engine's batches handed out (errors included)
         self._on_device = False
         self._serial = None  # the rest of the epoch's batches, when the calling thread loads

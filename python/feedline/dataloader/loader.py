@@ -17,6 +17,9 @@ from ._resume import _Resume, _order_fingerprint
 from ._runtime import _LIVE, _register_exit
 
 _T_co = typing.TypeVar("_T_co", covariant=True)
+# The engine's figures that add up over the runs a loader replaces (stats() spans its life).
+_ADDED_UP = ("samples", "batches", "elapsed_s", "consumer_wait_s", "epoch_start_wait_s",
+             "consumer_cpu_s", "consumer_run_delay_s")
 
 
 class DataLoader(_Executor, _Resume, typing.Generic[_T_co]):
@@ -101,6 +104,8 @@ class DataLoader(_Executor, _Resume, typing.Generic[_T_co]):
         self._pad_config = None  # (pad, pad_value, bounds): how worker processes learn layouts
         self._past_errors = {"error_count": 0, "errors": []}  # of replaced engine runs
         self._past_py = {}  # of replaced transforms
+        self._past_run = {}  # delivered batches and times of replaced engine runs
+        self._delivered = 0  # samples of the batches handed to the loop (map-style data sets)
         self._wants_layout = False  # this epoch's batches could go in place (see _layout)
         # Engine state, kept across epochs (persistent workers).
         self._transform = None
@@ -263,6 +268,13 @@ class DataLoader(_Executor, _Resume, typing.Generic[_T_co]):
             st = loader.stats()
             self._past_errors["error_count"] += st.get("error_count", 0)
             self._past_errors["errors"] += list(st.get("errors") or [])
+            past = self._past_run
+            for k in _ADDED_UP:
+                past[k] = past.get(k, 0) + st.get(k, 0)
+            for name, stage in (st.get("stages") or {}).items():
+                mine = past.setdefault("stages", {}).setdefault(name, {})
+                for k in ("busy_s", "wait_s", "items"):
+                    mine[k] = mine.get(k, 0) + stage.get(k, 0)
         if transform is not None:
             for k, v in transform.stats().items():
                 if k != "processes" and isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -274,6 +286,23 @@ class DataLoader(_Executor, _Resume, typing.Generic[_T_co]):
         dataset's code (call_s) and, of that, off a CPU (off_cpu_s: taking the GIL back after a
         C call released it, I/O, waiting for a core)."""
         out = self._loader.stats() if self._loader is not None else {}
+        if self._past_run:  # engine runs replaced before this one (a learned layout, say)
+            for k in _ADDED_UP:
+                out[k] = out.get(k, 0) + self._past_run[k]
+            stages = out.setdefault("stages", {})
+            for name, past in self._past_run.get("stages", {}).items():
+                stage = stages.setdefault(name, {"threads": 0})
+                for k, v in past.items():
+                    stage[k] = stage.get(k, 0) + v
+            elapsed = out["elapsed_s"]
+            out["samples_per_s"] = out["samples"] / elapsed if elapsed > 0 else 0.0
+            out["consumer_wait_fraction"] = out["consumer_wait_s"] / elapsed if elapsed > 0 else 0.0
+        if self._delivered and "samples" in out:
+            # The engine counts its positions: a whole batch each where the batches are made in
+            # Python (the first ones, say); the samples are those of the batches handed out.
+            out["samples"] = self._delivered
+            elapsed = out["elapsed_s"]
+            out["samples_per_s"] = self._delivered / elapsed if elapsed > 0 else 0.0
         if self._past_errors["error_count"]:
             out["error_count"] = out.get("error_count", 0) + self._past_errors["error_count"]
             out["errors"] = self._past_errors["errors"] + list(out.get("errors") or [])
