@@ -1,7 +1,8 @@
 // feedline — data sets: the read stage's seam, and the built-in file data sets.
 //
 // A `Dataset` turns a sample index into a `Record`: the bytes it stores (a file's contents, the
-// members of a WebDataset key) and small metadata (a class label). What the bytes mean is the
+// members of a WebDataset key) and small metadata (a class label, and any typed metadata the
+// data set and its transform agree on). What the bytes mean is the
 // transform's business (see transform.h); a data set that computes its samples from the index
 // may leave the record empty and let its transform do the work.
 //
@@ -28,6 +29,7 @@
 #ifndef FEEDLINE_DATASET_H_
 #define FEEDLINE_DATASET_H_
 
+#include <any>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -47,8 +49,13 @@ struct Record {
     std::vector<uint8_t> bytes;
   };
   std::vector<uint8_t> bytes;   // the sample's main payload (a file: its contents)
-  int64_t label = -1;           // class index, when the data set has classes; else -1
+  int64_t label = -1;           // class index (a sub-folder, a list file's, a .cls); else -1
   std::vector<Member> members;  // named members (WebDataset keys); empty for single files
+  // Anything else a data set tells its transform about the sample, of a type the two agree on
+  // (a caption, boxes, a video's frame index): the transform reads it with
+  // `std::any_cast<const T>(&record.meta)` (null when absent or of another type). The bytes
+  // cache keeps a copy with the record: keep it small.
+  std::any meta;
 
   // The member called `name`, or null.
   const std::vector<uint8_t>* member(std::string_view name) const;

@@ -11,6 +11,7 @@
 #ifndef FEEDLINE_SRC_CORE_SAMPLE_CACHE_H_
 #define FEEDLINE_SRC_CORE_SAMPLE_CACHE_H_
 
+#include <any>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -28,6 +29,7 @@ class SampleCache {
     std::vector<uint8_t> data;  // record bytes, or RGB HWC pixels
     int64_t label = -1;         // bytes: the record's label and members
     std::vector<Record::Member> members;
+    std::any meta;                        // bytes: the record's typed metadata
     int width = 0, height = 0;            // decoded: the stored size
     int orig_width = 0, orig_height = 0;  // decoded: the image's own size
   };

@@ -21,9 +21,9 @@ bool BatchRing::WaitAdmitted(int64_t b) {
   while (true) {
     const uint32_t gen = core_->wake.Load();
     if (core_->is_cancelled()) return false;
-    const int64_t bound = consumed_.load(std::memory_order_acquire) + sh.prefetch.load();
+    const int64_t bound = consumed_.load(std::memory_order_acquire) + sh.tuning.prefetch.load();
     if (b < bound) {
-      if (b < bound - sh.lent.load(std::memory_order_acquire)) return true;
+      if (b < bound - sh.epochs.lent.load(std::memory_order_acquire)) return true;
       // Held by the slots the previous epoch's last batches keep (a head start): they come
       // back as its consumer takes them, a few per epoch; polled rather than woken across runs.
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -40,12 +40,12 @@ void BatchRing::EnsureOpen(int64_t b) {
     InFlight& e = at(k);
     absl::Status error;
     try {
-      e.slot = core_->shared->pool->Acquire();
+      e.slot = core_->shared->memory.pool->Acquire();
     } catch (const std::bad_alloc&) {
       // Pinned or plain memory ran out: the batch fails (at its turn), the process does not.
       e.slot.reset();
       error = absl::ResourceExhaustedError(absl::StrCat(
-          "batch ", k, ": cannot allocate a slot of ", core_->shared->pool->slot_bytes(),
+          "batch ", k, ": cannot allocate a slot of ", core_->shared->memory.pool->slot_bytes(),
           " bytes (out of host memory); lower batch_size, prefetch or memory_budget"));
     }
     e.open_ns = NowNs();

@@ -17,6 +17,7 @@ void Record::Clear() {
   label = -1;
   for (Member& m : members) m.bytes.clear();
   members.clear();
+  meta.reset();
 }
 
 std::string Dataset::Describe(int64_t index) const { return absl::StrCat("sample ", index); }

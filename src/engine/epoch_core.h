@@ -52,7 +52,7 @@ struct EpochCore {
         return;
       }
     }
-    shared->RecordError(std::move(e));
+    shared->errors.Record(std::move(e));
   }
   void ReleaseErrors() {
     std::vector<SampleError> errors;
@@ -61,7 +61,7 @@ struct EpochCore {
       held = false;
       errors.swap(held_errors);
     }
-    for (SampleError& e : errors) shared->RecordError(std::move(e));
+    for (SampleError& e : errors) shared->errors.Record(std::move(e));
   }
 
  private:

@@ -30,10 +30,10 @@ EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t 
       adopted_(!head_start) {
   LoaderShared& sh = *core_.shared;
   int64_t expected = 0;
-  sh.start_ns.compare_exchange_strong(expected, NowNs());
+  sh.counters.start_ns.compare_exchange_strong(expected, NowNs());
   if (!head_start) {
-    std::lock_guard<std::mutex> lock(sh.active_mu);
-    sh.active = this;
+    std::lock_guard<std::mutex> lock(sh.epochs.mu);
+    sh.epochs.active = this;
   }
   MarkReturn();
   consumer_track_ = sh.trace->Track("consumer");
@@ -42,8 +42,8 @@ EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t 
     ring_.set_on_assembled([this](int64_t j, const std::shared_ptr<internal::BatchSlot>& slot,
                                   int64_t n) { OnAssembled(j, slot, n); });
   }
-  SetIoDepth(sh.io_depth.load());
-  SetWorkers(sh.workers.load());
+  SetIoDepth(sh.tuning.io_depth.load());
+  SetWorkers(sh.tuning.workers.load());
   // A head start's tuning waits for its adoption: until then the consumer is in the epoch
   // before, or away (validation), and its figures would tell the tuner nothing of this one.
   if (!head_start) tuning_.Start();
@@ -56,7 +56,7 @@ void EpochRun::Adopt() {
   tuning_.Start();
 }
 
-void LoaderShared::RunDeleter::operator()(EpochRun* run) const {
+void EpochHandoff::RunDeleter::operator()(EpochRun* run) const {
   if (run->forked()) return;  // a forked copy: leaked (see EpochRun::forked)
   delete run;
 }
@@ -68,14 +68,14 @@ EpochRun::~EpochRun() {
     early_.clear();
   }
   LoaderShared& sh = *core_.shared;
-  std::lock_guard<std::mutex> lock(sh.active_mu);
-  if (sh.active == this) {
-    sh.active = nullptr;
+  std::lock_guard<std::mutex> lock(sh.epochs.mu);
+  if (sh.epochs.active == this) {
+    sh.epochs.active = nullptr;
     const int64_t done = ring_.consumed();
     if (done < core_.num_batches) {
-      sh.has_partial = true;
-      sh.partial_epoch = core_.epoch;
-      sh.partial_batches = done;
+      sh.epochs.has_partial = true;
+      sh.epochs.partial_epoch = core_.epoch;
+      sh.epochs.partial_batches = done;
     }
   }
 }
@@ -89,50 +89,50 @@ bool EpochRun::forked() const { return fork_generation_ != ForkGeneration(); }
 
 void EpochRun::SetWorkers(int n) {
   n = std::max(1, n);
-  core_.shared->workers.store(n);
+  core_.shared->tuning.workers.store(n);
   map_.SetThreads(n);
   core_.Wake();
 }
 
 void EpochRun::SetIoDepth(int n) {
   n = std::max(1, n);
-  core_.shared->io_depth.store(n);
+  core_.shared->tuning.io_depth.store(n);
   read_.SetThreads(n);
   core_.Wake();
 }
 
 void EpochRun::SetPrefetch(int n) {
   n = std::clamp(n, 1, kMaxPrefetch);
-  core_.shared->prefetch.store(n);
-  core_.shared->KeepSlots(n);
+  core_.shared->tuning.prefetch.store(n);
+  core_.shared->memory.KeepSlots(n);
   core_.Wake();
 }
 
 absl::Status EpochRun::TooManyErrors() {
   LoaderShared& sh = *core_.shared;
   const int64_t max = sh.options.max_errors();
-  if (max <= 0 || sh.error_count() <= max) return absl::OkStatus();
+  if (max <= 0 || sh.errors.count() <= max) return absl::OkStatus();
   return absl::DataLossError(
-      absl::StrCat(sh.error_count(), " samples failed, more than max_errors=", max,
-                   " (a broken data set or storage?); the first: ", sh.FirstErrorText()));
+      absl::StrCat(sh.errors.count(), " samples failed, more than max_errors=", max,
+                   " (a broken data set or storage?); the first: ", sh.errors.FirstText()));
 }
 
 absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interrupted,
                                      absl::Duration poll) {
   LoaderShared& sh = *core_.shared;
   const int64_t entered = NowNs();
-  sh.consumer.AddBusy(entered - last_return_ns_);
+  sh.counters.consumer.AddBusy(entered - last_return_ns_);
   if (const pid_t tid = gettid(); tid == returned_to_) {
     // The consumer's step since the last batch: its CPU, and its waits for a core.
     int64_t cpu = 0, delay = 0;
     if (ThreadSchedStat(&cpu, &delay)) {
-      sh.consumer_cpu_ns.fetch_add(cpu - returned_cpu_ns_, std::memory_order_relaxed);
-      sh.consumer_run_delay_ns.fetch_add(delay - returned_delay_ns_, std::memory_order_relaxed);
+      sh.counters.consumer_cpu_ns.fetch_add(cpu - returned_cpu_ns_, std::memory_order_relaxed);
+      sh.counters.consumer_run_delay_ns.fetch_add(delay - returned_delay_ns_, std::memory_order_relaxed);
     }
   }
   // The step just ended worked on the batch returned last: its samples go with that busy time
   // (counted here, not at the return, so that any window sees matching samples and time).
-  sh.stepped_samples.fetch_add(held_samples_, std::memory_order_relaxed);
+  sh.counters.stepped_samples.fetch_add(held_samples_, std::memory_order_relaxed);
   held_samples_ = 0;
   const int64_t b = ring_.consumed();
   if (b >= core_.num_batches) {
@@ -154,25 +154,25 @@ absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interr
     }
     if (!ring_.WaitReady(b, poll_ns) && interrupted && !handout_cancelled_.load()) {
       if (absl::Status s = interrupted(); !s.ok()) {
-        sh.AddConsumerWait(b, NowNs() - entered);
+        sh.counters.AddConsumerWait(b, NowNs() - entered);
         MarkReturn();
         return s;
       }
     }
   }
   const int64_t got = NowNs();
-  sh.AddConsumerWait(b, got - entered);
+  sh.counters.AddConsumerWait(b, got - entered);
   BatchRing::Taken taken = ring_.Take(b);
   ReturnLent(/*all=*/false);
   consumer_track_->Span(TraceTrack::Kind::kWait, entered, got, b);
   batch_track_->Span(TraceTrack::Kind::kBatch, taken.open_ns, got, b);
   Batch batch;
-  if (taken.slot != nullptr) sh.pool->MarkHandedOut(taken.slot.get());
+  if (taken.slot != nullptr) sh.memory.pool->MarkHandedOut(taken.slot.get());
   batch.slot_ = std::move(taken.slot);
   batch.size_ = taken.count;
-  sh.consumer.AddItem();
-  sh.batches.fetch_add(1, std::memory_order_relaxed);
-  sh.samples.fetch_add(batch.size_, std::memory_order_relaxed);
+  sh.counters.consumer.AddItem();
+  sh.counters.batches.fetch_add(1, std::memory_order_relaxed);
+  sh.counters.samples.fetch_add(batch.size_, std::memory_order_relaxed);
   MaybeStartNext();  // (before Shutdown, which ends the hand-out)
   if (b + 1 == core_.num_batches) Shutdown();  // free the threads as soon as the epoch is done
   held_samples_ = batch.size_;
@@ -256,7 +256,7 @@ void EpochRun::ReturnLent(bool all) {
   int n = lent_.load();
   while (n > 0 && !lent_.compare_exchange_weak(n, all ? 0 : n - 1)) {
   }
-  if (n > 0) core_.shared->lent.fetch_sub(all ? n : 1, std::memory_order_acq_rel);
+  if (n > 0) core_.shared->epochs.lent.fetch_sub(all ? n : 1, std::memory_order_acq_rel);
 }
 
 void EpochRun::StopStages() {
@@ -273,7 +273,7 @@ void EpochRun::StopStages() {
   map_.Stop();  // the workers are the loader's: this epoch's loops on them return
   // Read buffers are freed with the run; keep the accounting honest.
   queues_.DropBuffers();
-  core_.shared->read_buffer_bytes.fetch_sub(read_.TakeBufferBytes(), std::memory_order_relaxed);
+  core_.shared->counters.read_buffer_bytes.fetch_sub(read_.TakeBufferBytes(), std::memory_order_relaxed);
 }
 
 void EpochRun::Shutdown() {
@@ -293,12 +293,12 @@ void EpochRun::MaybeStartNext() {
   if (next_tried_ || !sh.options.epoch_head_start() || !ring_.AllAssembled()) return;
   next_tried_ = true;
   const int64_t next = core_.epoch + 1;
-  auto wanted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.active_mu) {
-    return !sh.loader_gone && sh.head_start == nullptr && sh.active == this &&
-           sh.next_epoch == next && sh.next_start_batch == 0 && !handout_cancelled_.load();
+  auto wanted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.epochs.mu) {
+    return !sh.epochs.loader_gone && sh.epochs.head_start == nullptr && sh.epochs.active == this &&
+           sh.epochs.next_epoch == next && sh.epochs.next_start_batch == 0 && !handout_cancelled_.load();
   };
   {
-    std::lock_guard<std::mutex> lock(sh.active_mu);
+    std::lock_guard<std::mutex> lock(sh.epochs.mu);
     if (!wanted()) return;
   }
   // Every batch is made: the workers are idle, and go on with the next epoch. The slots of the
@@ -306,13 +306,13 @@ void EpochRun::MaybeStartNext() {
   StopStages();
   const int lent = int(std::max<int64_t>(0, core_.num_batches - ring_.consumed()));
   lent_.store(lent);
-  sh.lent.fetch_add(lent, std::memory_order_acq_rel);
-  std::unique_ptr<EpochRun, LoaderShared::RunDeleter> run(
+  sh.epochs.lent.fetch_add(lent, std::memory_order_acq_rel);
+  std::unique_ptr<EpochRun, EpochHandoff::RunDeleter> run(
       new EpochRun(core_.shared, next, 0, /*head_start=*/true));
   {
-    std::lock_guard<std::mutex> lock(sh.active_mu);
+    std::lock_guard<std::mutex> lock(sh.epochs.mu);
     if (wanted()) {
-      sh.head_start = std::move(run);
+      sh.epochs.head_start = std::move(run);
       return;
     }
   }

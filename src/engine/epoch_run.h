@@ -64,7 +64,7 @@ class EpochRun {
                              absl::Duration poll = absl::Milliseconds(100));
   // Stops the stages and the hand-out: later Next() calls return kCancelled.
   void Cancel();
-  // A head start becomes the loader's epoch (under LoaderShared::active_mu, by StartEpoch, on
+  // A head start becomes the loader's epoch (under LoaderShared::epochs.mu, by StartEpoch, on
   // the consumer's thread): its device copies and its tuning loop start now.
   void Adopt();
 

@@ -95,35 +95,40 @@ absl::Status Batch::set_consumer_stream(void* cuda_stream) const {
 // ---------------------------------------------------------------------------------------------
 // LoaderShared
 
-void LoaderShared::RecordError(SampleError e) {
-  error_count_.fetch_add(1, std::memory_order_relaxed);
-  std::lock_guard<std::mutex> lock(errors_mu_);
-  if (errors_.size() < kMaxErrorsKept) errors_.push_back(std::move(e));
+void ErrorLog::Record(SampleError e) {
+  count_.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (kept_.size() < kMaxKept) kept_.push_back(std::move(e));
 }
 
-std::string LoaderShared::FirstErrorText() {
-  std::lock_guard<std::mutex> lock(errors_mu_);
-  if (errors_.empty()) return "";
-  return absl::StrCat(errors_.front().path, ": ", errors_.front().cause);
+std::string ErrorLog::FirstText() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (kept_.empty()) return "";
+  return absl::StrCat(kept_.front().path, ": ", kept_.front().cause);
+}
+
+std::vector<SampleError> ErrorLog::Kept() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return kept_;
 }
 
 Stats LoaderShared::Snapshot() {
   Stats s;
-  const int64_t start = start_ns.load();
+  const int64_t start = counters.start_ns.load();
   s.elapsed_s = start == 0 ? 0.0 : double(NowNs() - start) * 1e-9;
-  s.samples = samples.load();
-  s.batches = batches.load();
+  s.samples = counters.samples.load();
+  s.batches = counters.batches.load();
   s.samples_per_s = s.elapsed_s > 0 ? double(s.samples) / s.elapsed_s : 0.0;
-  s.consumer_wait_s = double(consumer.wait_ns.load()) * 1e-9;
+  s.consumer_wait_s = double(counters.consumer.wait_ns.load()) * 1e-9;
   s.consumer_wait_fraction = s.elapsed_s > 0 ? std::min(1.0, s.consumer_wait_s / s.elapsed_s) : 0;
-  s.epoch_start_wait_s = std::min(double(epoch_start_wait_ns.load()) * 1e-9, s.consumer_wait_s);
-  s.consumer_cpu_s = double(consumer_cpu_ns.load()) * 1e-9;
-  s.consumer_run_delay_s = double(consumer_run_delay_ns.load()) * 1e-9;
+  s.epoch_start_wait_s = std::min(double(counters.epoch_start_wait_ns.load()) * 1e-9, s.consumer_wait_s);
+  s.consumer_cpu_s = double(counters.consumer_cpu_ns.load()) * 1e-9;
+  s.consumer_run_delay_s = double(counters.consumer_run_delay_ns.load()) * 1e-9;
   s.worker_nice = worker_nice;
-  s.workers = workers.load();
-  s.prefetch = prefetch.load();
-  s.io_depth = io_depth.load();
-  s.chunk = chunk.load();
+  s.workers = tuning.workers.load();
+  s.prefetch = tuning.prefetch.load();
+  s.io_depth = tuning.io_depth.load();
+  s.chunk = tuning.chunk.load();
   if (dataset != nullptr) s.remote = dataset->remote_stats();
   auto stage = [](const char* name, const StageCounters& c, int threads) {
     StageStats st;
@@ -135,10 +140,10 @@ Stats LoaderShared::Snapshot() {
     st.occupancy = -1;
     return st;
   };
-  s.stages.push_back(stage("read", read, s.io_depth));
+  s.stages.push_back(stage("read", counters.read, s.io_depth));
   // The map stage: the transform's time (the image built-in's decode, a tokenizer, user code).
-  s.stages.push_back(stage("map", map, s.workers));
-  s.stages.push_back(stage("consumer", consumer, 1));
+  s.stages.push_back(stage("map", counters.map, s.workers));
+  s.stages.push_back(stage("consumer", counters.consumer, 1));
   if (device_stage) {
     // GPU time of the copy engine and the conversion kernel, per batch (CUDA events).
     StageStats c;
@@ -148,53 +153,50 @@ Stats LoaderShared::Snapshot() {
     c.threads = 1;
     s.stages.push_back(c);
   }
-  if (const int64_t n = fill_samples.load(); n > 0) {
-    s.stages[0].occupancy = double(read_fill_milli.load()) / 1000.0 / double(n);
-    s.stages[1].occupancy = double(ring_fill_milli.load()) / 1000.0 / double(n);
+  if (const int64_t n = counters.fill_samples.load(); n > 0) {
+    s.stages[0].occupancy = double(counters.read_fill_milli.load()) / 1000.0 / double(n);
+    s.stages[1].occupancy = double(counters.ring_fill_milli.load()) / 1000.0 / double(n);
   }
-  s.slots_allocated = pool->allocated();
-  s.slots_created = pool->created();
+  s.slots_allocated = memory.pool->allocated();
+  s.slots_created = memory.pool->created();
   s.bytes_in_use = BytesInUse();
   s.memory_budget = options.memory_budget();
-  s.auto_workers = auto_workers;
-  s.auto_io_depth = auto_io_depth;
-  s.auto_prefetch = auto_prefetch;
+  s.auto_workers = tuning.auto_workers;
+  s.auto_io_depth = tuning.auto_io_depth;
+  s.auto_prefetch = tuning.auto_prefetch;
   {
-    std::lock_guard<std::mutex> lock(tuner_mu);
-    if (tuner) {
-      s.demand_samples_per_s = tuner->demand_samples_per_s();
-      s.map_ms_per_sample = tuner->map_s_per_sample() * 1e3;
-      s.read_ms = tuner->read_s() * 1e3;
-      s.trainer_cores = tuner->trainer_cores();
-      s.cores_left_to_trainer = tuner->cores_left_to_trainer();
-      s.trainer_reason = tuner->trainer_reason();
-      for (const TunerDecision& d : tuner->decisions()) {
+    std::lock_guard<std::mutex> lock(tuner.mu);
+    if (tuner.model) {
+      s.demand_samples_per_s = tuner.model->demand_samples_per_s();
+      s.map_ms_per_sample = tuner.model->map_s_per_sample() * 1e3;
+      s.read_ms = tuner.model->read_s() * 1e3;
+      s.trainer_cores = tuner.model->trainer_cores();
+      s.cores_left_to_trainer = tuner.model->cores_left_to_trainer();
+      s.trainer_reason = tuner.model->trainer_reason();
+      for (const TunerDecision& d : tuner.model->decisions()) {
         s.tuning.push_back(TuningEvent{d.time_s, d.settings.workers, d.settings.io_depth,
                                        d.settings.prefetch, d.samples_per_s, d.reason});
       }
     }
-    s.timeline = timeline;
+    s.timeline = tuner.timeline;
   }
-  if (s.map_ms_per_sample == 0 && map.items.load() > 0) {
-    s.map_ms_per_sample = double(map.busy_ns.load()) * 1e-6 / double(map.items.load());
+  if (s.map_ms_per_sample == 0 && counters.map.items.load() > 0) {
+    s.map_ms_per_sample = double(counters.map.busy_ns.load()) * 1e-6 / double(counters.map.items.load());
   }
-  if (s.read_ms == 0 && read.items.load() > 0) {
-    s.read_ms = double(read.busy_ns.load()) * 1e-6 / double(read.items.load());
+  if (s.read_ms == 0 && counters.read.items.load() > 0) {
+    s.read_ms = double(counters.read.busy_ns.load()) * 1e-6 / double(counters.read.items.load());
   }
   s.cache = options.cache() == Cache::kBytes     ? "bytes"
             : options.cache() == Cache::kDecoded ? "decoded"
                                                  : "none";
-  if (cache) {
-    s.cache_hits = cache->hits();
-    s.cache_misses = cache->misses();
-    s.cache_bytes = cache->bytes();
-    s.cache_budget = cache->budget();
+  if (memory.cache) {
+    s.cache_hits = memory.cache->hits();
+    s.cache_misses = memory.cache->misses();
+    s.cache_bytes = memory.cache->bytes();
+    s.cache_budget = memory.cache->budget();
   }
-  s.error_count = error_count();
-  {
-    std::lock_guard<std::mutex> lock(errors_mu_);
-    s.errors = errors_;
-  }
+  s.error_count = errors.count();
+  s.errors = errors.Kept();
   DiagnoseBottleneck(&s);
   return s;
 }
@@ -289,8 +291,8 @@ absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOpt
   }
   shared->inline_reads = shared->dataset->empty_records() || shared->dataset->in_memory();
   if (shared->transform->WholeBatches()) {
-    shared->whole_batches = true;
-    shared->chunk.store(int(std::min<int64_t>(options.batch_size(), int64_t{1} << 30)));
+    shared->tuning.whole_batches = true;
+    shared->tuning.chunk.store(int(std::min<int64_t>(options.batch_size(), int64_t{1} << 30)));
   }
   shared->layout =
       std::make_shared<const SlotLayout>(SlotLayout::Make(schema, options.batch_size()));
@@ -306,11 +308,11 @@ absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOpt
     if (!stage.ok()) return stage.status();
     shared->device_stage = *std::move(stage);
   }
-  shared->pool = std::make_shared<SlotPool>(allocator, shared->layout);
+  shared->memory.pool = std::make_shared<SlotPool>(allocator, shared->layout);
   if (DeviceStage* stage = shared->device_stage.get()) {
     // Slots whose copies are done come back before the ring allocates another (the stage is
     // destroyed after the threads that acquire slots have stopped).
-    shared->pool->set_reclaim([stage](int64_t wait_ns) { stage->ReturnCopied(wait_ns); });
+    shared->memory.pool->set_reclaim([stage](int64_t wait_ns) { stage->ReturnCopied(wait_ns); });
   }
 
   // Resolve "auto" once. Transforms are CPU-bound: one worker per core. Reads of local files
@@ -319,7 +321,7 @@ absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOpt
   const int cores = std::max(1u, std::thread::hardware_concurrency());
   const int64_t budget =
       options.memory_budget() > 0 ? options.memory_budget() : AvailableMemoryBytes() / 4;
-  const int64_t slot_bytes = int64_t(shared->pool->slot_bytes());
+  const int64_t slot_bytes = int64_t(shared->memory.pool->slot_bytes());
   // Auto settings start where local, CPU-bound data needs them; the autotuner moves them.
   const int workers = options.workers() > 0 ? options.workers() : cores;
   const int io_depth = options.io_depth() > 0 ? options.io_depth() : 2;
@@ -341,11 +343,11 @@ absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOpt
     }
     prefetch = int(std::clamp<int64_t>(fit, 1, 2));
   }
-  shared->auto_workers = options.workers() == kAuto;
-  shared->auto_io_depth = options.io_depth() == kAuto;
-  shared->auto_prefetch = options.prefetch() == kAuto;
+  shared->tuning.auto_workers = options.workers() == kAuto;
+  shared->tuning.auto_io_depth = options.io_depth() == kAuto;
+  shared->tuning.auto_prefetch = options.prefetch() == kAuto;
   shared->cores = cores;
-  shared->budget = budget;
+  shared->memory.budget = budget;
   if (const std::string env = Env("FEEDLINE_WORKER_NICE"); !env.empty()) {
     int nice = 0;
     if (!absl::SimpleAtoi(env, &nice) || nice < 0 || nice > 19) {
@@ -367,7 +369,7 @@ absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOpt
   if (options.cache() != Cache::kNone) {
     // The cache gets what the budget leaves after the ring (at its largest) and the reads.
     const int64_t left =
-        budget - read_bytes - std::min<int64_t>(fit, LoaderShared::kMaxAutoPrefetch) * slot_bytes;
+        budget - read_bytes - std::min<int64_t>(fit, MemoryBudget::kMaxAutoPrefetch) * slot_bytes;
     int64_t cache_budget = options.cache_budget();
     if (cache_budget > 0 && cache_budget > budget - read_bytes - int64_t(prefetch) * slot_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -380,36 +382,36 @@ absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOpt
           "no room for a cache in memory_budget=", budget, " bytes; raise memory_budget"));
     }
     options.cache_budget(cache_budget);
-    shared->cache = std::make_shared<SampleCache>(shared->dataset->size(), cache_budget);
-    shared->cache_holds_bytes = parts.cache_holds_bytes;
+    shared->memory.cache = std::make_shared<SampleCache>(shared->dataset->size(), cache_budget);
+    shared->memory.cache_holds_bytes = parts.cache_holds_bytes;
     if (!parts.cache_holds_bytes) {
       if (!parts.attach_cache)
         return InvalidOption("cache", "this loader's transform has no cache");
-      parts.attach_cache(shared->cache);
+      parts.attach_cache(shared->memory.cache);
     }
   }
-  if (shared->auto_workers || shared->auto_io_depth || shared->auto_prefetch) {
+  if (shared->tuning.auto_workers || shared->tuning.auto_io_depth || shared->tuning.auto_prefetch) {
     TunerLimits limits;
     limits.max_workers = std::max(cores, workers);
     limits.max_io_depth = 256;
-    limits.max_prefetch = shared->AutoPrefetchLimit(read_bytes);  // after the cache's share
-    limits.tune_workers = shared->auto_workers;
-    limits.tune_io_depth = shared->auto_io_depth;
-    limits.tune_prefetch = shared->auto_prefetch;
-    std::lock_guard<std::mutex> lock(shared->tuner_mu);
-    shared->tuner = std::make_unique<Autotuner>(limits, TunerSettings{workers, io_depth, prefetch});
+    limits.max_prefetch = shared->memory.AutoPrefetchLimit(read_bytes);  // after the cache's share
+    limits.tune_workers = shared->tuning.auto_workers;
+    limits.tune_io_depth = shared->tuning.auto_io_depth;
+    limits.tune_prefetch = shared->tuning.auto_prefetch;
+    std::lock_guard<std::mutex> lock(shared->tuner.mu);
+    shared->tuner.model = std::make_unique<Autotuner>(limits, TunerSettings{workers, io_depth, prefetch});
   }
   shared->trace = std::make_unique<TraceRecorder>(NowNs());
   options.workers(workers).io_depth(io_depth).prefetch(prefetch).memory_budget(budget);
-  shared->workers.store(workers);
-  shared->io_depth.store(io_depth);
-  shared->prefetch.store(prefetch);
-  shared->read_bytes_reserved = read_bytes;
-  shared->KeepSlots(prefetch);
+  shared->tuning.workers.store(workers);
+  shared->tuning.io_depth.store(io_depth);
+  shared->tuning.prefetch.store(prefetch);
+  shared->memory.read_bytes_reserved = read_bytes;
+  shared->memory.KeepSlots(prefetch);
   if (shared->device >= 0) {
     // Pinned memory is allocated now: cudaHostAlloc synchronises with the device.
     try {
-      shared->pool->Reserve();
+      shared->memory.pool->Reserve();
     } catch (const std::bad_alloc&) {
       return MarkDeviceError(absl::ResourceExhaustedError(absl::StrCat(
           "device: cannot allocate pinned host memory for the prefetch ring (", prefetch,
@@ -434,43 +436,43 @@ absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOpt
 Loader::Loader(std::shared_ptr<LoaderShared> shared) : shared_(std::move(shared)) {}
 
 namespace {
-// Drops a head start taken out of LoaderShared (outside active_mu: its destructor takes it), as
+// Drops a head start taken out of LoaderShared (outside epochs.mu: its destructor takes it), as
 // an abandoned epoch is dropped (~Epoch: not joined on its own threads, nor when stuck).
-void Drop(std::unique_ptr<EpochRun, LoaderShared::RunDeleter> run) {
+void Drop(std::unique_ptr<EpochRun, EpochHandoff::RunDeleter> run) {
   Abandon(std::unique_ptr<EpochRun>(run.release()));
 }
 }  // namespace
 
 Loader::~Loader() {
   // In a child of fork(), the active run (and the mutex) may belong to the parent's threads.
-  EpochRun* run = shared_->active;
+  EpochRun* run = shared_->epochs.active;
   if (run != nullptr && run->forked()) return;
-  std::unique_ptr<EpochRun, LoaderShared::RunDeleter> head_start;
+  std::unique_ptr<EpochRun, EpochHandoff::RunDeleter> head_start;
   {
-    std::lock_guard<std::mutex> lock(shared_->active_mu);
-    if (shared_->active != nullptr) shared_->active->Cancel();
-    shared_->loader_gone = true;
-    head_start = std::move(shared_->head_start);  // it holds shared_: the cycle ends here
+    std::lock_guard<std::mutex> lock(shared_->epochs.mu);
+    if (shared_->epochs.active != nullptr) shared_->epochs.active->Cancel();
+    shared_->epochs.loader_gone = true;
+    head_start = std::move(shared_->epochs.head_start);  // it holds shared_: the cycle ends here
   }
   Drop(std::move(head_start));
 }
 
 std::unique_ptr<Epoch> Loader::StartEpoch() {
   int64_t epoch, start;
-  std::unique_ptr<EpochRun, LoaderShared::RunDeleter> head_start;
+  std::unique_ptr<EpochRun, EpochHandoff::RunDeleter> head_start;
   std::unique_ptr<EpochRun> adopted;
   {
-    std::lock_guard<std::mutex> lock(shared_->active_mu);
-    if (shared_->active != nullptr) shared_->active->Cancel();
-    epoch = shared_->next_epoch++;
-    start = shared_->next_start_batch;
-    shared_->next_start_batch = 0;
-    shared_->has_partial = false;
-    head_start = std::move(shared_->head_start);
+    std::lock_guard<std::mutex> lock(shared_->epochs.mu);
+    if (shared_->epochs.active != nullptr) shared_->epochs.active->Cancel();
+    epoch = shared_->epochs.next_epoch++;
+    start = shared_->epochs.next_start_batch;
+    shared_->epochs.next_start_batch = 0;
+    shared_->epochs.has_partial = false;
+    head_start = std::move(shared_->epochs.head_start);
     if (head_start != nullptr && head_start->epoch() == epoch && start == 0) {
       adopted.reset(head_start.release());
       adopted->Adopt();
-      shared_->active = adopted.get();
+      shared_->epochs.active = adopted.get();
     }
   }
   Drop(std::move(head_start));  // another epoch was asked for
@@ -489,15 +491,15 @@ const Schema& Loader::schema() const noexcept { return shared_->layout->schema; 
 const LoaderOptions& Loader::options() const noexcept { return shared_->options; }
 
 void Loader::set_epoch(int64_t epoch) {
-  std::unique_ptr<EpochRun, LoaderShared::RunDeleter> head_start;
+  std::unique_ptr<EpochRun, EpochHandoff::RunDeleter> head_start;
   {
-    std::lock_guard<std::mutex> lock(shared_->active_mu);
-    shared_->next_epoch = epoch;
-    shared_->next_start_batch = 0;
-    shared_->has_partial = false;
+    std::lock_guard<std::mutex> lock(shared_->epochs.mu);
+    shared_->epochs.next_epoch = epoch;
+    shared_->epochs.next_start_batch = 0;
+    shared_->epochs.has_partial = false;
     // Kept when it is this epoch (set_epoch(e) before each epoch, as with DistributedSampler).
-    if (shared_->head_start != nullptr && shared_->head_start->epoch() != epoch) {
-      head_start = std::move(shared_->head_start);
+    if (shared_->epochs.head_start != nullptr && shared_->epochs.head_start->epoch() != epoch) {
+      head_start = std::move(shared_->epochs.head_start);
     }
   }
   Drop(std::move(head_start));
@@ -514,17 +516,17 @@ Loader::State Loader::state() const {
   s.drop_last = o.drop_last();
   s.dataset_size = shared_->dataset->size();
   s.dataset_fingerprint = shared_->dataset_fingerprint;
-  std::lock_guard<std::mutex> lock(shared_->active_mu);
-  EpochRun* run = shared_->active;
+  std::lock_guard<std::mutex> lock(shared_->epochs.mu);
+  EpochRun* run = shared_->epochs.active;
   if (run != nullptr && run->consumed() < run->num_batches()) {
     s.epoch = run->epoch();
     s.batches_done = run->consumed();
-  } else if (shared_->has_partial) {  // an epoch stopped early (the loop broke out)
-    s.epoch = shared_->partial_epoch;
-    s.batches_done = shared_->partial_batches;
+  } else if (shared_->epochs.has_partial) {  // an epoch stopped early (the loop broke out)
+    s.epoch = shared_->epochs.partial_epoch;
+    s.batches_done = shared_->epochs.partial_batches;
   } else {
-    s.epoch = shared_->next_epoch;
-    s.batches_done = shared_->next_start_batch;
+    s.epoch = shared_->epochs.next_epoch;
+    s.batches_done = shared_->epochs.next_start_batch;
   }
   return s;
 }
@@ -591,23 +593,23 @@ absl::Status Loader::LoadState(const State& st, bool resplit) {
   } else if (st.rank != mine.rank && !resplit) {
     return mismatch("rank", st.rank, mine.rank);
   }
-  std::unique_ptr<EpochRun, LoaderShared::RunDeleter> head_start;
+  std::unique_ptr<EpochRun, EpochHandoff::RunDeleter> head_start;
   {
-    std::lock_guard<std::mutex> lock(shared_->active_mu);
-    shared_->next_epoch = st.epoch;
-    shared_->next_start_batch = std::min(start, BatchesPerRank(shared_->sampler));
-    shared_->has_partial = false;
-    if (shared_->head_start != nullptr &&
-        (shared_->head_start->epoch() != st.epoch || shared_->next_start_batch != 0)) {
-      head_start = std::move(shared_->head_start);
+    std::lock_guard<std::mutex> lock(shared_->epochs.mu);
+    shared_->epochs.next_epoch = st.epoch;
+    shared_->epochs.next_start_batch = std::min(start, BatchesPerRank(shared_->sampler));
+    shared_->epochs.has_partial = false;
+    if (shared_->epochs.head_start != nullptr &&
+        (shared_->epochs.head_start->epoch() != st.epoch || shared_->epochs.next_start_batch != 0)) {
+      head_start = std::move(shared_->epochs.head_start);
     }
   }
   Drop(std::move(head_start));
   return absl::OkStatus();
 }
 int64_t Loader::next_epoch() const noexcept {
-  std::lock_guard<std::mutex> lock(shared_->active_mu);
-  return shared_->next_epoch;
+  std::lock_guard<std::mutex> lock(shared_->epochs.mu);
+  return shared_->epochs.next_epoch;
 }
 
 Stats Loader::stats() const { return shared_->Snapshot(); }
@@ -616,49 +618,49 @@ absl::Status Loader::SaveTrace(const std::string& path) const { return shared_->
 namespace {
 // A setting the user fixes is no longer the tuner's.
 void FixSetting(LoaderShared& shared, Autotuner::Knob knob, int value) {
-  std::lock_guard<std::mutex> lock(shared.tuner_mu);
+  std::lock_guard<std::mutex> lock(shared.tuner.mu);
   switch (knob) {
     case Autotuner::Knob::kWorkers:
-      shared.auto_workers = false;
+      shared.tuning.auto_workers = false;
       break;
     case Autotuner::Knob::kIoDepth:
-      shared.auto_io_depth = false;
+      shared.tuning.auto_io_depth = false;
       break;
     case Autotuner::Knob::kPrefetch:
-      shared.auto_prefetch = false;
+      shared.tuning.auto_prefetch = false;
       break;
   }
-  if (shared.tuner) shared.tuner->Fix(knob, value);
+  if (shared.tuner.model) shared.tuner.model->Fix(knob, value);
 }
 }  // namespace
 
 void Loader::set_workers(int n) {
   FixSetting(*shared_, Autotuner::Knob::kWorkers, std::max(1, n));
-  std::lock_guard<std::mutex> lock(shared_->active_mu);
-  if (shared_->active != nullptr) {
-    shared_->active->SetWorkers(n);
+  std::lock_guard<std::mutex> lock(shared_->epochs.mu);
+  if (shared_->epochs.active != nullptr) {
+    shared_->epochs.active->SetWorkers(n);
   } else {
-    shared_->workers.store(std::max(1, n));
+    shared_->tuning.workers.store(std::max(1, n));
   }
 }
 void Loader::set_prefetch(int n) {
   FixSetting(*shared_, Autotuner::Knob::kPrefetch, std::clamp(n, 1, kMaxPrefetch));
-  std::lock_guard<std::mutex> lock(shared_->active_mu);
-  if (shared_->active != nullptr) {
-    shared_->active->SetPrefetch(n);
+  std::lock_guard<std::mutex> lock(shared_->epochs.mu);
+  if (shared_->epochs.active != nullptr) {
+    shared_->epochs.active->SetPrefetch(n);
   } else {
     n = std::clamp(n, 1, kMaxPrefetch);
-    shared_->prefetch.store(n);
-    shared_->KeepSlots(n);
+    shared_->tuning.prefetch.store(n);
+    shared_->memory.KeepSlots(n);
   }
 }
 void Loader::set_io_depth(int n) {
   FixSetting(*shared_, Autotuner::Knob::kIoDepth, std::max(1, n));
-  std::lock_guard<std::mutex> lock(shared_->active_mu);
-  if (shared_->active != nullptr) {
-    shared_->active->SetIoDepth(n);
+  std::lock_guard<std::mutex> lock(shared_->epochs.mu);
+  if (shared_->epochs.active != nullptr) {
+    shared_->epochs.active->SetIoDepth(n);
   } else {
-    shared_->io_depth.store(std::max(1, n));
+    shared_->tuning.io_depth.store(std::max(1, n));
   }
 }
 

@@ -88,14 +88,14 @@ void MapStage::WorkerLoop(int id, SampleTransform::WorkerState* state) {
     return;
   }
   double map_ns = 0;  // smoothed time per sample
-  CpuMeter cpu(&sh.map);
-  while (core_->ParkWhileSurplus(id, sh.workers)) {
+  CpuMeter cpu(&sh.counters.map);
+  while (core_->ParkWhileSurplus(id, sh.tuning.workers)) {
     ReadItem* item = nullptr;
     const int64_t t0 = NowNs();
     queues_->ready.pop(item);
     if (item == nullptr || core_->is_cancelled()) return;
     const int64_t t1 = NowNs();
-    sh.map.AddWait(t1 - t0);
+    sh.counters.map.AddWait(t1 - t0);
     const int64_t first = item->first().sample;
     const int n = item->count;
     ProcessItem(item, state, &scratch);  // gives the item back (or on for a retry)
@@ -119,8 +119,8 @@ void MapStage::Account(int n, int64_t first, int64_t t1, CpuMeter* cpu, double* 
   *map_ns = *map_ns == 0 ? per_sample : 0.8 * *map_ns + 0.2 * per_sample;
   sh.UpdateChunk(*map_ns);
   cpu->Read(t2);
-  sh.map.AddBusy(t2 - t1);
-  sh.map.items.fetch_add(n, std::memory_order_relaxed);
+  sh.counters.map.AddBusy(t2 - t1);
+  sh.counters.map.items.fetch_add(n, std::memory_order_relaxed);
   track->Span(TraceTrack::Kind::kDecode, t1, t2, first);
 }
 
@@ -129,15 +129,15 @@ void MapStage::InlineLoop(int id, SampleTransform::WorkerState* state,
   LoaderShared& sh = *core_->shared;
   ReadItem item;      // this worker's own: nothing is handed off
   double map_ns = 0;  // smoothed time per sample (reads included)
-  CpuMeter cpu(&sh.map);
-  while (core_->ParkWhileSurplus(id, sh.workers)) {
+  CpuMeter cpu(&sh.counters.map);
+  while (core_->ParkWhileSurplus(id, sh.tuning.workers)) {
     int64_t seq = 0, end = 0;
     if (!read_->Claim(&seq, &end)) return;
     const int64_t t0 = NowNs();
     if (!ring_->WaitAdmitted(seq / core_->batch_size)) return;
     ring_->EnsureOpen(seq / core_->batch_size);
     const int64_t t1 = NowNs();
-    sh.map.AddWait(t1 - t0);
+    sh.counters.map.AddWait(t1 - t0);
     item.Fill(*core_, seq, end);
     for (int k = 0; k < item.count; ++k) read_->ReadInline(&item.entries[size_t(k)]);
     const int64_t first = item.first().sample;

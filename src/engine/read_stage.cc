@@ -89,6 +89,7 @@ bool ServedWithoutRead(const LoaderShared& sh, SampleCache* cache, ReadEntry* e)
   e->record.bytes.assign(hit->data.begin(), hit->data.end());
   e->record.label = hit->label;
   e->record.members = hit->members;
+  e->record.meta = hit->meta;
   e->status = absl::OkStatus();
   return true;
 }
@@ -100,6 +101,7 @@ void KeepInCache(SampleCache* cache, const ReadEntry& e) {
   entry->data = e.record.bytes;
   entry->label = e.record.label;
   entry->members = e.record.members;
+  entry->meta = e.record.meta;
   cache->Put(e.sample, std::move(entry));
 }
 
@@ -221,7 +223,7 @@ void ReadStage::Stop(std::vector<std::thread>* join) {
 
 bool ReadStage::Claim(int64_t* seq_out, int64_t* end_out) {
   const int64_t bs = core_->batch_size;
-  const int64_t chunk = std::max(1, core_->shared->chunk.load(std::memory_order_relaxed));
+  const int64_t chunk = std::max(1, core_->shared->tuning.chunk.load(std::memory_order_relaxed));
   int64_t seq = next_seq_.load(std::memory_order_relaxed), end = 0;
   do {
     if (seq >= core_->total_seq) return false;
@@ -241,7 +243,7 @@ void ReadStage::ReaderLoop(int id, std::shared_ptr<ReaderState> state) {
   LoaderShared& sh = *core_->shared;
   pthread_setname_np(pthread_self(), "feedline-read");  // for top, perf, gdb
   TraceTrack* track = sh.trace->Track(absl::StrCat("reader ", id));
-  while (core_->ParkWhileSurplus(id, sh.io_depth)) {
+  while (core_->ParkWhileSurplus(id, sh.tuning.io_depth)) {
     int64_t seq = 0, end = 0;
     if (!Claim(&seq, &end)) return;
     const int64_t t0 = NowNs();
@@ -249,9 +251,9 @@ void ReadStage::ReaderLoop(int id, std::shared_ptr<ReaderState> state) {
     if (!ring_->WaitAdmitted(b)) return;
     ring_->EnsureOpen(b);
     // Reads in flight plus map lookahead: enough for every reader and worker to hold one.
-    ReadItem* item = queues_->Acquire(sh.io_depth.load() + 2 * sh.workers.load());
+    ReadItem* item = queues_->Acquire(sh.tuning.io_depth.load() + 2 * sh.tuning.workers.load());
     if (item == nullptr || core_->is_cancelled()) return;
-    sh.read.AddWait(NowNs() - t0);
+    sh.counters.read.AddWait(NowNs() - t0);
     item->Fill(*core_, seq, end);
     if (async_) {
       if (!StartReads(item, track)) return;  // cancelled
@@ -275,7 +277,7 @@ void ReadStage::RetryLoop(std::shared_ptr<ReaderState> state) {
 bool ReadStage::ReadInto(ReadItem* item, ReaderState* state, TraceTrack* track) {
   LoaderShared& sh = *core_->shared;
   const int64_t t1 = NowNs();
-  SampleCache* cache = sh.cache_holds_bytes ? sh.cache.get() : nullptr;
+  SampleCache* cache = sh.memory.cache_holds_bytes ? sh.memory.cache.get() : nullptr;
   int64_t read = 0;  // entries read from the data set (not from a cache)
   for (int k = 0; k < item->count; ++k) {
     ReadEntry& e = item->entries[size_t(k)];
@@ -299,14 +301,14 @@ bool ReadStage::ReadInto(ReadItem* item, ReaderState* state, TraceTrack* track) 
     e.status = std::move(status);
     KeepInCache(cache, e);
     const int64_t delta = Capacity(e.record) - before;
-    sh.read_buffer_bytes.fetch_add(delta, std::memory_order_relaxed);
+    sh.counters.read_buffer_bytes.fetch_add(delta, std::memory_order_relaxed);
     buffer_bytes_.fetch_add(delta, std::memory_order_relaxed);
     ++read;
   }
   if (read > 0) {
     const int64_t t2 = NowNs();
-    sh.read.AddBusy(t2 - t1);
-    sh.read.items.fetch_add(read, std::memory_order_relaxed);
+    sh.counters.read.AddBusy(t2 - t1);
+    sh.counters.read.items.fetch_add(read, std::memory_order_relaxed);
     track->Span(TraceTrack::Kind::kRead, t1, t2, item->first().sample);
   }
   queues_->ready.push(item);
@@ -345,7 +347,7 @@ void ReadStage::AbandonAsyncReads(int64_t older_than_ns, const char* why) {
 bool ReadStage::StartReads(ReadItem* item, TraceTrack* track) {
   LoaderShared& sh = *core_->shared;
   AsyncState& st = *async_state_;
-  SampleCache* cache = sh.cache_holds_bytes ? sh.cache.get() : nullptr;
+  SampleCache* cache = sh.memory.cache_holds_bytes ? sh.memory.cache.get() : nullptr;
   const int64_t t0 = NowNs();
   {
     std::lock_guard<std::mutex> lock(st.mu);
@@ -361,7 +363,7 @@ bool ReadStage::StartReads(ReadItem* item, TraceTrack* track) {
       if (core_->is_cancelled()) break;
       {
         std::lock_guard<std::mutex> lock(st.mu);
-        if (int(st.live.size()) < std::max(1, sh.io_depth.load())) break;
+        if (int(st.live.size()) < std::max(1, sh.tuning.io_depth.load())) break;
       }
       st.wake.Wait(gen);
     }
@@ -417,13 +419,13 @@ void ReadStage::Complete(AsyncRead* read, absl::Status status) {
       ReadEntry& e = item->entries[size_t(read->entry)];
       std::swap(e.record, read->record);
       e.status = std::move(status);
-      KeepInCache(sh.cache_holds_bytes ? sh.cache.get() : nullptr, e);
+      KeepInCache(sh.memory.cache_holds_bytes ? sh.memory.cache.get() : nullptr, e);
       const int64_t delta = Capacity(e.record) - read->before;
-      sh.read_buffer_bytes.fetch_add(delta, std::memory_order_relaxed);
+      sh.counters.read_buffer_bytes.fetch_add(delta, std::memory_order_relaxed);
       stage.buffer_bytes_.fetch_add(delta, std::memory_order_relaxed);
       // Busy time is each read's latency (Little's law on it sets the I/O depth).
-      sh.read.AddBusy(NowNs() - read->start_ns);
-      sh.read.items.fetch_add(1, std::memory_order_relaxed);
+      sh.counters.read.AddBusy(NowNs() - read->start_ns);
+      sh.counters.read.items.fetch_add(1, std::memory_order_relaxed);
       if (--item->pending == 0) stage.queues_->ready.push(item);
     }
   }

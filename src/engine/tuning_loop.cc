@@ -42,17 +42,17 @@ void TuningLoop::Loop() {
 
 TuningLoop::Counters TuningLoop::ReadCounters() const {
   const LoaderShared& sh = *core_->shared;
-  return Counters{.samples = sh.samples.load(),
-                  .consumer_busy = sh.consumer.busy_ns.load(),
-                  .stepped_samples = sh.stepped_samples.load(),
-                  .consumer_wait = sh.consumer.wait_ns.load(),
-                  .steady_wait = sh.steady_wait_ns.load(),
-                  .mapped = sh.map.items.load(),
-                  .map_busy = sh.map.busy_ns.load(),
-                  .reads = sh.read.items.load(),
-                  .read_busy = sh.read.busy_ns.load(),
-                  .map_cpu = sh.map.cpu_ns.load(),
-                  .consumer_cpu = sh.consumer_cpu_ns.load()};
+  return Counters{.samples = sh.counters.samples.load(),
+                  .consumer_busy = sh.counters.consumer.busy_ns.load(),
+                  .stepped_samples = sh.counters.stepped_samples.load(),
+                  .consumer_wait = sh.counters.consumer.wait_ns.load(),
+                  .steady_wait = sh.counters.steady_wait_ns.load(),
+                  .mapped = sh.counters.map.items.load(),
+                  .map_busy = sh.counters.map.busy_ns.load(),
+                  .reads = sh.counters.read.items.load(),
+                  .read_busy = sh.counters.read.busy_ns.load(),
+                  .map_cpu = sh.counters.map.cpu_ns.load(),
+                  .consumer_cpu = sh.counters.consumer_cpu_ns.load()};
 }
 
 void TuningLoop::Tick(double interval_s) {
@@ -74,39 +74,39 @@ void TuningLoop::Tick(double interval_s) {
   sample.read_busy_s = double(now.read_busy - last_.read_busy) * 1e-9;
   sample.map_cpu_s = double(now.map_cpu - last_.map_cpu) * 1e-9;
   sample.consumer_cpu_s = double(now.consumer_cpu - last_.consumer_cpu) * 1e-9;
-  sample.at_s = double(NowNs() - sh.start_ns.load()) * 1e-9;
+  sample.at_s = double(NowNs() - sh.counters.start_ns.load()) * 1e-9;
   last_ = now;
   // The consumer's current wait (it may be blocked right now, not yet counted).
   sample.consumer_wait_s = std::min(sample.consumer_wait_s, interval_s);
 
   // Queue occupancy: complete batches waiting in the ring, and reads waiting for a worker.
   const int64_t ready_batches = ring_->ReadyBatches();
-  const int prefetch = sh.prefetch.load();
+  const int prefetch = sh.tuning.prefetch.load();
   const int items = std::max(1, queues_->created.load());
-  sh.ring_fill_milli.fetch_add(1000 * ready_batches / std::max(1, prefetch));
-  sh.read_fill_milli.fetch_add(
+  sh.counters.ring_fill_milli.fetch_add(1000 * ready_batches / std::max(1, prefetch));
+  sh.counters.read_fill_milli.fetch_add(
       1000 * std::min<int64_t>(items, std::max<int64_t>(0, queues_->ready.size())) / items);
-  sh.fill_samples.fetch_add(1);
+  sh.counters.fill_samples.fetch_add(1);
 
-  const TunerSettings current{sh.workers.load(), sh.io_depth.load(), prefetch};
+  const TunerSettings current{sh.tuning.workers.load(), sh.tuning.io_depth.load(), prefetch};
   TunerSettings applied = current;
   std::string reason;
   const double rate = double(sample.samples_consumed) / std::max(1e-9, interval_s);
   {
-    std::lock_guard<std::mutex> lock(sh.tuner_mu);
-    if (sh.tuner) {
+    std::lock_guard<std::mutex> lock(sh.tuner.mu);
+    if (sh.tuner.model) {
       // The budget bounds the ring and the reads in flight together.
-      const int64_t reads = std::max<int64_t>(sh.read_buffer_bytes.load(), 0);
+      const int64_t reads = std::max<int64_t>(sh.counters.read_buffer_bytes.load(), 0);
       const int64_t per_read = std::max<int64_t>(256 << 10, reads / items);
-      sh.tuner->set_max_prefetch(
-          sh.AutoPrefetchLimit(int64_t(sh.io_depth.load() + 2 * sh.workers.load()) * per_read));
-      const size_t before = sh.tuner->decisions().size();
-      applied = sh.tuner->Update(sample);
-      if (sh.tuner->decisions().size() > before) reason = sh.tuner->decisions().back().reason;
+      sh.tuner.model->set_max_prefetch(
+          sh.memory.AutoPrefetchLimit(int64_t(sh.tuning.io_depth.load() + 2 * sh.tuning.workers.load()) * per_read));
+      const size_t before = sh.tuner.model->decisions().size();
+      applied = sh.tuner.model->Update(sample);
+      if (sh.tuner.model->decisions().size() > before) reason = sh.tuner.model->decisions().back().reason;
     }
-    if (sh.timeline.size() < LoaderShared::kMaxTimeline) {
-      const double t = double(NowNs() - sh.start_ns.load()) * 1e-9;
-      sh.timeline.push_back(TimelinePoint{t, rate, all_wait_s / interval_s, applied.workers,
+    if (sh.tuner.timeline.size() < TunerState::kMaxTimeline) {
+      const double t = double(NowNs() - sh.counters.start_ns.load()) * 1e-9;
+      sh.tuner.timeline.push_back(TimelinePoint{t, rate, all_wait_s / interval_s, applied.workers,
                                           applied.io_depth, applied.prefetch, sh.BytesInUse()});
     }
   }

@@ -1520,3 +1520,69 @@ TEST_CASE("async data sets: the watchdog fails reads that outlive read_timeout",
   }
   CHECK(ok >= 1);
 }
+
+namespace {
+
+// A data set that tells its transform more than bytes and a label: a caption and a box count.
+struct Caption {
+  std::string text;
+  int64_t boxes = 0;
+};
+
+class Captioned final : public feedline::Dataset {
+ public:
+  int64_t size() const override { return 24; }
+  absl::Status Read(int64_t index, Record* record) const override {
+    reads.fetch_add(1);
+    record->Clear();
+    record->bytes.assign(8, uint8_t(index));
+    record->meta = Caption{std::string(size_t(index % 5 + 1), 'x'), index % 3};
+    return absl::OkStatus();
+  }
+  uint64_t Fingerprint() const override { return 24; }
+  mutable std::atomic<int64_t> reads{0};
+};
+
+class CaptionFields final : public feedline::SampleTransform {
+ public:
+  const Schema& schema() const override { return schema_; }
+  absl::Status Apply(const Record& record, const feedline::SampleContext& ctx, WorkerState*,
+                     feedline::SampleWriter& out) const override {
+    const Caption* c = std::any_cast<const Caption>(&record.meta);
+    if (c == nullptr) return absl::DataLossError("no caption");
+    int64_t* x = out.Fixed<int64_t>(0);
+    x[0] = ctx.index();
+    x[1] = int64_t(c->text.size());
+    x[2] = c->boxes;
+    return absl::OkStatus();
+  }
+
+ private:
+  Schema schema_{Field("x", DType::kInt64, {3})};
+};
+
+}  // namespace
+
+TEST_CASE("a record's typed metadata reaches the transform, from the bytes cache too",
+          "[engine]") {
+  auto data = std::make_shared<Captioned>();
+  auto loader = Loader::Create(data, std::make_shared<CaptionFields>(),
+                               LoaderOptions().batch_size(6).workers(2).cache(feedline::Cache::kBytes));
+  REQUIRE(loader.ok());
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    int64_t seen = 0;
+    for (absl::StatusOr<Batch>& b : **loader) {
+      REQUIRE(b.ok());
+      const auto* x = static_cast<const int64_t*>(b->field("x").data);
+      for (int64_t s = 0; s < b->size(); ++s, ++seen) {
+        const int64_t i = x[3 * s];
+        REQUIRE(b->indices()[s] == i);
+        REQUIRE(x[3 * s + 1] == i % 5 + 1);
+        REQUIRE(x[3 * s + 2] == i % 3);
+      }
+    }
+    REQUIRE(seen == 24);
+  }
+  REQUIRE(data->reads.load() == 24);  // the second epoch came from the cache, metadata included
+  REQUIRE((*loader)->stats().error_count == 0);
+}
