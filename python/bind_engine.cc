@@ -16,7 +16,7 @@ namespace feedline::python {
 void BindEngine(py::module_& m) {
   m.def("option_declarations", &OptionDeclarations,
         "Every loader option as declared in C++ (include/feedline/options.h): a list of (name, "
-        "group, default), group \"engine\" or \"image\".");
+        "group, default, doc), group \"engine\" or \"image\".");
   m.def(
       "shown_name", [](const std::string& path_or_url) { return ShownName(path_or_url); },
       py::arg("path_or_url"),

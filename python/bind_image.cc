@@ -25,11 +25,16 @@ const FileList& FilesOf(const Loader& l) {
 void BindImage(py::module_& m) {
   // Every declared option (engine and image), by its declared name and type, defaults from the
   // declarations (python/py_options.h).
-  m.def("image_loader", [](const py::kwargs& kwargs) {
-    LoaderOptions o;
-    SetOptions(kwargs, {OptionGroup::kEngine, OptionGroup::kImage}, &o);
-    return LoaderHolder(Unlocked([&] { return Loader::Create(std::move(o)); }).release());
-  });
+  m.def(
+      "image_loader",
+      [](const py::kwargs& kwargs) {
+        LoaderOptions o;
+        SetOptions(kwargs, {OptionGroup::kEngine, OptionGroup::kImage}, &o);
+        return LoaderHolder(Unlocked([&] { return Loader::Create(std::move(o)); }).release());
+      },
+      OptionsDocstring("The image built-in's loader (feedline.ImageLoader's engine), from these "
+                       "keyword arguments, the declared options:",
+                       {OptionGroup::kEngine, OptionGroup::kImage}));
   m.def(
       "image_classes", [](const Loader& l) { return FilesOf(l).classes; }, py::arg("loader"),
       "Class names of an image loader's folder, in torchvision's order (empty for list files).");

@@ -2,6 +2,7 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -88,9 +89,20 @@ py::list OptionDeclarations() {
   py::list out;
   const LoaderOptions defaults;
   defaults.ForEachOption([&](const OptionInfo& info, const auto& value) {
-    out.append(py::make_tuple(info.name, GroupName(info.group), ToPython(value)));
+    out.append(py::make_tuple(info.name, GroupName(info.group), ToPython(value), info.doc));
   });
   return out;
+}
+
+const char* OptionsDocstring(const char* summary, std::initializer_list<OptionGroup> groups) {
+  auto* doc = new std::string(summary);  // pybind11 keeps the pointer: never freed
+  const LoaderOptions defaults;
+  defaults.ForEachOption([&](const OptionInfo& info, const auto& value) {
+    if (std::find(groups.begin(), groups.end(), info.group) == groups.end()) return;
+    absl::StrAppend(doc, "\n  ", info.name, "=",
+                    std::string(py::str(py::repr(ToPython(value)))), ": ", info.doc, ".");
+  });
+  return doc->c_str();
 }
 
 }  // namespace feedline::python

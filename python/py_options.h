@@ -25,6 +25,9 @@ void SetOptions(const pybind11::dict& kwargs, std::initializer_list<OptionGroup>
 // "engine" or "image" and the default as Python sees it (enums by name, pairs and triples as
 // tuples).
 pybind11::list OptionDeclarations();
+// The keyword arguments of `groups`, one line each ("name=default: doc."), for a binding's
+// docstring (kept for the module's life).
+const char* OptionsDocstring(const char* summary, std::initializer_list<OptionGroup> groups);
 
 // An enum by the names of EnumNames<E> (one parser for every enum the bindings take: the
 // options' and the built-ins' own): TypeError when `v` is not a str, ValueError naming `option`

@@ -84,15 +84,17 @@ struct OptionInfo {
   const char* name;
   OptionGroup group;
   OptionCheck check;
+  const char* doc;  // one line for users (the bindings' docstrings, help())
 };
 
 // Declares an option once: its field, getter `name()` and fluent setter `name(v)` (as torch's
 // TORCH_ARG), and its entry in the list that ForEachOption walks — which validation
-// (ValidateOptions), the bindings' keyword arguments (python/py_options.h) and the declarations
-// Python checks its faces against (_feedline.option_declarations) come from.
+// (ValidateOptions), the bindings' keyword arguments and their docstrings (python/py_options.h)
+// and the declarations Python checks its faces and help() against
+// (_feedline.option_declarations) come from. `doc` is the option's line for users.
 // Each option gets the index __COUNTER__ - kFirstOption, so the list is the declarations'
 // order.
-#define FEEDLINE_ARG(group, T, name, default_value, check)                               \
+#define FEEDLINE_ARG(group, T, name, default_value, check, doc)                          \
  public:                                                                                 \
   LoaderOptions& name(T v)& {                                                            \
     name##_ = std::move(v);                                                              \
@@ -108,7 +110,7 @@ struct OptionInfo {
   template <typename O, typename V>                                                      \
   static void VisitOption(std::integral_constant<int, __COUNTER__ - kFirstOption>, O& o, \
                           V& visit) {                                                    \
-    visit(OptionInfo{#name, OptionGroup::group, check}, o.name##_);                      \
+    visit(OptionInfo{#name, OptionGroup::group, check, doc}, o.name##_);                 \
   }                                                                                      \
   T name##_ = default_value
 
@@ -120,110 +122,117 @@ class LoaderOptions {
   explicit LoaderOptions(std::string source) : source_(std::move(source)) {}
 
   // --- Data (image built-in) ----------------------------------------------------------------
-  // An ImageFolder directory (one sub-folder per class, torchvision's order), or a list file of
-  // "path label" lines (paths relative to the list file's folder). Required.
-  FEEDLINE_ARG(kImage, std::string, source, "", NoCheck());
-  // WebDataset tar shards, given as paths (a brace pattern such as
-  // "d/train-{000000..000099}.tar" may also be given as `source`). Takes precedence.
-  FEEDLINE_ARG(kImage, std::vector<std::string>, shards, {}, NoCheck());
+  FEEDLINE_ARG(kImage, std::string, source, "", NoCheck(),
+               "an ImageFolder directory (a sub-folder per class), a list file of \"path label\" "
+               "lines, or WebDataset shards as a brace pattern; paths may be http(s):// or s3:// "
+               "URLs. Required");
+  FEEDLINE_ARG(kImage, std::vector<std::string>, shards, {}, NoCheck(),
+               "WebDataset tar shards, as paths or URLs; takes precedence over source");
 
   // --- Sampling -----------------------------------------------------------------------------
-  FEEDLINE_ARG(kEngine, int64_t, batch_size, 256, AtLeast(1));  // samples per batch, >= 1
-  FEEDLINE_ARG(kEngine, bool, shuffle, true,
-               NoCheck());  // a fresh permutation per epoch, from (seed, epoch)
-  FEEDLINE_ARG(kEngine, uint64_t, seed, 0,
-               NoCheck());  // the only source of randomness (order, crops, flips)
-  FEEDLINE_ARG(kEngine, bool, drop_last, false, NoCheck());  // drop the last, incomplete batch
-  FEEDLINE_ARG(kEngine, int, rank, 0,
-               NoCheck());  // this process's shard (DistributedSampler semantics)
-  FEEDLINE_ARG(kEngine, int, world_size, 1,
-               AtLeast(1));  // shards; every rank gets the same number of batches
-  // false: no padding to equal shards (evaluation: each sample once over all ranks; ranks then
-  // differ by at most one sample, and so may differ by one batch)
-  FEEDLINE_ARG(kEngine, bool, even_shards, true, NoCheck());
+  FEEDLINE_ARG(kEngine, int64_t, batch_size, 256, AtLeast(1), "samples per batch");
+  FEEDLINE_ARG(kEngine, bool, shuffle, true, NoCheck(),
+               "a fresh permutation per epoch, from (seed, epoch)");
+  FEEDLINE_ARG(kEngine, uint64_t, seed, 0, NoCheck(),
+               "the only source of randomness: order, crops, flips");
+  FEEDLINE_ARG(kEngine, bool, drop_last, false, NoCheck(), "drop the last, incomplete batch");
+  FEEDLINE_ARG(kEngine, int, rank, 0, NoCheck(),
+               "this process's shard (DistributedSampler's semantics)");
+  FEEDLINE_ARG(kEngine, int, world_size, 1, AtLeast(1),
+               "shards; every rank gets the same number of batches");
+  FEEDLINE_ARG(kEngine, bool, even_shards, true, NoCheck(),
+               "pad the order to equal shards; false (evaluation): each sample once over all "
+               "ranks, which may then differ by one sample, and so by one batch");
 
   // --- Transform (image built-in) -----------------------------------------------------------
-  FEEDLINE_ARG(kImage, Transform, transform, Transform::kTrain, NoCheck());
-  FEEDLINE_ARG(kImage, int, size, 224, In(1, 16384));  // output height = width
-  FEEDLINE_ARG(kImage, int, resize_size, 256,
-               In(1, 16384));  // eval: shorter side before the centre crop
+  FEEDLINE_ARG(kImage, Transform, transform, Transform::kTrain, NoCheck(),
+               "train: RandomResizedCrop + flip; eval: Resize + CenterCrop (torchvision's pixels); "
+               "eval_fast: eval from a reduced decode");
+  FEEDLINE_ARG(kImage, int, size, 224, In(1, 16384), "output height = width");
+  FEEDLINE_ARG(kImage, int, resize_size, 256, In(1, 16384),
+               "eval: the shorter side before the centre crop");
   using Range = std::pair<double, double>;
-  FEEDLINE_ARG(kImage, Range, scale, Range(0.08, 1.0), NoCheck());  // train: crop area fraction
-  FEEDLINE_ARG(kImage, Range, ratio, Range(3.0 / 4.0, 4.0 / 3.0),
-               NoCheck());                            // train: crop aspect ratio
-  FEEDLINE_ARG(kImage, bool, flip, true, NoCheck());  // train: horizontal flip, p = 0.5
+  FEEDLINE_ARG(kImage, Range, scale, Range(0.08, 1.0), NoCheck(), "train: crop area fraction");
+  FEEDLINE_ARG(kImage, Range, ratio, Range(3.0 / 4.0, 4.0 / 3.0), NoCheck(),
+               "train: crop aspect ratio");
+  FEEDLINE_ARG(kImage, bool, flip, true, NoCheck(), "train: horizontal flip, p = 0.5");
 
   // --- Output (image built-in, except `device`) ---------------------------------------------
-  FEEDLINE_ARG(kImage, Layout, layout, Layout::kNCHW, NoCheck());
-  // uint8, or a float type (float32, float16, bfloat16): normalised, (x / 255 - mean) / std.
-  FEEDLINE_ARG(kImage, DType, dtype, DType::kUint8, NoCheck());
+  FEEDLINE_ARG(kImage, Layout, layout, Layout::kNCHW, NoCheck(), "NCHW or NHWC");
+  FEEDLINE_ARG(kImage, DType, dtype, DType::kUint8, NoCheck(),
+               "uint8, or float32 / float16 / bfloat16: normalised, (x / 255 - mean) / std");
   using Triple = std::array<double, 3>;
-  FEEDLINE_ARG(kImage, Triple, mean, (Triple{0.485, 0.456, 0.406}),
-               NoCheck());  // float dtypes: in 0..1 units
-  FEEDLINE_ARG(kImage, Triple, stddev, (Triple{0.229, 0.224, 0.225}),
-               NoCheck());  // float dtypes: in 0..1 units
-  // "cpu", or "cuda" / "cuda:N": batches are copied to that GPU on a dedicated stream and
-  // converted there (uint8 crosses PCIe, 4x fewer bytes than float32). Needs a CUDA build and a
-  // GPU with a driver; otherwise Loader::Create fails with kFailedPrecondition, at once.
-  FEEDLINE_ARG(kEngine, std::string, device, "cpu", NoCheck());
+  FEEDLINE_ARG(kImage, Triple, mean, (Triple{0.485, 0.456, 0.406}), NoCheck(),
+               "float dtypes: per channel, in 0..1 units");
+  FEEDLINE_ARG(kImage, Triple, stddev, (Triple{0.229, 0.224, 0.225}), NoCheck(),
+               "float dtypes: per channel, in 0..1 units (Python: std)");
+  // A GPU gets uint8 over PCIe (4x fewer bytes than float32) and converts there. Needs a CUDA
+  // build and a GPU with a driver; otherwise Loader::Create fails with kFailedPrecondition.
+  FEEDLINE_ARG(kEngine, std::string, device, "cpu", NoCheck(),
+               "cpu, or cuda / cuda:N: batches are copied to that GPU on a stream of their own "
+               "and converted there");
 
   // --- Resources (kAuto = chosen by the loader) ---------------------------------------------
-  FEEDLINE_ARG(kEngine, int, workers, kAuto, AutoOrIn(1, 1024));  // decoder threads
-  FEEDLINE_ARG(kEngine, int, prefetch, kAuto,
-               AutoOrIn(1, kMaxPrefetch));  // batches in flight: the prefetch ring's depth
-  FEEDLINE_ARG(kEngine, int, io_depth, kAuto,
-               AutoOrIn(1, 1024));  // reads in flight: the reader threads
-  // How many nice levels below the loading process the map workers run (0..19): the training
-  // thread (and every other thread of the job at the process's priority) gets a core first, the
-  // workers take what it leaves. Without it a training step's CPU part stretched 1.6x beside
-  // two decoding workers on two cores (feedline-bench --e2e). Not applied to a transform whose
-  // workers hold the consumer's locks (SampleTransform::SharesConsumerLocks: Python code under
-  // the GIL). The environment variable FEEDLINE_WORKER_NICE, when set, overrides it.
-  FEEDLINE_ARG(kEngine, int, worker_nice, 19, In(0, 19));
-  // Start the next epoch's first batches before it is asked for: once every batch of an epoch
-  // is made, the workers go on with epoch + 1 (within the prefetch bound, counting the batches
-  // not yet taken), so that iterating it does not wait for the pipeline to fill. Iterating
-  // another epoch (set_epoch, LoadState) drops that head start. Off for a transform that says
-  // it may not start ahead (SampleTransform::MayStartAhead: the tokenizers, which count cuts;
-  // feedline.DataLoader, whose sampler order is set between epochs).
-  // stats() counts the head start's work (reads, errors, cache hits) when it is done. The
-  // environment variable FEEDLINE_EPOCH_HEAD_START=0 turns it off for every loader.
-  FEEDLINE_ARG(kEngine, bool, epoch_head_start, true, NoCheck());
-  // Bytes the loader may own (ring slots, reads in flight); 0 = auto, a quarter of the
-  // available memory. Batches the user holds are the user's memory, not counted.
-  FEEDLINE_ARG(kEngine, int64_t, memory_budget, 0, AtLeast(0, "must be auto (0) or a byte count"));
+  FEEDLINE_ARG(kEngine, int, workers, kAuto, AutoOrIn(1, 1024),
+               "map workers: the threads that run the transform (decode, tokenize); auto: tuned");
+  FEEDLINE_ARG(kEngine, int, prefetch, kAuto, AutoOrIn(1, kMaxPrefetch),
+               "batches in flight: the prefetch ring's depth; auto: tuned");
+  FEEDLINE_ARG(kEngine, int, io_depth, kAuto, AutoOrIn(1, 1024),
+               "reads in flight; auto: tuned");
+  // Without it a training step's CPU part stretched 1.6x beside two decoding workers on two
+  // cores (feedline-bench --e2e). Not applied to a transform whose workers hold the consumer's
+  // locks (SampleTransform::SharesConsumerLocks: Python code under the GIL).
+  FEEDLINE_ARG(kEngine, int, worker_nice, 19, In(0, 19),
+               "nice levels the map workers run below the process, so that the training thread "
+               "gets a core first (FEEDLINE_WORKER_NICE overrides it)");
+  // Once every batch of an epoch is made, the workers go on with epoch + 1 (within the prefetch
+  // bound, counting the batches not yet taken). Iterating another epoch (set_epoch, LoadState)
+  // drops that head start. Off for a transform that says it may not start ahead
+  // (SampleTransform::MayStartAhead: the tokenizers, which count cuts; feedline.DataLoader,
+  // whose sampler order is set between epochs). stats() counts the head start's work (reads,
+  // errors, cache hits) when it is done.
+  FEEDLINE_ARG(kEngine, bool, epoch_head_start, true, NoCheck(),
+               "start the next epoch's first batches before it is asked for, so that iterating "
+               "it does not wait (FEEDLINE_EPOCH_HEAD_START=0 turns it off)");
+  FEEDLINE_ARG(kEngine, int64_t, memory_budget, 0, AtLeast(0, "must be auto (0) or a byte count"),
+               "bytes the loader may own (ring slots, reads in flight, the cache); 0: auto, a "
+               "quarter of the available memory. Batches the user holds are the user's");
 
   // --- Caching ------------------------------------------------------------------------------
-  FEEDLINE_ARG(kEngine, Cache, cache, Cache::kNone, NoCheck());
-  // Bytes the cache may hold; 0 = auto: what the memory budget leaves after the ring and the
-  // reads in flight. Counted in the memory budget.
-  FEEDLINE_ARG(kEngine, int64_t, cache_budget, 0, AtLeast(0, "must be auto (0) or a byte count"));
+  FEEDLINE_ARG(kEngine, Cache, cache, Cache::kNone, NoCheck(),
+               "none; bytes: records in RAM (slow storage); decoded (images): decoded images, "
+               "so later epochs skip the decode");
+  FEEDLINE_ARG(kEngine, int64_t, cache_budget, 0, AtLeast(0, "must be auto (0) or a byte count"),
+               "bytes the cache may hold, within the memory budget; 0: auto, what the budget "
+               "leaves after the ring and the reads");
 
   // --- Robustness ---------------------------------------------------------------------------
-  FEEDLINE_ARG(kEngine, OnError, on_error, OnError::kRaise, NoCheck());
-  // Under kSkip, more failed samples than this turn into an error at the next batch (a flood of
-  // failures means a broken data set or mount, not a few bad files). 0 = no limit.
-  FEEDLINE_ARG(kEngine, int64_t, max_errors, 0, AtLeast(0, "must be >= 0 (0: no limit)"));
-  // A read that takes longer fails with kDeadlineExceeded (then follows on_error); the stuck
-  // reader thread is abandoned and replaced, so hung storage cannot hang the loader. 0 = none.
-  FEEDLINE_ARG(kEngine, double, read_timeout_ms, 60000.0, AtLeast(0, "must be >= 0 (0: none)"));
-  // Images with more pixels are refused before any pixel memory is allocated (PIL's limit).
-  FEEDLINE_ARG(kImage, int64_t, max_image_pixels, 178956970, AtLeast(1));
-  // Decode images with corrupt data (JPEG entropy-data damage that libjpeg papers over, PNG
-  // chunks with a bad CRC, JPEGs that end early) as PIL does (with LOAD_TRUNCATED_IMAGES for
-  // the last), instead of failing them as DataErrors.
-  FEEDLINE_ARG(kImage, bool, accept_corrupt, false, NoCheck());
-  // Turn each image upright by its EXIF orientation (JPEG, PNG eXIf, WebP) before the
-  // transform, as PIL's ImageOps.exif_transpose; off by default, as in torchvision.
-  FEEDLINE_ARG(kImage, bool, exif_transpose, false, NoCheck());
+  FEEDLINE_ARG(kEngine, OnError, on_error, OnError::kRaise, NoCheck(),
+               "raise: a bad sample fails its batch, naming the file; skip: it is replaced by "
+               "another sample of the epoch, and counted");
+  FEEDLINE_ARG(kEngine, int64_t, max_errors, 0, AtLeast(0, "must be >= 0 (0: no limit)"),
+               "under skip, more failed samples than this fail the next batch (a broken data "
+               "set or mount); 0: no limit");
+  // The stuck reader thread is abandoned and replaced, so hung storage cannot hang the loader.
+  FEEDLINE_ARG(kEngine, double, read_timeout_ms, 60000.0, AtLeast(0, "must be >= 0 (0: none)"),
+               "a read that takes longer fails (then follows on_error); 0: none (Python: "
+               "read_timeout, in seconds)");
+  FEEDLINE_ARG(kImage, int64_t, max_image_pixels, 178956970, AtLeast(1),
+               "images with more pixels are refused before any pixel memory is allocated "
+               "(PIL's limit)");
+  FEEDLINE_ARG(kImage, bool, accept_corrupt, false, NoCheck(),
+               "decode images with corrupt data (JPEG entropy damage, PNG CRC errors, truncated "
+               "JPEGs) as PIL does, instead of failing them");
+  FEEDLINE_ARG(kImage, bool, exif_transpose, false, NoCheck(),
+               "turn each image upright by its EXIF orientation first, as PIL's "
+               "ImageOps.exif_transpose");
 
   // --- Benchmarking -------------------------------------------------------------------------
-  // Adds this many milliseconds to every read, simulating remote storage (network file systems,
-  // object stores). 0 = off.
-  FEEDLINE_ARG(kEngine, double, simulated_read_latency_ms, 0.0, In(0, 60000));
-  // Pre-decoded samples: no read and no decode; each sample is filled with a constant derived
-  // from its index. Measures what the pipeline itself costs (queues, slots, collation).
-  FEEDLINE_ARG(kImage, bool, synthetic, false, NoCheck());
+  FEEDLINE_ARG(kEngine, double, simulated_read_latency_ms, 0.0, In(0, 60000),
+               "benchmarks: add this many milliseconds to every read (remote storage)");
+  FEEDLINE_ARG(kImage, bool, synthetic, false, NoCheck(),
+               "benchmarks: no read and no decode, each sample a constant from its index (the "
+               "pipeline's own cost)");
 
  public:
   LoaderOptions& scale(double lo, double hi) & { return scale(Range(lo, hi)); }

@@ -1,5 +1,6 @@
 """Argument checks and conversions shared by the loaders' Python faces."""
 
+import inspect
 import os
 import re
 import sys
@@ -156,6 +157,30 @@ def _default_seed():
     except Exception:  # noqa: BLE001 (no collective possible: each rank's own seed)
         pass
     return seed
+
+
+# Where the Python faces spell a declared option otherwise (torchvision's std; seconds, as
+# Python's timeouts; a list of shards is a source).
+_PYTHON_NAME = {"stddev": "std", "read_timeout_ms": "read_timeout", "shards": None}
+
+
+def _options_doc(face, groups=("engine",)):
+    """The section of a face's docstring that comes from the C++ declarations
+    (include/feedline/options.h): each declared option of `groups` the face takes, its default
+    here and its doc line."""
+    params = inspect.signature(face).parameters
+    lines = []
+    for name, group, _, doc in _feedline.option_declarations():
+        py = _PYTHON_NAME.get(name, name)
+        if group not in groups:
+            continue
+        if py is None or py not in params or params[py].default is inspect.Parameter.empty:
+            continue
+        lines.append(f"      {py}={params[py].default!r}: {doc}.")
+    if not lines:
+        return ""
+    return ("\n    Options, as declared once for every face (defaults as this face shows them):\n"
+            + "\n".join(lines) + "\n")
 
 
 class _LoaderFace:

@@ -5,8 +5,8 @@ import re
 
 from . import _feedline
 from ._epoch import _EpochIterator, _start_epoch
-from ._util import (_LoaderFace, _check_type, _default_seed, _engine_args, _is_url, _pair,
-                    _parse_bytes, _parse_count, _resolve_cuda, _shown, _timeout, _triple,
+from ._util import (_LoaderFace, _check_type, _default_seed, _engine_args, _is_url,
+                    _options_doc, _pair, _parse_bytes, _parse_count, _resolve_cuda, _shown, _timeout, _triple,
                     _world)
 
 
@@ -243,6 +243,9 @@ class ImageLoader(_LoaderFace):
     def __repr__(self):
         return (f"feedline.ImageLoader({_shown(self.source)!r}, batch_size={self.batch_size}, "
                 f"batches={len(self)}, workers={self.workers}, prefetch={self.prefetch})")
+
+
+ImageLoader.__doc__ += _options_doc(ImageLoader, groups=("engine", "image"))
 
 
 class _DatasetView:

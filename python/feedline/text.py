@@ -4,7 +4,7 @@ import os
 
 from . import _feedline
 from ._epoch import _FieldsIterator, _start_epoch
-from ._util import _LoaderFace, _check_type, _engine_args, _is_url, _shown
+from ._util import _LoaderFace, _check_type, _engine_args, _is_url, _options_doc, _shown
 
 
 class TextLoader(_LoaderFace):
@@ -170,3 +170,6 @@ class TextLoader(_LoaderFace):
                  else f"pack={self.pack!r}, seq_len={self.seq_len}")
         return (f"feedline.TextLoader({_shown(self.source)!r}, tokenizer={_shown(self.tokenizer)!r}, "
                 f"batch_size={self.batch_size}, {shape}, workers={self.workers})")
+
+
+TextLoader.__doc__ += _options_doc(TextLoader)

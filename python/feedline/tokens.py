@@ -4,7 +4,7 @@ import os
 
 from . import _feedline
 from ._epoch import _FieldsIterator, _start_epoch
-from ._util import _LoaderFace, _check_type, _engine_args, _is_url, _shown
+from ._util import _LoaderFace, _check_type, _engine_args, _is_url, _options_doc, _shown
 
 
 class TokenLoader(_LoaderFace):
@@ -112,3 +112,6 @@ class TokenLoader(_LoaderFace):
         shape = f"batches={len(self)}" if self.pack is None else f"pack={self.pack!r}"
         return (f"feedline.TokenLoader({_shown(self.path)!r}, seq_len={self.seq_len}, "
                 f"batch_size={self.batch_size}, {shape}, workers={self.workers})")
+
+
+TokenLoader.__doc__ += _options_doc(TokenLoader)

@@ -37,7 +37,7 @@ FACE_ONLY = {"num_workers", "pin_memory", "return_index"}
 
 
 def _declarations():
-    return {name: (group, default) for name, group, default in _feedline.option_declarations()}
+    return {name: (group, default) for name, group, default, _ in _feedline.option_declarations()}
 
 
 def test_declarations_cover_both_groups():
@@ -94,3 +94,33 @@ def test_imageloader_passes_the_new_options_through(image_folder):
     assert ld.stats()["worker_nice"] == 5
     with pytest.raises(ValueError, match="worker_nice"):
         feedline.ImageLoader(image_folder, worker_nice=-1)
+
+
+def test_help_shows_each_declared_option_with_its_doc_line():
+    """The doc lines are declared once too (FEEDLINE_ARG's last argument): help() on each face
+    and on the binding shows them, with the defaults the face shows."""
+    import pydoc
+    decl = _feedline.option_declarations()
+    docs = {name: doc for name, _, _, doc in decl}
+    groups = {name: group for name, group, _, _ in decl}
+    assert all(doc and not doc.endswith(".") for doc in docs.values()), docs
+    # TokenLoader's dtype is the token files' own, not the image option: engine options only.
+    for face, takes in ((feedline.ImageLoader, ("engine", "image")),
+                        (feedline.TextLoader, ("engine",)), (feedline.TokenLoader, ("engine",))):
+        params = inspect.signature(face).parameters
+        text = pydoc.render_doc(face, renderer=pydoc.plaintext)
+        shown = 0
+        for name, doc in docs.items():
+            py = PYTHON_NAME.get(name, name)
+            if groups[name] not in takes:
+                assert f": {doc}." not in " ".join(text.split()), (face.__name__, name)
+                continue
+            if py not in params or params[py].default is inspect.Parameter.empty:
+                continue
+            line = f"{py}={params[py].default!r}: {doc}."
+            assert line in " ".join(text.split()), f"{face.__name__}: no line for {py}"
+            shown += 1
+        assert shown >= (30 if face is feedline.ImageLoader else 10), (face.__name__, shown)
+    binding = " ".join(_feedline.image_loader.__doc__.split())
+    for name, doc in docs.items():
+        assert f" {name}=" in binding and f": {doc}." in binding, name
