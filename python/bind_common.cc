@@ -237,16 +237,17 @@ py::dict StatsToDict(const Stats& s) {
   for (const TuningEvent& t : s.tuning) {
     tuning.append(py::dict(py::arg("time_s") = t.time_s, py::arg("workers") = t.workers,
                            py::arg("io_depth") = t.io_depth, py::arg("prefetch") = t.prefetch,
-                           py::arg("samples_per_s") = t.samples_per_s, py::arg("reason") = t.reason));
+                           py::arg("samples_per_s") = t.samples_per_s,
+                           py::arg("reason") = t.reason));
   }
   d["tuning"] = tuning;
   py::list timeline;
   for (const TimelinePoint& t : s.timeline) {
-    timeline.append(py::dict(py::arg("time_s") = t.time_s, py::arg("samples_per_s") = t.samples_per_s,
-                             py::arg("consumer_wait_fraction") = t.consumer_wait_fraction,
-                             py::arg("workers") = t.workers, py::arg("io_depth") = t.io_depth,
-                             py::arg("prefetch") = t.prefetch,
-                             py::arg("bytes_in_use") = t.bytes_in_use));
+    timeline.append(
+        py::dict(py::arg("time_s") = t.time_s, py::arg("samples_per_s") = t.samples_per_s,
+                 py::arg("consumer_wait_fraction") = t.consumer_wait_fraction,
+                 py::arg("workers") = t.workers, py::arg("io_depth") = t.io_depth,
+                 py::arg("prefetch") = t.prefetch, py::arg("bytes_in_use") = t.bytes_in_use));
   }
   d["timeline"] = timeline;
   d["cache"] = py::dict(py::arg("kind") = s.cache, py::arg("hits") = s.cache_hits,

@@ -99,8 +99,8 @@ const char* OptionsDocstring(const char* summary, std::initializer_list<OptionGr
   const LoaderOptions defaults;
   defaults.ForEachOption([&](const OptionInfo& info, const auto& value) {
     if (std::find(groups.begin(), groups.end(), info.group) == groups.end()) return;
-    absl::StrAppend(doc, "\n  ", info.name, "=",
-                    std::string(py::str(py::repr(ToPython(value)))), ": ", info.doc, ".");
+    absl::StrAppend(doc, "\n  ", info.name, "=", std::string(py::str(py::repr(ToPython(value)))),
+                    ": ", info.doc, ".");
   });
   return doc->c_str();
 }

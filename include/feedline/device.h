@@ -59,9 +59,9 @@ struct HostBatch {
     const void* data = nullptr;  // the column, as the batch holds it (dtype: the schema's)
     std::vector<int64_t> shape;  // padded/fixed: [n, ...]; ragged: [total elements]
   };
-  int64_t size = 0;                   // samples
-  const int64_t* indices = nullptr;   // the data set index of each sample
-  std::vector<Field> fields;          // one per field of the schema
+  int64_t size = 0;                  // samples
+  const int64_t* indices = nullptr;  // the data set index of each sample
+  std::vector<Field> fields;         // one per field of the schema
   // Owns the memory above: the stage keeps it until its copy from it is done, then drops it
   // (the engine's slot goes back to the ring then, whatever the device batch's own life).
   std::shared_ptr<const void> owner;

@@ -177,8 +177,7 @@ class LoaderOptions {
                "map workers: the threads that run the transform (decode, tokenize); auto: tuned");
   FEEDLINE_ARG(kEngine, int, prefetch, kAuto, AutoOrIn(1, kMaxPrefetch),
                "batches in flight: the prefetch ring's depth; auto: tuned");
-  FEEDLINE_ARG(kEngine, int, io_depth, kAuto, AutoOrIn(1, 1024),
-               "reads in flight; auto: tuned");
+  FEEDLINE_ARG(kEngine, int, io_depth, kAuto, AutoOrIn(1, 1024), "reads in flight; auto: tuned");
   // Without it a training step's CPU part stretched 1.6x beside two decoding workers on two
   // cores (feedline-bench --e2e). Not applied to a transform whose workers hold the consumer's
   // locks (SampleTransform::SharesConsumerLocks: Python code under the GIL).

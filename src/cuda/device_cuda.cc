@@ -10,12 +10,12 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <optional>
-#include <string>
-#include <utility>
 #include <mutex>
 #include <new>
+#include <optional>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -328,19 +328,17 @@ class CudaCopyStage final : public std::enable_shared_from_this<CudaCopyStage> {
       for (int64_t d : c.shape) elems *= d;
       const size_t bytes = size_t(elems) * size_t(ElementSize(schema.field(f).dtype()));
       if (elems < 0 || int64_t(bytes) > spec_.field_bytes[size_t(f)]) {
-        return absl::InvalidArgumentError(absl::StrCat("device: field \"", schema.field(f).name(),
-                                                       "\" of ", bytes, " bytes, beyond the ",
-                                                       spec_.field_bytes[size_t(f)],
-                                                       " its buffer holds"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("device: field \"", schema.field(f).name(), "\" of ", bytes,
+                         " bytes, beyond the ", spec_.field_bytes[size_t(f)], " its buffer holds"));
       }
       if (image_ && f == image_->field) {
         const int64_t hw = int64_t(image_->size) * image_->size;
         const DType t = image_->dtype;
         const bool nchw = image_->layout == Layout::kNCHW;
         const bool as_is = !Staged();
-        FEEDLINE_CUDA_RETURN(cudaMemcpyAsync(as_is ? b->fields[size_t(f)] : b->staging,
-                                             c.data, size_t(n * hw * 3),
-                                             cudaMemcpyHostToDevice, stream_));
+        FEEDLINE_CUDA_RETURN(cudaMemcpyAsync(as_is ? b->fields[size_t(f)] : b->staging, c.data,
+                                             size_t(n * hw * 3), cudaMemcpyHostToDevice, stream_));
         const int kind = t == DType::kFloat32    ? kConvertFloat32
                          : t == DType::kFloat16  ? kConvertFloat16
                          : t == DType::kBFloat16 ? kConvertBFloat16

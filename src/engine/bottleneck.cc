@@ -27,8 +27,7 @@ void DiagnoseBottleneck(Stats* s) {
   const StageStats* cp = Find(*s, "copy");
   const double dec_util = Utilisation(dc);
   const double rd_util = Utilisation(rd);
-  const double capacity =
-      s->map_ms_per_sample > 0 ? 1e3 * s->workers / s->map_ms_per_sample : 0.0;
+  const double capacity = s->map_ms_per_sample > 0 ? 1e3 * s->workers / s->map_ms_per_sample : 0.0;
   const double copy_busy = cp != nullptr && s->elapsed_s > 0 ? cp->busy_s / s->elapsed_s : 0.0;
   if (s->batches == 0) {
     s->bottleneck = "unknown";

@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "feedline/device.h"
 #include "engine/engine_parts.h"
+#include "feedline/device.h"
 #include "feedline/loader.h"
 #include "feedline/options.h"
 

@@ -127,7 +127,8 @@ absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interr
     int64_t cpu = 0, delay = 0;
     if (ThreadSchedStat(&cpu, &delay)) {
       sh.counters.consumer_cpu_ns.fetch_add(cpu - returned_cpu_ns_, std::memory_order_relaxed);
-      sh.counters.consumer_run_delay_ns.fetch_add(delay - returned_delay_ns_, std::memory_order_relaxed);
+      sh.counters.consumer_run_delay_ns.fetch_add(delay - returned_delay_ns_,
+                                                  std::memory_order_relaxed);
     }
   }
   // The step just ended worked on the batch returned last: its samples go with that busy time
@@ -273,7 +274,8 @@ void EpochRun::StopStages() {
   map_.Stop();  // the workers are the loader's: this epoch's loops on them return
   // Read buffers are freed with the run; keep the accounting honest.
   queues_.DropBuffers();
-  core_.shared->counters.read_buffer_bytes.fetch_sub(read_.TakeBufferBytes(), std::memory_order_relaxed);
+  core_.shared->counters.read_buffer_bytes.fetch_sub(read_.TakeBufferBytes(),
+                                                     std::memory_order_relaxed);
 }
 
 void EpochRun::Shutdown() {
@@ -295,7 +297,8 @@ void EpochRun::MaybeStartNext() {
   const int64_t next = core_.epoch + 1;
   auto wanted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.epochs.mu) {
     return !sh.epochs.loader_gone && sh.epochs.head_start == nullptr && sh.epochs.active == this &&
-           sh.epochs.next_epoch == next && sh.epochs.next_start_batch == 0 && !handout_cancelled_.load();
+           sh.epochs.next_epoch == next && sh.epochs.next_start_batch == 0 &&
+           !handout_cancelled_.load();
   };
   {
     std::lock_guard<std::mutex> lock(sh.epochs.mu);

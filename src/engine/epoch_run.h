@@ -126,7 +126,7 @@ class EpochRun {
   int64_t last_return_ns_ = 0;  // consumer thread only
   pid_t returned_to_ = -1;
   int64_t returned_cpu_ns_ = 0, returned_delay_ns_ = 0;
-  int64_t held_samples_ = 0;     // the last returned batch's samples; consumer thread only
+  int64_t held_samples_ = 0;  // the last returned batch's samples; consumer thread only
   // Device copies queued ahead, by batch (by workers and the consumer; each batch's copy is
   // queued once: the submission happens under the lock).
   std::mutex early_mu_;

@@ -121,7 +121,8 @@ Stats LoaderShared::Snapshot() {
   s.samples_per_s = s.elapsed_s > 0 ? double(s.samples) / s.elapsed_s : 0.0;
   s.consumer_wait_s = double(counters.consumer.wait_ns.load()) * 1e-9;
   s.consumer_wait_fraction = s.elapsed_s > 0 ? std::min(1.0, s.consumer_wait_s / s.elapsed_s) : 0;
-  s.epoch_start_wait_s = std::min(double(counters.epoch_start_wait_ns.load()) * 1e-9, s.consumer_wait_s);
+  s.epoch_start_wait_s =
+      std::min(double(counters.epoch_start_wait_ns.load()) * 1e-9, s.consumer_wait_s);
   s.consumer_cpu_s = double(counters.consumer_cpu_ns.load()) * 1e-9;
   s.consumer_run_delay_s = double(counters.consumer_run_delay_ns.load()) * 1e-9;
   s.worker_nice = worker_nice;
@@ -181,7 +182,8 @@ Stats LoaderShared::Snapshot() {
     s.timeline = tuner.timeline;
   }
   if (s.map_ms_per_sample == 0 && counters.map.items.load() > 0) {
-    s.map_ms_per_sample = double(counters.map.busy_ns.load()) * 1e-6 / double(counters.map.items.load());
+    s.map_ms_per_sample =
+        double(counters.map.busy_ns.load()) * 1e-6 / double(counters.map.items.load());
   }
   if (s.read_ms == 0 && counters.read.items.load() > 0) {
     s.read_ms = double(counters.read.busy_ns.load()) * 1e-6 / double(counters.read.items.load());
@@ -303,8 +305,8 @@ absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOpt
     if (!parts.device.make_stage) {
       return absl::FailedPreconditionError("device: this loader has no device stage");
     }
-    absl::StatusOr<std::unique_ptr<DeviceStage>> stage = parts.device.make_stage(
-        StageSpec(*shared->layout, shared->transform->DeviceConversions()));
+    absl::StatusOr<std::unique_ptr<DeviceStage>> stage =
+        parts.device.make_stage(StageSpec(*shared->layout, shared->transform->DeviceConversions()));
     if (!stage.ok()) return stage.status();
     shared->device_stage = *std::move(stage);
   }
@@ -399,7 +401,8 @@ absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOpt
     limits.tune_io_depth = shared->tuning.auto_io_depth;
     limits.tune_prefetch = shared->tuning.auto_prefetch;
     std::lock_guard<std::mutex> lock(shared->tuner.mu);
-    shared->tuner.model = std::make_unique<Autotuner>(limits, TunerSettings{workers, io_depth, prefetch});
+    shared->tuner.model =
+        std::make_unique<Autotuner>(limits, TunerSettings{workers, io_depth, prefetch});
   }
   shared->trace = std::make_unique<TraceRecorder>(NowNs());
   options.workers(workers).io_depth(io_depth).prefetch(prefetch).memory_budget(budget);
@@ -599,8 +602,8 @@ absl::Status Loader::LoadState(const State& st, bool resplit) {
     shared_->epochs.next_epoch = st.epoch;
     shared_->epochs.next_start_batch = std::min(start, BatchesPerRank(shared_->sampler));
     shared_->epochs.has_partial = false;
-    if (shared_->epochs.head_start != nullptr &&
-        (shared_->epochs.head_start->epoch() != st.epoch || shared_->epochs.next_start_batch != 0)) {
+    if (shared_->epochs.head_start != nullptr && (shared_->epochs.head_start->epoch() != st.epoch ||
+                                                  shared_->epochs.next_start_batch != 0)) {
       head_start = std::move(shared_->epochs.head_start);
     }
   }

@@ -49,7 +49,7 @@ struct StageCounters {
 // What the stages counted, for stats() and the tuner. Written by the stages and the consumer
 // (relaxed atomics: statistics, read as a snapshot); the tuning loop and Snapshot read them.
 struct PipelineCounters {
-  StageCounters read, map, consumer;  // map: the transform (decode, tokenize, user code)
+  StageCounters read, map, consumer;        // map: the transform (decode, tokenize, user code)
   std::atomic<int64_t> samples{0};          // delivered to the consumer
   std::atomic<int64_t> stepped_samples{0};  // samples of the consumer steps in consumer.busy_ns
   std::atomic<int64_t> batches{0};
@@ -233,10 +233,10 @@ class LoaderShared {
     const int64_t most = std::max<int64_t>(
         1, std::min<int64_t>(TuningTargets::kMaxChunk,
                              options.batch_size() / (2 * int64_t(tuning.workers.load()))));
-    const int next = sample_ns > 0 ? int(std::clamp<double>(double(TuningTargets::kChunkWorkNs) /
-                                                                sample_ns,
-                                                            1.0, double(most)))
-                                   : 1;
+    const int next = sample_ns > 0
+                         ? int(std::clamp<double>(double(TuningTargets::kChunkWorkNs) / sample_ns,
+                                                  1.0, double(most)))
+                         : 1;
     if (tuning.chunk.load(std::memory_order_relaxed) != next) {
       tuning.chunk.store(next, std::memory_order_relaxed);
     }

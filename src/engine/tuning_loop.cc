@@ -98,16 +98,18 @@ void TuningLoop::Tick(double interval_s) {
       // The budget bounds the ring and the reads in flight together.
       const int64_t reads = std::max<int64_t>(sh.counters.read_buffer_bytes.load(), 0);
       const int64_t per_read = std::max<int64_t>(256 << 10, reads / items);
-      sh.tuner.model->set_max_prefetch(
-          sh.memory.AutoPrefetchLimit(int64_t(sh.tuning.io_depth.load() + 2 * sh.tuning.workers.load()) * per_read));
+      sh.tuner.model->set_max_prefetch(sh.memory.AutoPrefetchLimit(
+          int64_t(sh.tuning.io_depth.load() + 2 * sh.tuning.workers.load()) * per_read));
       const size_t before = sh.tuner.model->decisions().size();
       applied = sh.tuner.model->Update(sample);
-      if (sh.tuner.model->decisions().size() > before) reason = sh.tuner.model->decisions().back().reason;
+      if (sh.tuner.model->decisions().size() > before)
+        reason = sh.tuner.model->decisions().back().reason;
     }
     if (sh.tuner.timeline.size() < TunerState::kMaxTimeline) {
       const double t = double(NowNs() - sh.counters.start_ns.load()) * 1e-9;
       sh.tuner.timeline.push_back(TimelinePoint{t, rate, all_wait_s / interval_s, applied.workers,
-                                          applied.io_depth, applied.prefetch, sh.BytesInUse()});
+                                                applied.io_depth, applied.prefetch,
+                                                sh.BytesInUse()});
     }
   }
   const int64_t at = NowNs();

@@ -47,8 +47,8 @@ ImageTransformConfig ImageTransformConfig::From(const LoaderOptions& o, bool for
   c.exif_transpose = o.exif_transpose();
   c.synthetic = o.synthetic();
   if (for_device) {
-    c.device_conversion = DeviceConversion{ImageTransform::kImage, o.size(), o.dtype(),
-                                           o.layout(), o.mean(), o.stddev()};
+    c.device_conversion = DeviceConversion{
+        ImageTransform::kImage, o.size(), o.dtype(), o.layout(), o.mean(), o.stddev()};
   }
   return c;
 }

@@ -192,8 +192,8 @@ TunerSettings Autotuner::Update(const TunerSample& s) {
     const int want = std::min(limits_.max_prefetch, 2 * next.workers + 2);
     if (want > settings_.prefetch) {
       next.prefetch = want;
-      reason += absl::StrFormat("prefetch %d->%d (map-bound: a deeper ring); ",
-                                settings_.prefetch, want);
+      reason +=
+          absl::StrFormat("prefetch %d->%d (map-bound: a deeper ring); ", settings_.prefetch, want);
     }
   }
   if (next.prefetch > limits_.max_prefetch) next.prefetch = std::max(1, limits_.max_prefetch);

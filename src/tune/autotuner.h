@@ -53,12 +53,12 @@ struct TunerSample {
   int64_t samples_consumed = 0;
   double consumer_busy_s = 0;  // time the consumer spent outside Next()
   int64_t stepped_samples = 0;  // the samples of the steps in consumer_busy_s (counted when a
-                               // step ends, not at the hand-out): the demand's numerator
+                                // step ends, not at the hand-out): the demand's numerator
   double consumer_wait_s = 0;  // time the consumer spent blocked in Next()
   int64_t mapped = 0;
   double map_busy_s = 0;  // summed over map workers (wall clock)
   double map_cpu_s = 0;   // the same work in CPU time (0: unknown, use map_busy_s); under
-                             // contention wall time inflates and would ask for too few reads
+                          // contention wall time inflates and would ask for too few reads
   int64_t reads = 0;
   double read_busy_s = 0;  // summed over reader threads (the read latency included)
   double consumer_cpu_s = 0;  // CPU time of the consumer's thread (0: not measured)
@@ -165,7 +165,7 @@ class Autotuner {
   struct Probe {
     bool active = false;
     int from_workers = 0;      // the setting to go back to
-    double t_map_from = 0;  // the cost measured there
+    double t_map_from = 0;     // the cost measured there
     int measured = 0;          // intervals measured so far (after the settling one)
     int64_t mapped = 0;
     double map_s = 0, wait_s = 0, interval_s = 0;

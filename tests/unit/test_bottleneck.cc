@@ -12,8 +12,8 @@ using feedline::Stats;
 namespace {
 
 // A 10 s run of 100 batches: `workers` map workers at 2 ms per sample.
-Stats Run(double consumer_wait_fraction, double map_busy_s, double map_wait_s,
-          double read_busy_s, double read_wait_s, int workers = 2) {
+Stats Run(double consumer_wait_fraction, double map_busy_s, double map_wait_s, double read_busy_s,
+          double read_wait_s, int workers = 2) {
   Stats s;
   s.elapsed_s = 10;
   s.batches = 100;

@@ -574,7 +574,8 @@ TEST_CASE("a transform's declared conversion is made on the device; one it canno
   c.std = {1.0, 1.0, 1.0};
   const LoaderOptions o = LoaderOptions().batch_size(4).shuffle(false).workers(1).device("cuda:0");
   {
-    auto loader = Loader::Create(std::make_shared<Pixels>(), std::make_shared<PixelTransform>(c), o);
+    auto loader =
+        Loader::Create(std::make_shared<Pixels>(), std::make_shared<PixelTransform>(c), o);
     INFO(loader.status().ToString());
     REQUIRE(loader.ok());
     int64_t seen = 0;

@@ -373,8 +373,7 @@ class LoggingCopyStage final : public feedline::DeviceStage {
   };
   int device() const override { return 0; }
   // Called by the workers (at assembly) and the consumer, one at a time: no REQUIRE here.
-  absl::StatusOr<std::shared_ptr<feedline::DeviceCopy>> Submit(
-      feedline::HostBatch batch) override {
+  absl::StatusOr<std::shared_ptr<feedline::DeviceCopy>> Submit(feedline::HostBatch batch) override {
     auto d = std::make_shared<Fake>();
     d->columns.resize(batch.fields.size());  // data null: the fields stay on the host
     {
@@ -414,8 +413,9 @@ TEST_CASE("the copy stage gets batches ahead of the consumer, in order, each onc
   parts.transform = std::make_shared<FailsAtSix>();  // its batch is never copied
   parts.device.device = 0;
   feedline::DeviceStageSpec spec;
-  parts.device.make_stage = [&stage_owner, &spec](feedline::DeviceStageSpec s)
-      -> absl::StatusOr<std::unique_ptr<feedline::DeviceStage>> {
+  parts.device.make_stage =
+      [&stage_owner, &spec](
+          feedline::DeviceStageSpec s) -> absl::StatusOr<std::unique_ptr<feedline::DeviceStage>> {
     spec = std::move(s);
     return std::unique_ptr<feedline::DeviceStage>(std::move(stage_owner));
   };
@@ -1563,11 +1563,11 @@ class CaptionFields final : public feedline::SampleTransform {
 
 }  // namespace
 
-TEST_CASE("a record's typed metadata reaches the transform, from the bytes cache too",
-          "[engine]") {
+TEST_CASE("a record's typed metadata reaches the transform, from the bytes cache too", "[engine]") {
   auto data = std::make_shared<Captioned>();
-  auto loader = Loader::Create(data, std::make_shared<CaptionFields>(),
-                               LoaderOptions().batch_size(6).workers(2).cache(feedline::Cache::kBytes));
+  auto loader =
+      Loader::Create(data, std::make_shared<CaptionFields>(),
+                     LoaderOptions().batch_size(6).workers(2).cache(feedline::Cache::kBytes));
   REQUIRE(loader.ok());
   for (int epoch = 0; epoch < 2; ++epoch) {
     int64_t seen = 0;
