@@ -253,6 +253,9 @@ py::dict StatsToDict(const Stats& s) {
   d["cache"] = py::dict(py::arg("kind") = s.cache, py::arg("hits") = s.cache_hits,
                         py::arg("misses") = s.cache_misses, py::arg("bytes") = s.cache_bytes,
                         py::arg("budget") = s.cache_budget);
+  py::dict transform;
+  for (const auto& [name, value] : s.transform_counters) transform[py::str(name)] = value;
+  d["transform"] = transform;
   d["error_count"] = s.error_count;
   if (s.remote.remote) {
     py::dict r;

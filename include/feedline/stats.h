@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "feedline/dataset.h"  // RemoteStats
@@ -101,6 +102,8 @@ struct Stats {
   int64_t cache_bytes = 0;
   int64_t cache_budget = 0;
   RemoteStats remote;  // the data set's requests when it reads over a network
+  // The transform's own figures (SampleTransform::Counters), over the loader's life.
+  std::vector<std::pair<std::string, int64_t>> transform_counters;
   int64_t error_count = 0;
   std::vector<SampleError> errors;  // the first few hundred, in the order they happened
 };

@@ -42,6 +42,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -165,6 +166,9 @@ class SampleTransform {
   // for them normalised there. Asked once, when a loader on a GPU is made. Default: none (every
   // field is copied as it is).
   virtual std::vector<DeviceConversion> DeviceConversions() const { return {}; }
+  // Figures the transform keeps for stats() (Stats::transform_counters), as (name, value):
+  // the image built-in's images in the decompression-bomb warning band, say. Any thread.
+  virtual std::vector<std::pair<std::string, int64_t>> Counters() const { return {}; }
 };
 
 }  // namespace feedline

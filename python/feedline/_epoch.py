@@ -2,6 +2,8 @@
 
 import weakref
 
+from ._util import _shown
+
 
 class _EpochIterator:
     """One epoch. Dropping it (or breaking out of the loop) stops the workers promptly."""
@@ -30,6 +32,7 @@ class _EpochIterator:
             return
         _warn_replaced(self._owner, st, self._errors_at_start)
         _warn_cut(self._owner, st)
+        _warn_large(self._owner, st)
 
     def __iter__(self):
         return self
@@ -165,3 +168,25 @@ class _FieldsIterator(_EpochIterator):
         if self._return_index:
             out["index"] = self._from_dlpack(indices)
         return out
+
+
+def _warn_large(owner, st):
+    """Images above half of max_image_pixels (PIL's DecompressionBombWarning band: it warns
+    there and refuses above) are decoded, counted in stats()["transform"]["large_images"] and
+    said once per loader: a few bytes can cost gigabytes and seconds there."""
+    counters = st.get("transform") or {}
+    n = counters.get("large_images", 0)
+    if n <= 0 or getattr(owner, "_large_warned", False):
+        return
+    owner._large_warned = True
+    first = counters.get("first_large_image", -1)
+    samples = getattr(owner, "samples", None)
+    where = ""
+    if samples is not None and 0 <= first < len(samples):
+        where = f" (the first: {_shown(samples[first][0])})"
+    limit = (getattr(owner, "_args", None) or {}).get("max_image_pixels")
+    import warnings
+    warnings.warn(f"feedline.{type(owner).__name__}: {n} image(s) had more than half of "
+                  f"max_image_pixels={limit} pixels{where}, as PIL's DecompressionBombWarning: "
+                  "decoding them costs memory and time; larger ones are refused",
+                  RuntimeWarning, stacklevel=3)

@@ -131,6 +131,7 @@ Stats LoaderShared::Snapshot() {
   s.io_depth = tuning.io_depth.load();
   s.chunk = tuning.chunk.load();
   if (dataset != nullptr) s.remote = dataset->remote_stats();
+  if (transform != nullptr) s.transform_counters = transform->Counters();
   auto stage = [](const char* name, const StageCounters& c, int threads) {
     StageStats st;
     st.name = name;

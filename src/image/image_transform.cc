@@ -85,6 +85,13 @@ bool ImageTransform::SkipsRead(int64_t index) const {
   return hit;
 }
 
+void ImageTransform::NoteSize(int64_t pixels, int64_t index) const {
+  if (pixels <= config_.max_image_pixels / 2) return;
+  large_images_.fetch_add(1, std::memory_order_relaxed);
+  int64_t none = -1;
+  first_large_.compare_exchange_strong(none, index, std::memory_order_relaxed);
+}
+
 absl::StatusOr<std::shared_ptr<const SampleCache::Entry>> ImageTransform::DecodeForCache(
     const Record& record, int64_t index, State* state) const {
   const std::vector<uint8_t>& bytes = record.bytes;
@@ -97,6 +104,7 @@ absl::StatusOr<std::shared_ptr<const SampleCache::Entry>> ImageTransform::Decode
   if (int64_t{W} * H > config_.max_image_pixels) {
     return ImageTooLarge(W, H, config_.max_image_pixels);
   }
+  NoteSize(int64_t{W} * H, index);
   const int shorter = std::min(W, H);
   const int target = std::min(shorter, kDecodedCacheScale * config_.size);
   const int want_w = int(std::ceil(double(target) * W / shorter));
@@ -170,6 +178,7 @@ absl::Status ImageTransform::Apply(const Record& record, const SampleContext& ct
     if (int64_t{h->width} * h->height > config_.max_image_pixels) {
       return ImageTooLarge(h->width, h->height, config_.max_image_pixels);
     }
+    NoteSize(int64_t{h->width} * h->height, ctx.index());
     header_value = *h;
     if (config_.exif_transpose) {
       orientation = ReadOrientation(h->format, bytes.data(), bytes.size());

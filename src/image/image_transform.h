@@ -13,10 +13,13 @@
 #ifndef FEEDLINE_SRC_IMAGE_IMAGE_TRANSFORM_H_
 #define FEEDLINE_SRC_IMAGE_IMAGE_TRANSFORM_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "core/sample_cache.h"
 #include "feedline/options.h"
@@ -60,6 +63,12 @@ class ImageTransform final : public SampleTransform {
                      SampleWriter& out) const override;
   bool SkipsRead(int64_t index) const override;
   bool ReadsOptions(OptionGroup group) const override { return group == OptionGroup::kImage; }
+  // "large_images": images decoded with more than half of max_image_pixels (PIL's
+  // DecompressionBombWarning band below its error), and the data set index of the first.
+  std::vector<std::pair<std::string, int64_t>> Counters() const override {
+    return {{"large_images", large_images_.load(std::memory_order_relaxed)},
+            {"first_large_image", first_large_.load(std::memory_order_relaxed)}};
+  }
   std::vector<DeviceConversion> DeviceConversions() const override {
     if (!config_.device_conversion) return {};
     return {*config_.device_conversion};
@@ -78,6 +87,10 @@ class ImageTransform final : public SampleTransform {
   const Schema schema_;
   const int64_t sample_bytes_;
   std::shared_ptr<SampleCache> cache_;
+  // Counts an image of `pixels` in the warning band (more than half of max_image_pixels).
+  void NoteSize(int64_t pixels, int64_t index) const;
+  mutable std::atomic<int64_t> large_images_{0};
+  mutable std::atomic<int64_t> first_large_{-1};
 };
 
 }  // namespace feedline

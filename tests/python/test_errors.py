@@ -1,6 +1,7 @@
 """Bad arguments and bad files."""
 
 import os
+import warnings
 
 import pytest
 
@@ -168,6 +169,35 @@ def test_image_over_pixel_limit(small_folder):
         with pytest.raises(feedline.DataError) as e:
             next(iter(loader))
     assert os.path.join(small_folder, "x") in str(e.value)
+
+
+def test_images_in_the_bomb_warning_band_are_counted_and_said_once(small_folder):
+    """Between half of max_image_pixels and the limit, as PIL's DecompressionBombWarning band:
+    decoded, counted in stats(), said once per loader with the first file; above, refused."""
+    from PIL import Image
+    loader = feedline.ImageLoader(small_folder, batch_size=8, size=32, shuffle=False,
+                                  max_image_pixels=160 * 160)
+    sizes = [Image.open(p).size for p, _ in loader.samples]
+    large = [i for i, (w, h) in enumerate(sizes) if w * h > 160 * 160 // 2]
+    assert 0 < len(large) < len(sizes)  # the fixture's 96..160 px straddle the band's edge
+    with util.deadline(30, "two epochs"), pytest.warns(RuntimeWarning) as said:
+        for _ in range(2):
+            for _ in loader:
+                pass
+    bomb = [w for w in said if "DecompressionBombWarning" in str(w.message)]
+    assert len(bomb) == 1
+    assert f"{len(large)} image(s)" in str(bomb[0].message)
+    assert loader.samples[large[0]][0] in str(bomb[0].message)
+    counters = loader.stats()["transform"]
+    # Each decode of one over the loader's life (a head start of the next epoch may add some).
+    assert counters["large_images"] >= 2 * len(large)
+    assert counters["first_large_image"] == large[0]
+    quiet = feedline.ImageLoader(small_folder, batch_size=8, size=32)  # the default limit
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in quiet:
+            pass
+    assert quiet.stats()["transform"]["large_images"] == 0
 
 
 def test_file_deleted_after_scan(tmp_path, small_folder):
