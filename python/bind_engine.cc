@@ -18,6 +18,15 @@ void BindEngine(py::module_& m) {
         "Every loader option as declared in C++ (include/feedline/options.h): a list of (name, "
         "group, default, doc), group \"engine\" or \"image\".");
   m.def(
+      "worker_nice",
+      [](const py::kwargs& kwargs) {
+        absl::StatusOr<int> nice = ResolvedWorkerNice(EngineOptions(kwargs));
+        if (!nice.ok()) ThrowStatus(nice.status(), /*sample_error=*/false);
+        return *nice;
+      },
+      "The nice level below the loading process that map workers and worker processes run at: "
+      "worker_nice= (declared default), or FEEDLINE_WORKER_NICE when set.");
+  m.def(
       "shown_name", [](const std::string& path_or_url) { return ShownName(path_or_url); },
       py::arg("path_or_url"),
       "The path or URL as feedline's messages show it: a URL without user information, "

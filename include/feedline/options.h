@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "feedline/schema.h"
 
@@ -273,6 +274,10 @@ absl::Status InvalidOption(absl::string_view option, absl::string_view why);
 // The names of the options of `group` whose values differ from their declared defaults, in
 // declaration order (the generic factory refuses image options set on it with these).
 std::vector<std::string> ChangedOptions(const LoaderOptions& options, OptionGroup group);
+// The nice level the map workers (and feedline.DataLoader's worker processes) run at below the
+// loading process: options.worker_nice(), or the environment's FEEDLINE_WORKER_NICE when set
+// (kInvalidArgument naming it when it is not in [0, 19]).
+absl::StatusOr<int> ResolvedWorkerNice(const LoaderOptions& options);
 
 // The names of each enum's values, as the Python keyword arguments take them.
 template <typename E>

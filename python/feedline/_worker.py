@@ -88,14 +88,10 @@ def exit_with_parent(parent_pid, period_s=0.5):
     threading.Thread(target=watch, name="feedline-parent-watch", daemon=True).start()
 
 
-def lower_priority():
-    """This process below the loading one, as the engine's map workers are (LoaderOptions::
-    worker_nice; FEEDLINE_WORKER_NICE, default 19): the training thread gets a core first, the
+def lower_priority(nice):
+    """This process `nice` levels below the loading one, as the engine's map workers are (the
+    parent resolves it: _feedline.worker_nice()): the training thread gets a core first, the
     worker takes what it leaves. A process may only lower its own priority: never raised."""
-    try:
-        nice = int(os.environ.get("FEEDLINE_WORKER_NICE", "19"))
-    except ValueError:
-        return
     if nice > 0:
         try:
             os.setpriority(os.PRIO_PROCESS, 0, min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice))
@@ -225,12 +221,13 @@ def make_batch(dataset, keys, collate_fn, auto_collation, before_sample=None):
 
 def main(dataset, schema, batch_mode, collate_fn, request_fd, reply_fd, staging_fd,
          staging_bytes, worker_id, num_workers, base_seed, worker_init_fn, close_fds,
-         parent_pid=None, pad=None, learn=False, auto_collation=True):
+         parent_pid=None, pad=None, learn=False, auto_collation=True, nice=0):
     """The worker's loop: until the loader asks it to stop or goes away. `pad` is (pad,
-    pad_value, bounds grown so far); `learn`: learn the layout from the first batch made."""
+    pad_value, bounds grown so far); `learn`: learn the layout from the first batch made;
+    `nice`: the levels below the parent this process runs at."""
     if parent_pid is not None:  # also when a sample's code never returns
         exit_with_parent(parent_pid)
-    lower_priority()
+    lower_priority(nice)
     import torch
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training loop's
     for fd in close_fds:

@@ -351,14 +351,9 @@ absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOpt
   shared->tuning.auto_prefetch = options.prefetch() == kAuto;
   shared->cores = cores;
   shared->memory.budget = budget;
-  if (const std::string env = Env("FEEDLINE_WORKER_NICE"); !env.empty()) {
-    int nice = 0;
-    if (!absl::SimpleAtoi(env, &nice) || nice < 0 || nice > 19) {
-      return InvalidOption("worker_nice",
-                           absl::StrCat("FEEDLINE_WORKER_NICE=", env, " must be in [0, 19]"));
-    }
-    options.worker_nice(nice);
-  }
+  absl::StatusOr<int> nice = ResolvedWorkerNice(options);
+  if (!nice.ok()) return nice.status();
+  options.worker_nice(*nice);
   if (const std::string env = Env("FEEDLINE_EPOCH_HEAD_START"); !env.empty()) {
     if (env != "0" && env != "1") {
       return InvalidOption("epoch_head_start",

@@ -6,7 +6,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/env.h"
 
 namespace feedline {
 
@@ -66,6 +68,17 @@ std::vector<std::string> ChangedOptions(const LoaderOptions& options, OptionGrou
     ++i;
   });
   return changed;
+}
+
+absl::StatusOr<int> ResolvedWorkerNice(const LoaderOptions& options) {
+  const std::string env = Env("FEEDLINE_WORKER_NICE");
+  if (env.empty()) return options.worker_nice();
+  int nice = 0;
+  if (!absl::SimpleAtoi(env, &nice) || nice < 0 || nice > 19) {
+    return InvalidOption("worker_nice",
+                         absl::StrCat("FEEDLINE_WORKER_NICE=", env, " must be in [0, 19]"));
+  }
+  return nice;
 }
 
 }  // namespace feedline

@@ -113,6 +113,41 @@ def test_feedline_worker_nice_0_keeps_every_worker_at_the_trainers_priority(imag
     assert out.returncode != 0 and "FEEDLINE_WORKER_NICE=25 must be in [0, 19]" in out.stderr
 
 
+def test_worker_processes_map_style_and_iterable_run_at_the_resolved_nice_level():
+    """feedline.DataLoader's worker processes, map-style and iterable, take the level the engine
+    resolves (_feedline.worker_nice(): worker_nice's declared default, or FEEDLINE_WORKER_NICE),
+    not a default of their own."""
+    code = textwrap.dedent("""
+        import os, threading, torch, torch.utils.data as tud, feedline
+        from feedline import _feedline
+        def prio():
+            return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        class P(tud.Dataset):
+            def __len__(self): return 8
+            def __getitem__(self, i): return torch.tensor([prio()])
+        class I(tud.IterableDataset):
+            def __iter__(self):
+                for _ in range(4):
+                    yield torch.tensor([prio()])
+        base = prio()
+        want = min(19, base + _feedline.worker_nice())
+        mapped = set(torch.cat(list(feedline.DataLoader(P(), batch_size=4, num_workers=2)))
+                     .flatten().tolist())
+        streamed = set(torch.cat(list(feedline.DataLoader(I(), batch_size=2, num_workers=2)))
+                       .flatten().tolist())
+        assert mapped == {want} and streamed == {want}, (mapped, streamed, base, want)
+        print(_feedline.worker_nice())
+    """)
+    for env_value, level in (("7", 7), (None, 19)):
+        env = dict(os.environ)
+        env.pop("FEEDLINE_WORKER_NICE", None)
+        if env_value is not None:
+            env["FEEDLINE_WORKER_NICE"] = env_value
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0 and out.stdout.strip() == str(level), out.stderr[-3000:]
+
+
 def _first_batch_waits(folder, epochs=4, step_s=0.05):
     """The wait for the first batch of epochs 1.. (iter() included), with a consumer slower
     than the loader, and every epoch's (images, labels) bytes."""

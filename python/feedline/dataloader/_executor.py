@@ -282,7 +282,8 @@ class _Executor:
                               sfd, staging, i, self._transform.processes or 1,
                               self._spawn_seed, self.worker_init_fn,
                               list(close_fds) + [req_w, rep_r], os.getpid(),
-                              self._pad_config, self._learning(), self._auto_collation))
+                              self._pad_config, self._learning(), self._auto_collation,
+                              _feedline.worker_nice()))
         p.start()
         os.close(req_r)
         os.close(rep_w)

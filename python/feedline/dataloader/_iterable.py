@@ -11,7 +11,7 @@ import warnings
 import torch
 import torch.utils.data as tud
 
-from .. import _worker
+from .. import _feedline, _worker
 from ._iterators import _BaseIter
 from ._runtime import _raise_from_text, _raise_if_out_of_fds, _tls, _worker_copy
 
@@ -50,11 +50,12 @@ class _IterableIter(_BaseIter):
             ctx = tmp.get_context("fork")
             self._queues = [ctx.Queue(maxsize=depth) for _ in range(n)]
             self._stop = ctx.Event()
+            nice = _feedline.worker_nice()
             self._workers = [ctx.Process(target=_iterable_worker, daemon=True,
                                          args=(o.dataset, o.batch_size, o.drop_last,
                                                o.collate_fn, self._queues[i], self._stop, i, n,
                                                base_seed, o.worker_init_fn, os.getpid(),
-                                               shared_seed))
+                                               shared_seed, nice))
                              for i in range(n)]
         for w in self._workers:
             w.start()
@@ -190,9 +191,10 @@ def _replica(dataset, shared_seed, index, count):
 
 
 def _iterable_worker(dataset, batch_size, drop_last, collate_fn, q, stop, i, n, base_seed,
-                     init_fn, parent_pid, shared_seed=None):
+                     init_fn, parent_pid, shared_seed=None, nice=0):
     import signal
     _worker.exit_with_parent(parent_pid)
+    _worker.lower_priority(nice)  # as the map-style workers: the training thread first
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     _worker._keep_heap()
