@@ -18,7 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "feedline/dataset.h"
+#include "feedline/files.h"
 #include "process_tree.h"
 
 namespace feedline::bench {

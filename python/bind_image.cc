@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "bind_common.h"
-#include "feedline/dataset.h"
+#include "feedline/files.h"
 #include "feedline/loader.h"
 #include "py_options.h"
 

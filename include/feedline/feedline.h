@@ -6,6 +6,7 @@
 #include "feedline/batch.h"
 #include "feedline/dataset.h"
 #include "feedline/error.h"
+#include "feedline/files.h"
 #include "feedline/image.h"
 #include "feedline/loader.h"
 #include "feedline/options.h"

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "feedline/dataset.h"
+#include "feedline/files.h"
 
 namespace feedline {
 

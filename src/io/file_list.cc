@@ -18,7 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "core/fnv.h"
-#include "feedline/dataset.h"
+#include "feedline/files.h"
 #include "io/list_file.h"
 
 namespace feedline {

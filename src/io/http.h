@@ -30,7 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "core/redact.h"
-#include "feedline/dataset.h"
+#include "feedline/files.h"
 
 namespace feedline {
 

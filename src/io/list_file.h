@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "feedline/dataset.h"
+#include "feedline/files.h"
 
 namespace feedline {
 

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "feedline/dataset.h"
+#include "feedline/files.h"
 #include "io/file_dataset.h"
 #include "io/http.h"
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "cuda/device.h"
 #include "engine/engine_parts.h"
+#include "feedline/files.h"
 #include "feedline/image.h"
 #include "feedline/loader.h"
 #include "image/image_transform.h"

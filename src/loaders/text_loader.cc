@@ -9,7 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_replace.h"
-#include "feedline/dataset.h"
+#include "feedline/files.h"
 #include "feedline/loader.h"
 #include "feedline/text.h"
 

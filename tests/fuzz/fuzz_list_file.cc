@@ -9,7 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "feedline/dataset.h"
+#include "feedline/files.h"
 #include "fuzz_util.h"
 #include "io/list_file.h"
 

@@ -12,7 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "feedline/dataset.h"
+#include "feedline/files.h"
 #include "fuzz_util.h"
 #include "io/tar_dataset.h"
 

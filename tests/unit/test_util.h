@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "feedline/dataset.h"
+#include "feedline/files.h"
 #include "feedline/loader.h"
 
 namespace feedline::testing {
