@@ -294,15 +294,16 @@ class DataLoader(_Executor, _Resume, typing.Generic[_T_co]):
                 stage = stages.setdefault(name, {"threads": 0})
                 for k, v in past.items():
                     stage[k] = stage.get(k, 0) + v
-            elapsed = out["elapsed_s"]
-            out["samples_per_s"] = out["samples"] / elapsed if elapsed > 0 else 0.0
-            out["consumer_wait_fraction"] = out["consumer_wait_s"] / elapsed if elapsed > 0 else 0.0
         if self._delivered and "samples" in out:
             # The engine counts its positions: a whole batch each where the batches are made in
             # Python (the first ones, say); the samples are those of the batches handed out.
             out["samples"] = self._delivered
+        if self._past_run or (self._delivered and "samples" in out):  # rates of the sums above
             elapsed = out["elapsed_s"]
-            out["samples_per_s"] = self._delivered / elapsed if elapsed > 0 else 0.0
+            out["samples_per_s"] = out["samples"] / elapsed if elapsed > 0 else 0.0
+            if self._past_run:
+                out["consumer_wait_fraction"] = (out["consumer_wait_s"] / elapsed
+                                                 if elapsed > 0 else 0.0)
         if self._past_errors["error_count"]:
             out["error_count"] = out.get("error_count", 0) + self._past_errors["error_count"]
             out["errors"] = self._past_errors["errors"] + list(out.get("errors") or [])
