@@ -6,8 +6,8 @@ import re
 from . import _feedline
 from ._epoch import _EpochIterator, _start_epoch
 from ._util import (_LoaderFace, _check_type, _default_seed, _engine_args, _is_url,
-                    _options_doc, _pair, _parse_bytes, _parse_count, _resolve_cuda, _shown, _timeout, _triple,
-                    _world)
+                    _options_doc, _pair, _parse_bytes, _parse_count, _resolve_cuda, _shown,
+                    _timeout, _triple, _world)
 
 
 class ImageLoader(_LoaderFace):
