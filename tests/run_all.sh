@@ -46,7 +46,23 @@ cmake --build build-asan -j"$JOBS" --target feedline_tests $(stub_tests build-as
   feedline_fuzz_redact feedline_fuzz_catalog feedline_fuzz_brace feedline_fuzz_state \
   feedline_fuzz_tokens feedline_fuzz_text_lines feedline_fuzz_s3 feedline_fuzz_wire
 echo "== tests (AddressSanitizer + UndefinedBehaviorSanitizer)"
-ctest --test-dir build-asan --output-on-failure
+# LeakSanitizer's own tracer can crash at exit after every assertion passed ("Tracer caught
+# signal 11", "LeakSanitizer has encountered a fatal error"): a failure of the tool, not a
+# finding. Only then are the failed tests run once more; a leak, an ASan or UBSan report or a
+# failed assertion fails the run at once.
+if ! ctest --test-dir build-asan --output-on-failure 2>&1 | tee build-asan/ctest.log; then
+  failed=$(grep -cE "^ *[0-9]+/[0-9]+ Test +#[0-9]+: .*\*\*\*|Subprocess aborted|\*\*\*Timeout" \
+    build-asan/ctest.log || true)
+  tracer=$(grep -c "LeakSanitizer has encountered a fatal error" build-asan/ctest.log || true)
+  if [[ $failed == "$tracer" ]] &&
+     ! grep -qE "ERROR: (Leak|Address)Sanitizer:|runtime error:|FAILED:|test cases:.*failed" \
+       build-asan/ctest.log; then
+    echo "== LeakSanitizer's tracer failed (not a finding): the failed tests once more"
+    ctest --test-dir build-asan --output-on-failure --rerun-failed
+  else
+    exit 1
+  fi
+fi
 
 if [[ ${FEEDLINE_FUZZ_SECONDS:-60} != 0 ]]; then
   echo "== fuzzing (libFuzzer, ${FEEDLINE_FUZZ_SECONDS:-60}s per target)"

@@ -3,10 +3,14 @@
 // choose data sets, transforms and device stages are the wiring's (src/loaders/).
 #include "feedline/loader.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <new>
 #include <string>
@@ -14,8 +18,8 @@
 #include <thread>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/env.h"
 #include "engine/bottleneck.h"
@@ -208,6 +212,28 @@ Stats LoaderShared::Snapshot() {
 // Epoch
 
 namespace {
+// Runs being destroyed by threads of their own (Abandon). At exit the process waits a bounded
+// time for them: a reaper still joining its run's threads while static destructors and the
+// sanitizers' exit checks run is a thread touching a process being taken down. Not a mutex: a
+// fork may copy it held; the child has no reapers, and its handler says so.
+std::atomic<int> g_reapers{0};
+
+void WaitForReapersAtExit() {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (g_reapers.load(std::memory_order_acquire) > 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+}
+
+void CountReaper() {
+  static const bool registered = [] {
+    std::atexit(&WaitForReapersAtExit);
+    pthread_atfork(nullptr, nullptr, [] { g_reapers.store(0, std::memory_order_relaxed); });
+    return true;
+  }();
+  (void)registered;
+  g_reapers.fetch_add(1, std::memory_order_acq_rel);
+}
+
 // Ends a run that nobody will iterate any more (a dropped Epoch, a head start not adopted).
 void Abandon(std::unique_ptr<EpochRun> owned) {
   if (owned == nullptr) return;
@@ -228,8 +254,13 @@ void Abandon(std::unique_ptr<EpochRun> owned) {
   if (!own_thread && owned->WorkersDone(std::chrono::milliseconds(500))) return;
   EpochRun* run = owned.release();
   try {
-    std::thread([run] { delete run; }).detach();
+    CountReaper();
+    std::thread([run] {
+      delete run;
+      g_reapers.fetch_sub(1, std::memory_order_acq_rel);
+    }).detach();
   } catch (const std::system_error&) {
+    g_reapers.fetch_sub(1, std::memory_order_acq_rel);
     // No thread to be had: wait here after all, unless that would join this thread (the
     // cancelled run is then leaked rather than the process ended).
     if (!own_thread) delete run;
