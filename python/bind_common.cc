@@ -185,6 +185,12 @@ py::dict FieldsOf(const Batch& b) {
   return out;
 }
 
+py::tuple FieldsTuple(const Batch& b) {
+  auto keep = std::make_shared<const Batch>(b);
+  ArrayView indices(keep, const_cast<int64_t*>(b.indices()), kDLInt64, {b.size()}, -1);
+  return py::make_tuple(FieldsOf(b), std::move(indices), b.index());
+}
+
 LoaderOptions EngineOptions(const py::kwargs& kwargs) {
   LoaderOptions o;
   SetOptions(kwargs, {OptionGroup::kEngine}, &o);
@@ -293,6 +299,7 @@ py::dict StateToDict(const Loader::State& s) {
   d["drop_last"] = s.drop_last;
   d["dataset_size"] = s.dataset_size;
   d["dataset_fingerprint"] = absl::StrCat(absl::Hex(s.dataset_fingerprint));
+  d["skipped"] = s.skipped;
   d["version"] = 1;
   return d;
 }
@@ -315,6 +322,8 @@ Loader::State DictToState(const py::dict& d) {
   StateValue(d, "shuffle", &s.shuffle);
   StateValue(d, "drop_last", &s.drop_last);
   StateValue(d, "dataset_size", &s.dataset_size);
+  // Absent from states saved before resumes on other layouts were exact: none was resplit.
+  if (d.contains("skipped")) StateValue(d, "skipped", &s.skipped);
   const py::handle fp = d["dataset_fingerprint"];
   if (!py::isinstance<py::str>(fp) ||
       !absl::SimpleHexAtoi(fp.cast<std::string>(), &s.dataset_fingerprint)) {

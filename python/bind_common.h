@@ -179,13 +179,13 @@ Batch NextBatch(E& e, double timeout_s = 0) {
 // Every field of a batch by name (any schema): dense fields as [B, ...] views; a padded
 // variable field also gives "<name>_lengths"; a ragged one its values and "<name>_offsets".
 py::dict FieldsOf(const Batch& b);
-// The epoch's next batch as ({field name: view}, indices, batch_index).
+// A batch as ({field name: view}, indices, batch_index): views that keep the batch alive.
+py::tuple FieldsTuple(const Batch& b);
+
+// The epoch's next batch as FieldsTuple.
 template <typename E>
 py::tuple NextFields(E& e, double timeout_s = 0) {
-  const Batch b = NextBatch(e, timeout_s);
-  auto keep = std::make_shared<const Batch>(b);
-  ArrayView indices(keep, const_cast<int64_t*>(b.indices()), kDLInt64, {b.size()}, -1);
-  return py::make_tuple(FieldsOf(b), std::move(indices), b.index());
+  return FieldsTuple(NextBatch(e, timeout_s));
 }
 
 // The engine's options as the generic loaders (token_loader, text_loader, ...) take them: their

@@ -206,7 +206,12 @@ void BindText(py::module_& m) {
              py::gil_scoped_release release;
              e.Cancel();
            })
-      .def("next_fields", [](text::PackedEpoch& e) { return NextFields(e); });
+      .def("next_fields", [](text::PackedEpoch& e) { return NextFields(e); })
+      .def("padding_fields", [](text::PackedEpoch& e) {
+        absl::StatusOr<Batch> b = e.PaddingBatch();
+        if (!b.ok()) ThrowStatus(b.status(), false);
+        return FieldsTuple(*b);
+      });
 
   py::class_<text::PackedLoader>(m, "PackedLoader")
       .def("start_epoch",
@@ -250,6 +255,7 @@ void BindText(py::module_& m) {
              packing["truncated"] = p.truncated;
              packing["split"] = p.split;
              packing["empty"] = p.empty;
+             packing["padding_rows"] = p.padding_rows;
              packing["cut_documents"] = p.cut_documents;
              packing["cut_tokens"] = p.cut_tokens;
              packing["cut_partly"] = p.cut_partly;

@@ -118,13 +118,20 @@ class Loader {
     bool drop_last = false;
     int64_t dataset_size = 0;
     uint64_t dataset_fingerprint = 0;
+    // Positions of the epoch's order delivered before it was resumed on this layout (0 unless
+    // the epoch was resplit); batches_done counts this layout's batches after them.
+    int64_t skipped = 0;
   };
   State state() const;
   // The next StartEpoch() resumes exactly there: the same batches, indices and pixels as the
   // uninterrupted run, whatever the worker count or prefetch depth. Errors (kInvalidArgument)
-  // for a state of another data set, seed, batch size, shuffle or drop_last setting, or of
-  // another world size unless `resplit` (then the position is carried over in samples seen
-  // across all ranks, rounded down to this layout's batches).
+  // for a state of another data set, seed, shuffle or drop_last setting, or of another world
+  // size or batch size unless `resplit`. With `resplit` the epoch goes on exactly on this
+  // layout: what the saved layout's ranks delivered is a prefix of the epoch's order, and the
+  // rest of it is split over this layout's ranks as a whole epoch would be (each sample no rank
+  // had delivered comes once, none that was delivered comes again, plus DistributedSampler's
+  // padding when even_shards); the next epochs are this layout's own. A state saved by any
+  // rank serves every rank (they all hold the same position).
   absl::Status LoadState(const State& state, bool resplit = false);
   // Writes what the pipeline did as Chrome trace-event JSON (Perfetto, chrome://tracing): one
   // track per reader and decoder thread, the consumer's waits, batch lifetimes, the tuner's

@@ -197,8 +197,16 @@ absl::StatusOr<std::shared_ptr<SampleTransform>> MakeTokenizeTransform(
 // stays in its worker threads, autotuned). It holds no tokens across batches beyond the current
 // document (kConcat) or window (kBestFit), so its state is small: a resumed run (LoadState)
 // gives the uninterrupted run's batches bit for bit, whatever the worker count. Rows per epoch
-// are known only once the epoch's documents are tokenized (no num_batches); ranks (the document
-// loader's rank / world_size) may get different row counts.
+// are known only once the epoch's documents are tokenized (no num_batches).
+//
+// Ranks (the document loader's rank / world_size): with kConcat and kBestFit each document is
+// packed on one rank only (the documents are split without DistributedSampler's repeats:
+// MakePackedTextLoader and MakePackedTokenLoader set even_shards = false), so ranks may run out
+// of rows at different steps. Every rank must still take the same number of steps (a rank that
+// stops early leaves the others waiting in their next collective): the ranks agree, each step,
+// whether any of them still has rows, and a rank that has none takes PaddingBatch() until none
+// has (Python's TextLoader and TokenLoader do this over torch.distributed). kBucket splits the
+// documents as DistributedSampler does: every rank the same number of batches.
 //
 // kBucket is not packing but its relative for padded batches (length bucketing): each batch
 // holds batch_size documents of similar lengths — a window of window_rows * batch_size
@@ -230,6 +238,9 @@ struct PackStats {
   int64_t truncated = 0;  // kBestFit: documents cut to seq_len (split_long = false)
   int64_t split = 0;      // kBestFit: documents split into pieces
   int64_t empty = 0;      // documents without tokens, skipped
+  // Rows of padding only, in batches a rank took after its last row so that every rank takes
+  // the same number of steps (PackedEpoch::PaddingBatch); their tokens count in `slots`.
+  int64_t padding_rows = 0;
   // Documents longer than the document transform's max_length, cut to it before packing, and
   // the tokens that dropped (PackOptions::cut; 0 without it).
   int64_t cut_documents = 0;
@@ -251,6 +262,12 @@ class PackedEpoch {
   // OnError::kRaise) at the batch where it would have been packed (the next call goes on).
   absl::StatusOr<Batch> Next();
   absl::StatusOr<Batch> Next(const std::function<absl::Status()>& interrupted, absl::Duration poll);
+  // A batch of batch_size rows that hold no data, for a rank whose rows have run out while
+  // another rank's have not: input_ids pad_id, labels -100, position_ids 0, attention_mask 0,
+  // one padding segment per row in cu_seqlens, indices -1. The model's loss and gradients get
+  // nothing from it; it is not part of the resume state. Counted in PackStats::padding_rows.
+  // kFailedPrecondition for kBucket (its ranks have equal batch counts).
+  absl::StatusOr<Batch> PaddingBatch();
   int64_t epoch() const noexcept;
   void Cancel();
 

@@ -138,24 +138,33 @@ def _warn_cut(owner, st):
 class _FieldsIterator(_EpochIterator):
     """One epoch of a loader of any schema: dicts of tensors by field name."""
 
-    def __init__(self, epoch, return_index, owner, padded=None, drop=()):
+    def __init__(self, epoch, return_index, owner, padded=None, drop=(), ranks=None):
         import torch
         super().__init__(epoch, return_index, owner)
         self._torch = torch
         self._padded = padded  # a padded field: "lengths" and "attention_mask" from its lengths
         self._drop = drop  # views the dicts leave out
         self._arange = None  # 0, 1, ... kept for the masks (a slice costs less than arange)
+        self._ranks = ranks  # packed rows on several ranks: the step agreement (_ranks.py)
+        self._rows_left = True
 
     def __next__(self):
         self._check()
         if self._epoch is None:
             raise StopIteration
-        try:
-            fields, indices, _ = self._epoch.next_fields()
-        except StopIteration:
+        got = None
+        if self._rows_left:
+            try:
+                got = self._epoch.next_fields()
+            except StopIteration:
+                self._rows_left = False
+        if self._ranks is not None and self._ranks.any_left(got is not None) and got is None:
+            got = self._epoch.padding_fields()  # another rank still has rows: the same step
+        if got is None:
             self.close()
             self._ended()
-            raise
+            raise StopIteration
+        fields, indices, _ = got
         out = {name: self._from_dlpack(view) for name, view in fields.items()
                if name not in self._drop}
         if self._padded is not None:

@@ -4,6 +4,7 @@ import os
 
 from . import _feedline
 from ._epoch import _FieldsIterator, _start_epoch
+from ._ranks import _agreement
 from ._util import _LoaderFace, _check_type, _engine_args, _is_url, _options_doc, _shown
 
 
@@ -43,6 +44,13 @@ class TextLoader(_LoaderFace):
     max_length tokens (default 65536 when packing). len() is not known before the epoch is
     tokenized (TypeError); stats()["packing"] gives rows, tokens and the packing efficiency;
     state_dict() resumes exactly (a document position and offset, never buffered tokens).
+    On several ranks each document is packed on one rank (every real token once per epoch
+    over the ranks), and every rank takes the same number of steps: each step the ranks agree
+    through torch.distributed (the default group, or process_group: the ranks that split the
+    data; one all-reduce of one int over gloo) whether any still has rows, and a rank that
+    has none meanwhile gets batches of padding rows (labels -100, attention_mask 0, "index"
+    -1), counted in stats()["packing"]["padding_rows"]. Without torch.distributed
+    initialized the ranks cannot agree (warned once).
 
     bucket=True keeps padded batches but groups documents of similar lengths (length
     bucketing): window_rows * batch_size documents of the epoch's order are sorted by length,
@@ -55,7 +63,7 @@ class TextLoader(_LoaderFace):
                  split_long=True, mask_boundaries=True, bucket=False, shuffle=True, seed=0,
                  drop_last=False, rank=None, world_size=None, workers="auto", prefetch="auto",
                  memory_budget="auto", on_error="raise", max_errors=None, return_index=False,
-                 word_cache=True):
+                 word_cache=True, process_group=None):
         source = os.fsdecode(os.fspath(_check_type("source", source, (str, bytes, os.PathLike),
                                                    "a path")))
         if "{" not in source and not _is_url(source) and not os.path.exists(source):
@@ -127,6 +135,7 @@ class TextLoader(_LoaderFace):
         self.batch_size = batch_size
         self.rank = engine["rank"]
         self.world_size = engine["world_size"]
+        self.process_group = process_group
         self._return_index = return_index
 
     def __len__(self):
@@ -140,8 +149,9 @@ class TextLoader(_LoaderFace):
 
     def __iter__(self):
         if self.pack is not None:
+            ranks = _agreement(self)
             return _FieldsIterator(_start_epoch(self), self._return_index, self,
-                                   drop=("cu_seqlens_offsets",))
+                                   drop=("cu_seqlens_offsets",), ranks=ranks)
         return _FieldsIterator(_start_epoch(self), self._return_index, self,
                                padded="input_ids")
 

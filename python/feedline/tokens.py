@@ -4,6 +4,7 @@ import os
 
 from . import _feedline
 from ._epoch import _FieldsIterator, _start_epoch
+from ._ranks import _agreement
 from ._util import _LoaderFace, _check_type, _engine_args, _is_url, _options_doc, _shown
 
 
@@ -25,7 +26,9 @@ class TokenLoader(_LoaderFace):
     start, np.array(offsets, np.uint64).tofile(path)) and pack="concat" or "bestfit", the
     documents are packed into rows as TextLoader packs them (same fields, window_rows,
     split_long, mask_boundaries, stats()["packing"], exact resume; eos_id appended to each
-    document when given; len() raises TypeError); batch_size is then rows per batch.
+    document when given; len() raises TypeError); batch_size is then rows per batch. On
+    several ranks each document is packed on one rank, and every rank takes the same number
+    of steps as TextLoader's packed rows do (process_group as there).
 
     path and index may be http(s):// or s3:// URLs: downloaded once into feedline's cache
     (FEEDLINE_CACHE_DIR, within FEEDLINE_SHARD_CACHE_BYTES) and memory-mapped from there;
@@ -36,7 +39,8 @@ class TokenLoader(_LoaderFace):
                  drop_last=False, vocab_size=None, rank=None, world_size=None, workers="auto",
                  prefetch="auto", memory_budget="auto", on_error="raise", max_errors=None,
                  return_index=False, index=None, pack=None, window_rows=128, split_long=True,
-                 mask_boundaries=True, eos_id=None, pad_id=0, max_length=65536):
+                 mask_boundaries=True, eos_id=None, pad_id=0, max_length=65536,
+                 process_group=None):
         path = os.fsdecode(os.fspath(_check_type("path", path, (str, bytes, os.PathLike),
                                                  "a path")))
         if not _is_url(path) and not os.path.exists(path):
@@ -89,6 +93,7 @@ class TokenLoader(_LoaderFace):
         self.batch_size = batch_size
         self.rank = engine["rank"]
         self.world_size = engine["world_size"]
+        self.process_group = process_group
         self._return_index = return_index
 
     def __len__(self):
@@ -99,8 +104,9 @@ class TokenLoader(_LoaderFace):
 
     def __iter__(self):
         if self.pack is not None:
+            ranks = _agreement(self)
             return _FieldsIterator(_start_epoch(self), self._return_index, self,
-                                   drop=("cu_seqlens_offsets",))
+                                   drop=("cu_seqlens_offsets",), ranks=ranks)
         return _FieldsIterator(_start_epoch(self), self._return_index, self)
 
     @property

@@ -1,6 +1,7 @@
 #include "core/file_io.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -114,6 +115,24 @@ absl::Status WriteFileWhole(const std::string& path, absl::string_view bytes) {
   absl::Status s = CommitPartFile(*fd, part, path);
   if (!s.ok()) return absl::DataLossError(s.message());
   return absl::OkStatus();
+}
+
+FileLock::FileLock(const std::string& file, Wait wait) {
+  fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd_ < 0) return;
+  const int op = LOCK_EX | (wait == Wait::kTry ? LOCK_NB : 0);
+  int r;
+  while ((r = ::flock(fd_, op)) != 0 && errno == EINTR) {
+  }
+  if (r == 0) {
+    held_ = true;
+  } else if (errno == EWOULDBLOCK) {
+    busy_ = true;
+  }
+}
+
+FileLock::~FileLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 
 absl::Status EnsurePrivateDir(const std::string& dir) {

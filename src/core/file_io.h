@@ -42,6 +42,27 @@ absl::Status CommitPartFile(int fd, const std::string& part, const std::string& 
 // writable by others.
 absl::Status EnsurePrivateDir(const std::string& dir);
 
+// An exclusive lock between processes (flock on "<file>"), for work that one process of a node
+// does for all (a shard's download: the ranks of a node share the cache). The kernel drops it
+// when the holder dies, so a crash mid-work never leaves it held. Best effort: a lock file that
+// cannot be made (a read-only folder) gives an object that holds nothing (held() false) and the
+// caller goes on unlocked.
+class FileLock {
+ public:
+  enum class Wait { kBlock, kTry };
+  FileLock(const std::string& file, Wait wait);
+  ~FileLock();
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+  bool held() const { return held_; }
+  // kTry only: another process holds it (this one does not).
+  bool busy() const { return busy_; }
+
+ private:
+  int fd_ = -1;
+  bool held_ = false, busy_ = false;
+};
+
 }  // namespace feedline
 
 #endif  // FEEDLINE_SRC_CORE_FILE_IO_H_

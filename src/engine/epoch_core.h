@@ -31,13 +31,16 @@ inline thread_local const EpochCore* worker_of = nullptr;
 }  // namespace internal
 
 struct EpochCore {
-  EpochCore(std::shared_ptr<LoaderShared> s, int64_t e, bool head_start = false)
+  // `skip`: the positions of the epoch's order delivered before a resume on another layout
+  // (EpochOrder).
+  EpochCore(std::shared_ptr<LoaderShared> s, int64_t e, bool head_start = false, int64_t skip = 0)
       : shared(std::move(s)),
         held(head_start),
         epoch(e),
-        order(EpochOrder(shared->sampler, e)),
+        skip(skip),
+        order(EpochOrder(shared->sampler, e, skip)),
         batch_size(shared->options.batch_size()),
-        num_batches(BatchesPerRank(shared->sampler)),
+        num_batches(BatchesPerRank(AfterSkip(shared->sampler, skip))),
         total_seq(static_cast<int64_t>(order.size())) {}
 
   const std::shared_ptr<LoaderShared> shared;
@@ -71,6 +74,7 @@ struct EpochCore {
 
  public:
   const int64_t epoch;
+  const int64_t skip;
   const std::vector<int64_t> order;  // position in the epoch -> data set index
   const int64_t batch_size;
   const int64_t num_batches;

@@ -14,8 +14,8 @@
 namespace feedline {
 
 EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t start_batch,
-                   bool head_start)
-    : core_(std::move(shared), epoch, head_start),
+                   bool head_start, int64_t skip)
+    : core_(std::move(shared), epoch, head_start, skip),
       ring_(&core_, start_batch),
       replacement_(&core_),
       read_(&core_, &ring_, &queues_, std::min(start_batch * core_.batch_size, core_.total_seq)),
@@ -76,6 +76,7 @@ EpochRun::~EpochRun() {
       sh.epochs.has_partial = true;
       sh.epochs.partial_epoch = core_.epoch;
       sh.epochs.partial_batches = done;
+      sh.epochs.partial_skip = core_.skip;
     }
   }
 }
@@ -298,7 +299,7 @@ void EpochRun::MaybeStartNext() {
   auto wanted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.epochs.mu) {
     return !sh.epochs.loader_gone && sh.epochs.head_start == nullptr && sh.epochs.active == this &&
            sh.epochs.next_epoch == next && sh.epochs.next_start_batch == 0 &&
-           !handout_cancelled_.load();
+           sh.epochs.next_skip == 0 && !handout_cancelled_.load();
   };
   {
     std::lock_guard<std::mutex> lock(sh.epochs.mu);

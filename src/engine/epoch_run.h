@@ -44,8 +44,9 @@ class EpochRun {
  public:
   // `head_start`: the next epoch, started before it is asked for (LoaderShared::head_start):
   // not the loader's active epoch, and no device copies, until Adopt().
+  // `skip`: a resumed epoch's positions delivered on another layout (EpochOrder).
   EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t start_batch,
-           bool head_start = false);
+           bool head_start = false, int64_t skip = 0);
   ~EpochRun();
   // Batches whose device copy is queued before the consumer asks for them: the worker that
   // assembles batch j queues its copy at once when j <= consumed + kDeviceLookahead, and the
@@ -74,6 +75,7 @@ class EpochRun {
 
   int64_t epoch() const { return core_.epoch; }
   int64_t num_batches() const { return core_.num_batches; }
+  int64_t skip() const { return core_.skip; }
   int64_t consumed() const { return ring_.consumed(); }
   // True in a child of fork() made after this run started: its threads are the parent's, and
   // its locks and condition variables may be held or waited on by them. Such a run must be

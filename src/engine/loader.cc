@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <new>
 #include <string>
 #include <system_error>
@@ -488,7 +489,7 @@ Loader::~Loader() {
 }
 
 std::unique_ptr<Epoch> Loader::StartEpoch() {
-  int64_t epoch, start;
+  int64_t epoch, start, skip;
   std::unique_ptr<EpochRun, EpochHandoff::RunDeleter> head_start;
   std::unique_ptr<EpochRun> adopted;
   {
@@ -496,10 +497,12 @@ std::unique_ptr<Epoch> Loader::StartEpoch() {
     if (shared_->epochs.active != nullptr) shared_->epochs.active->Cancel();
     epoch = shared_->epochs.next_epoch++;
     start = shared_->epochs.next_start_batch;
+    skip = shared_->epochs.next_skip;
     shared_->epochs.next_start_batch = 0;
+    shared_->epochs.next_skip = 0;
     shared_->epochs.has_partial = false;
     head_start = std::move(shared_->epochs.head_start);
-    if (head_start != nullptr && head_start->epoch() == epoch && start == 0) {
+    if (head_start != nullptr && head_start->epoch() == epoch && start == 0 && skip == 0) {
       adopted.reset(head_start.release());
       adopted->Adopt();
       shared_->epochs.active = adopted.get();
@@ -507,7 +510,8 @@ std::unique_ptr<Epoch> Loader::StartEpoch() {
   }
   Drop(std::move(head_start));  // another epoch was asked for
   if (adopted != nullptr) return std::unique_ptr<Epoch>(new Epoch(std::move(adopted)));
-  return std::unique_ptr<Epoch>(new Epoch(std::make_unique<EpochRun>(shared_, epoch, start)));
+  return std::unique_ptr<Epoch>(
+      new Epoch(std::make_unique<EpochRun>(shared_, epoch, start, /*head_start=*/false, skip)));
 }
 
 int64_t Loader::num_batches() const noexcept { return BatchesPerRank(shared_->sampler); }
@@ -526,6 +530,7 @@ void Loader::set_epoch(int64_t epoch) {
     std::lock_guard<std::mutex> lock(shared_->epochs.mu);
     shared_->epochs.next_epoch = epoch;
     shared_->epochs.next_start_batch = 0;
+    shared_->epochs.next_skip = 0;
     shared_->epochs.has_partial = false;
     // Kept when it is this epoch (set_epoch(e) before each epoch, as with DistributedSampler).
     if (shared_->epochs.head_start != nullptr && shared_->epochs.head_start->epoch() != epoch) {
@@ -551,12 +556,15 @@ Loader::State Loader::state() const {
   if (run != nullptr && run->consumed() < run->num_batches()) {
     s.epoch = run->epoch();
     s.batches_done = run->consumed();
+    s.skipped = run->skip();
   } else if (shared_->epochs.has_partial) {  // an epoch stopped early (the loop broke out)
     s.epoch = shared_->epochs.partial_epoch;
     s.batches_done = shared_->epochs.partial_batches;
+    s.skipped = shared_->epochs.partial_skip;
   } else {
     s.epoch = shared_->epochs.next_epoch;
     s.batches_done = shared_->epochs.next_start_batch;
+    s.skipped = shared_->epochs.next_skip;
   }
   return s;
 }
@@ -589,20 +597,23 @@ absl::Status Loader::LoadState(const State& st, bool resplit) {
   if (st.rank < 0 || st.rank >= st.world_size) {
     return bad("rank", st.rank, absl::StrCat("in [0, world_size=", st.world_size, ")"));
   }
-  // The batches one rank has in an epoch of the saved layout.
+  if (st.skipped < 0 || st.skipped > st.dataset_size) {
+    return bad("skipped", st.skipped, absl::StrCat("in [0, dataset_size=", st.dataset_size, "]"));
+  }
+  // The batches one rank has in an epoch of the saved layout (after what it skipped).
   SamplerConfig saved = shared_->sampler;
   saved.dataset_size = st.dataset_size;
   saved.batch_size = st.batch_size;
   saved.world_size = st.world_size;
   saved.rank = st.rank;
-  const int64_t max_batches = BatchesPerRank(saved);
+  const int64_t max_batches = BatchesPerRank(AfterSkip(saved, st.skipped));
   if (st.batches_done > max_batches) {
     return bad("batches_done", st.batches_done,
                absl::StrCat("at most ", max_batches, " (the batches of an epoch of ",
-                            st.dataset_size, " samples at batch_size=", st.batch_size,
+                            st.dataset_size - st.skipped, " samples at batch_size=", st.batch_size,
                             ", world_size=", st.world_size, ")"));
   }
-  int64_t start = st.batches_done;
+  int64_t epoch = st.epoch, start = st.batches_done, skip = st.skipped;
   if (st.world_size != mine.world_size || st.batch_size != mine.batch_size) {
     if (!resplit) {
       return st.world_size != mine.world_size
@@ -615,22 +626,31 @@ absl::Status Loader::LoadState(const State& st, bool resplit) {
                                     "over to the new layout"))
                  : mismatch("batch_size", st.batch_size, mine.batch_size);
     }
-    // The samples every rank has seen, in 128 bits: a saved batch_size near 2^63 makes one
-    // batch the whole epoch, and the position past it is this layout's end.
-    const __int128 seen = __int128(st.batches_done) * st.batch_size * st.world_size;
-    start = int64_t(std::min<__int128>(seen / (__int128(mine.batch_size) * mine.world_size),
-                                       BatchesPerRank(shared_->sampler)));
+    // What the old layout's ranks delivered is a prefix of the epoch's order (EpochOrder): its
+    // length, in 128 bits (a saved batch_size near 2^63 makes one batch the whole epoch). This
+    // layout's ranks deliver the rest, each sample once; the next epochs are this layout's own.
+    const __int128 seen = std::min<__int128>(
+        __int128(st.batches_done) * st.batch_size * st.world_size, st.dataset_size - st.skipped);
+    skip = st.skipped + int64_t(seen);
+    start = 0;
+    if (skip >= st.dataset_size && epoch < std::numeric_limits<int64_t>::max()) {
+      ++epoch;  // the epoch was delivered whole
+      skip = 0;
+    }
   } else if (st.rank != mine.rank && !resplit) {
     return mismatch("rank", st.rank, mine.rank);
   }
   std::unique_ptr<EpochRun, EpochHandoff::RunDeleter> head_start;
   {
     std::lock_guard<std::mutex> lock(shared_->epochs.mu);
-    shared_->epochs.next_epoch = st.epoch;
-    shared_->epochs.next_start_batch = std::min(start, BatchesPerRank(shared_->sampler));
+    shared_->epochs.next_epoch = epoch;
+    shared_->epochs.next_start_batch =
+        std::min(start, BatchesPerRank(AfterSkip(shared_->sampler, skip)));
+    shared_->epochs.next_skip = skip;
     shared_->epochs.has_partial = false;
-    if (shared_->epochs.head_start != nullptr && (shared_->epochs.head_start->epoch() != st.epoch ||
-                                                  shared_->epochs.next_start_batch != 0)) {
+    if (shared_->epochs.head_start != nullptr &&
+        (shared_->epochs.head_start->epoch() != epoch || shared_->epochs.next_start_batch != 0 ||
+         skip != 0)) {
       head_start = std::move(shared_->epochs.head_start);
     }
   }

@@ -180,10 +180,12 @@ struct EpochHandoff {
   std::atomic<int> lent{0};
   int64_t next_epoch ABSL_GUARDED_BY(mu) = 0;
   int64_t next_start_batch ABSL_GUARDED_BY(mu) = 0;  // set by LoadState, used once
+  int64_t next_skip ABSL_GUARDED_BY(mu) = 0;         // the same (a resplit: EpochOrder's skip)
   // The position of the last epoch that stopped before its end (for state()).
   bool has_partial ABSL_GUARDED_BY(mu) = false;
   int64_t partial_epoch ABSL_GUARDED_BY(mu) = 0;
   int64_t partial_batches ABSL_GUARDED_BY(mu) = 0;
+  int64_t partial_skip ABSL_GUARDED_BY(mu) = 0;
 };
 
 // A loader's state shared with its epochs: what it was made with (set once by BuildLoader, then

@@ -1,5 +1,6 @@
 #include "engine/sampler.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <numeric>
 #include <utility>
@@ -22,22 +23,32 @@ int64_t BatchesPerRank(const SamplerConfig& c) {
   return c.drop_last ? s / c.batch_size : s / c.batch_size + (s % c.batch_size != 0 ? 1 : 0);
 }
 
-std::vector<int64_t> EpochOrder(const SamplerConfig& c, int64_t epoch) {
-  const int64_t n = c.dataset_size;
+SamplerConfig AfterSkip(SamplerConfig c, int64_t skip) {
+  c.dataset_size -= std::clamp<int64_t>(skip, 0, c.dataset_size);
+  return c;
+}
+
+std::vector<int64_t> EpochOrder(const SamplerConfig& full, int64_t epoch, int64_t skip) {
+  const int64_t n = full.dataset_size;
   std::vector<int64_t> perm(static_cast<size_t>(n));
   std::iota(perm.begin(), perm.end(), int64_t{0});
-  if (c.shuffle) {
-    SampleRng rng(c.seed, static_cast<uint64_t>(epoch), 0, kRngShuffle);
+  if (full.shuffle) {
+    SampleRng rng(full.seed, static_cast<uint64_t>(epoch), 0, kRngShuffle);
     for (int64_t i = n - 1; i > 0; --i) {
       std::swap(perm[size_t(i)], perm[size_t(rng.Below(uint64_t(i) + 1))]);
     }
   }
+  // The positions still to deliver: [skip, n) (all of them but for a resumed epoch).
+  skip = std::clamp<int64_t>(skip, 0, n);
+  if (skip > 0) perm.erase(perm.begin(), perm.begin() + skip);
+  const SamplerConfig c = AfterSkip(full, skip);
+  const int64_t left = c.dataset_size;
   const int64_t per_rank = SamplesPerRank(c);
   const int64_t total = per_rank * c.world_size;
   std::vector<int64_t> mine;
   mine.reserve(size_t(per_rank));
   for (int64_t pos = c.rank; int64_t(mine.size()) < per_rank && pos < total; pos += c.world_size) {
-    mine.push_back(perm[size_t(pos % n)]);  // pos >= n: padding repeats from the start
+    mine.push_back(perm[size_t(pos % left)]);  // pos >= left: padding repeats from the start
   }
   if (c.drop_last) mine.resize(size_t(mine.size() / size_t(c.batch_size) * size_t(c.batch_size)));
   return mine;

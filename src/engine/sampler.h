@@ -31,7 +31,16 @@ int64_t SamplesPerRank(const SamplerConfig& c);
 // Batches per epoch for one rank.
 int64_t BatchesPerRank(const SamplerConfig& c);
 // The rank's sample indices for `epoch`, truncated to whole batches when drop_last.
-std::vector<int64_t> EpochOrder(const SamplerConfig& c, int64_t epoch);
+//
+// `skip` > 0: the epoch resumed on another layout (world size or batch size) after the first
+// `skip` positions of its order were delivered by the ranks of the old one (they took position
+// p on rank p % world_size, batch by batch, so what they delivered is always a prefix of the
+// order). The rest of the order, positions [skip, n), is split over this layout's ranks as a
+// whole epoch of n - skip samples would be (padding or truncation included): every sample no
+// rank had delivered comes once more, none that was delivered comes again.
+std::vector<int64_t> EpochOrder(const SamplerConfig& c, int64_t epoch, int64_t skip = 0);
+// The layout of such a resumed epoch: `c` over its n - skip remaining samples.
+SamplerConfig AfterSkip(SamplerConfig c, int64_t skip);
 
 }  // namespace feedline
 

@@ -32,6 +32,10 @@ bool Exists(const std::string& path) { return ::access(path.c_str(), R_OK) == 0;
 
 // A LocalCopy's version (the object's ETag) is kept beside it in "<file>.ver".
 constexpr const char* kVersionSuffix = ".ver";
+// The processes of a node that share the cache (a job's ranks, or two jobs) fetch a file once:
+// its fetch is done under "<file>.lock" (FileLock), and whoever waited finds it done. Lock files
+// are a few bytes each and stay (removing one would race with a process about to take it).
+constexpr const char* kLockSuffix = ".lock";
 
 // A name feedline made in the cache folder: "<16 hex digits of the URL's hash>-..." (CachePathFor).
 // Anything else there (a user's own files) is never counted, evicted or cleaned up.
@@ -46,8 +50,8 @@ bool IsFeedlineName(const std::string& name) {
 // A cached shard file or local copy (not a catalog, a version or a download in progress).
 bool IsShardFile(const std::filesystem::path& p) {
   const std::string name = p.filename().string();
-  return IsFeedlineName(name) && !absl::EndsWith(name, ".idx") &&
-         !absl::EndsWith(name, ".part") && !absl::EndsWith(name, kVersionSuffix);
+  return IsFeedlineName(name) && !absl::EndsWith(name, ".idx") && !absl::EndsWith(name, ".part") &&
+         !absl::EndsWith(name, kVersionSuffix) && !absl::EndsWith(name, kLockSuffix);
 }
 
 // Bytes of the shard files and local copies the cache folder holds.
@@ -229,9 +233,16 @@ absl::StatusOr<std::vector<ShardSource>> PrepareRemoteShards(const std::vector<s
       const bool damaged = ::stat(s.path.c_str(), &st) == 0 && summary.bytes >= 0 &&
                            int64_t(st.st_size) < summary.bytes;
       if (!damaged && !ChangedOnServer(s.url, summary.etag, o)) return;
-      std::error_code e;
-      std::filesystem::remove(s.path, e);
-      std::filesystem::remove(s.catalog, e);
+      {
+        // Under the shard's lock, and only if no other process has fetched it again meanwhile
+        // (its catalog would hold another version).
+        FileLock node(s.path + kLockSuffix, FileLock::Wait::kBlock);
+        const TarCatalogSummary now = SummarizeTarCatalog(s.catalog);
+        if (Exists(s.catalog) && (now.etag != summary.etag || now.bytes != summary.bytes)) return;
+        std::error_code e;
+        std::filesystem::remove(s.path, e);
+        std::filesystem::remove(s.catalog, e);
+      }
       std::lock_guard<std::mutex> lock(mu);
       fetch.push_back(known[k]);
     });
@@ -251,17 +262,27 @@ absl::StatusOr<std::vector<ShardSource>> PrepareRemoteShards(const std::vector<s
     }
   }
   // Downloads: a few at once (shards are large, the bandwidth is shared); each catalogued
-  // as soon as it is complete.
+  // as soon as it is complete. Each under its lock (kLockSuffix): a shard another process of
+  // the node is fetching is left for later, and then waited for (it is usually done by then).
   std::mutex mu;
   absl::Status first;
-  OnThreads(fetch.size(), 4, [&](size_t k) {
+  std::vector<size_t> busy;
+  const auto fetch_one = [&](size_t i, FileLock::Wait wait) {
     {
       // After a failure the open fails: the shards not started yet are not fetched (a silent
       // server would otherwise make every one of them wait out its retries).
       std::lock_guard<std::mutex> lock(mu);
       if (!first.ok()) return;
     }
-    const ShardSource& s = out[fetch[k]];
+    const ShardSource& s = out[i];
+    FileLock node(s.path + kLockSuffix, wait);
+    if (node.busy()) {
+      std::lock_guard<std::mutex> lock(mu);
+      busy.push_back(i);
+      return;
+    }
+    // Fetched by another process while this one waited, or before this one looked.
+    if (Exists(s.path) && Exists(s.catalog)) return;
     std::string etag;  // unknown for a file already there (downloaded before catalogs)
     absl::Status st =
         Exists(s.path) ? absl::OkStatus() : HttpDownload(s.url, s.path, o, nullptr, &etag);
@@ -278,7 +299,10 @@ absl::StatusOr<std::vector<ShardSource>> PrepareRemoteShards(const std::vector<s
       std::lock_guard<std::mutex> lock(mu);
       if (first.ok()) first = st;
     }
-  });
+  };
+  OnThreads(fetch.size(), 4, [&](size_t k) { fetch_one(fetch[k], FileLock::Wait::kTry); });
+  std::sort(busy.begin(), busy.end());
+  OnThreads(busy.size(), 4, [&](size_t k) { fetch_one(busy[k], FileLock::Wait::kBlock); });
   if (!first.ok()) return first;
   // This data set's files are the most recently used; then the budget, oldest first.
   std::vector<std::string> in_use;
@@ -314,6 +338,8 @@ absl::StatusOr<std::vector<std::string>> LocalCopies(const std::vector<std::stri
     o.connect_timeout_s = std::min(o.connect_timeout_s, o.stall_s);
     o.max_bytes = int64_t{1} << 42;
     if (IsS3Url(url)) o.s3 = std::make_shared<const S3Config>(LoadS3Config());
+    // One fetch per node: the check and the download under the file's lock.
+    FileLock node(path + kLockSuffix, FileLock::Wait::kBlock);
     if (Exists(path)) {
       // Still the version copied? A changed one is fetched again: the old copy is unlinked (a
       // process that has it open or mapped keeps reading it) and the new one renamed in.

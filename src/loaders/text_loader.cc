@@ -46,6 +46,8 @@ absl::StatusOr<std::unique_ptr<PackedLoader>> MakePackedTextLoader(const std::st
   if (tokenize.cut == nullptr) tokenize.cut = std::make_shared<CutCounter>();
   pack.cut = tokenize.cut;
   pack.pad_id = std::max(tokenize.tokenizer->pad_id(), 0);
+  // Each document on one rank only (feedline/text.h: ranks agree on the steps instead).
+  if (pack.mode != PackMode::kBucket) options.even_shards(false);
   absl::StatusOr<std::unique_ptr<Loader>> docs =
       MakeTextLoader(source, std::move(tokenize), std::move(options));
   if (!docs.ok()) return docs.status();
@@ -75,6 +77,7 @@ absl::StatusOr<std::unique_ptr<PackedLoader>> MakePackedTokenLoader(TokenDocumen
   docs.index_path = (*local)[1];
   if (docs.cut == nullptr) docs.cut = std::make_shared<CutCounter>();
   pack.cut = docs.cut;
+  if (pack.mode != PackMode::kBucket) options.even_shards(false);
   absl::StatusOr<TokenDocuments> opened = OpenTokenDocuments(docs);
   if (!opened.ok()) return opened.status();
   absl::StatusOr<std::unique_ptr<Loader>> loader =

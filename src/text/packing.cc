@@ -133,8 +133,8 @@ struct PackedLoader::Shared {
   int64_t docs_per_batch = 1;
   std::unique_ptr<BatchBuilder> builder;
 
-  std::atomic<int64_t> rows{0}, tokens{0}, slots{0}, docs{0}, truncated{0}, split{0},
-      empty{0};
+  std::atomic<int64_t> rows{0}, tokens{0}, slots{0}, docs{0}, truncated{0}, split{0}, empty{0},
+      padding_rows{0};
 
   // The cursor of the epoch in progress (after its last batch), for state().
   mutable std::mutex mu;
@@ -152,6 +152,7 @@ struct PackedEpoch::Run {
   int64_t epoch = 0;
   DocStream docs;
   int64_t batches_done = 0;
+  int64_t padding_batches = 0;  // PaddingBatch(): after the rows, not in the resume state
   bool done = false;
   bool stream_end = false;
   absl::Status fatal;  // the epoch cannot go on (a resume position that does not fit the data)
@@ -473,6 +474,34 @@ struct PackedEpoch::Run {
     return b.Finish(n, batches_done, epoch);
   }
 
+  absl::StatusOr<Batch> Padding() {
+    if (sh->o.mode == PackMode::kBucket) {
+      return absl::FailedPreconditionError(
+          "PaddingBatch: bucketed batches are split as DistributedSampler splits them (equal "
+          "batch counts on every rank); padding batches are for packed rows");
+    }
+    const int64_t L = sh->o.seq_len, n = sh->o.batch_size;
+    BatchBuilder& b = *sh->builder;
+    for (int64_t r = 0; r < n; ++r) {
+      SampleWriter& w = b.Writer(r);
+      std::fill_n(w.Fixed<int64_t>(kInputIds), L, sh->o.pad_id);
+      std::fill_n(w.Fixed<int64_t>(kLabels), L, kIgnoreLabel);
+      std::fill_n(w.Fixed<int64_t>(kPositionIds), L, int64_t{0});
+      std::fill_n(w.Fixed<int64_t>(kAttentionMask), L, int64_t{0});
+      absl::StatusOr<int32_t*> cu = w.Shaped<int32_t>(kCuSeqlens, {r + 1 == n ? 2 : 1});
+      if (!cu.ok()) return cu.status();
+      (*cu)[0] = int32_t(r * L);
+      if (r + 1 == n) (*cu)[1] = int32_t(n * L);
+      b.indices()[r] = -1;
+    }
+    absl::StatusOr<Batch> batch = b.Finish(n, batches_done + padding_batches, epoch);
+    if (!batch.ok()) return batch.status();
+    ++padding_batches;
+    sh->padding_rows.fetch_add(n, std::memory_order_relaxed);
+    sh->slots.fetch_add(n * L, std::memory_order_relaxed);
+    return batch;
+  }
+
   // The cursor after the last batch, for PackedLoader::state().
   void Publish() {
     int64_t document, offset;
@@ -517,6 +546,7 @@ absl::StatusOr<Batch> PackedEpoch::Next(const std::function<absl::Status()>& int
                                         absl::Duration poll) {
   return run_->Next(interrupted, poll);
 }
+absl::StatusOr<Batch> PackedEpoch::PaddingBatch() { return run_->Padding(); }
 int64_t PackedEpoch::epoch() const noexcept { return run_->epoch; }
 void PackedEpoch::Cancel() {
   run_->docs.Cancel();
@@ -627,6 +657,7 @@ PackStats PackedLoader::pack_stats() const {
   s.truncated = sh.truncated.load(std::memory_order_relaxed);
   s.split = sh.split.load(std::memory_order_relaxed);
   s.empty = sh.empty.load(std::memory_order_relaxed);
+  s.padding_rows = sh.padding_rows.load(std::memory_order_relaxed);
   s.slots = sh.slots.load(std::memory_order_relaxed);
   if (sh.o.cut) {
     s.cut_documents = sh.o.cut->documents.load(std::memory_order_relaxed);

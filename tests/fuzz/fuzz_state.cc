@@ -5,7 +5,8 @@
 // a hash of the input. Properties: no crash, hang or overflow; a refused state is
 // kInvalidArgument and changes nothing (the next epoch is the whole one the loader would have
 // started); an accepted state resumes a suffix of that epoch's batches, exactly the batches
-// after `batches_done` when the layout is the same, and every sample of that suffix once.
+// after `batches_done` when the layout is the same; a state resplit onto another layout (or
+// one that skipped a prefix) resumes no sample of the prefix its ranks had delivered.
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -118,6 +119,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   st.dataset_size = pick(5, mine.dataset_size);
   if ((raw >> 6) & 1) st.seed = uint64_t(in.I64());
   const bool resplit = (raw >> 7) & 1;
+  const uint8_t raw2 = in.U8();
+  st.skipped = raw2 & 1 ? in.I64() : (raw2 & 2 ? h.Range(0, n) : 0);
 
   const absl::Status s = loader->LoadState(st, resplit);
   if (!s.ok()) {
@@ -127,18 +130,34 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   FUZZ_CHECK(st.epoch >= 0 && st.batches_done >= 0, "accepted a negative position");
+  FUZZ_CHECK(st.skipped >= 0 && st.skipped <= n, "accepted a skipped prefix out of range");
   // Epochs far ahead are as good as any: keep the work per input small.
   if (st.epoch > (int64_t{1} << 40)) return 0;
+  const Loader::State at = loader->state();  // where the next epoch starts
   std::vector<std::vector<int64_t>> resumed = Drain(*loader);
+  if (at.skipped > 0) {
+    // The prefix of the epoch's order delivered before: none of it again.
+    feedline::LoaderOptions one = o;
+    one.world_size(1).rank(0).batch_size(1).drop_last(false);
+    std::unique_ptr<Loader> order_loader = Make(n, one);
+    order_loader->set_epoch(at.epoch);
+    std::vector<std::vector<int64_t>> order = Drain(*order_loader);
+    std::vector<bool> delivered(size_t(n), false);
+    for (int64_t p = 0; p < at.skipped; ++p) delivered[size_t(order[size_t(p)][0])] = true;
+    for (const std::vector<int64_t>& b : resumed) {
+      for (int64_t i : b) FUZZ_CHECK(!delivered[size_t(i)], absl::StrCat("sample ", i, " again"));
+    }
+    return 0;
+  }
   std::unique_ptr<Loader> whole_loader = Make(n, o);
-  whole_loader->set_epoch(st.epoch);
+  whole_loader->set_epoch(at.epoch);
   std::vector<std::vector<int64_t>> whole = Drain(*whole_loader);
   FUZZ_CHECK(resumed.size() <= whole.size(), absl::StrCat(resumed.size(), " > ", whole.size()));
   const size_t start = whole.size() - resumed.size();
   for (size_t k = 0; k < resumed.size(); ++k) {
     FUZZ_CHECK(resumed[k] == whole[start + k], absl::StrCat("batch ", start + k));
   }
-  if (st.batch_size == mine.batch_size && st.world_size == mine.world_size) {
+  if (st.batch_size == mine.batch_size && st.world_size == mine.world_size && st.skipped == 0) {
     FUZZ_CHECK(int64_t(start) == std::min<int64_t>(st.batches_done, int64_t(whole.size())),
                absl::StrCat("resumed at ", start, ", saved ", st.batches_done));
   }

@@ -6,6 +6,7 @@ arrive once with the bytes of the local file, and every failure must be a clear 
 read_timeout."""
 
 import http.client
+import json
 import http.server
 import os
 import random
@@ -13,6 +14,7 @@ import socket
 import shutil
 import struct
 import subprocess
+import sys
 import threading
 import time
 
@@ -22,6 +24,7 @@ import torch
 import feedline
 
 import nginx  # tests/servers/nginx.py (on the path by conftest.py)
+import util
 from util import write_tar
 
 pytestmark = pytest.mark.skipif(nginx.NGINX is None,
@@ -65,11 +68,11 @@ class _FaultProxy(http.server.ThreadingHTTPServer):
     (Last-Modified only)."""
     daemon_threads = True
 
-    def __init__(self, upstream_port, latency=0.0, fail=0.0, seed=0, etag=True):
+    def __init__(self, upstream_port, latency=0.0, fail=0.0, seed=0, etag=True, trickle=0.0):
         self.upstream_port, self.latency, self.fail = upstream_port, latency, fail
-        self.etag = etag
+        self.etag, self.trickle = etag, trickle  # trickle: s between 4 KiB pieces of a body
         self.rng, self.lock = random.Random(seed), threading.Lock()
-        self.requests, self.injected, self.heads = 0, 0, 0
+        self.requests, self.injected, self.heads, self.gets = 0, 0, 0, 0
         super().__init__(("127.0.0.1", 0), _ProxyHandler)
 
 
@@ -83,6 +86,7 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
         srv = self.server
         with srv.lock:
             srv.requests += 1
+            srv.gets += 1
             fault = srv.rng.random() < srv.fail
             reset = srv.rng.random() < 0.5
             srv.injected += fault
@@ -113,7 +117,16 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
                 self.send_header(k, v)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        if not srv.trickle:
+            self.wfile.write(body)
+            return
+        try:
+            for at in range(0, len(body), 4096):
+                self.wfile.write(body[at:at + 4096])
+                self.wfile.flush()
+                time.sleep(srv.trickle)
+        except OSError:  # the client went away (killed mid-download)
+            self.close_connection = True
 
     def do_HEAD(self):  # forwarded as it is (the shard cache's version check), counted
         srv = self.server
@@ -548,6 +561,79 @@ def test_shards_past_the_cache_budget_are_read_by_range(served, proxy, tmp_path,
     monkeypatch.setenv("FEEDLINE_SHARD_CACHE_BYTES", "lots")
     with pytest.raises(ValueError, match="FEEDLINE_SHARD_CACHE_BYTES"):
         feedline.ImageLoader(url, **kw)
+
+
+_OPEN_SCRIPT = r"""
+import json, os, sys, time
+import feedline
+go = sys.argv[2]
+print("ready", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.005)
+ld = feedline.ImageLoader(sys.argv[1], batch_size=5, transform="eval", size=64, resize_size=72,
+                          shuffle=False)
+print(json.dumps([s[0] for s in ld.samples]), flush=True)
+"""
+
+
+def _open_in_process(tmp_path, url, rank, go):
+    script = tmp_path / "open.py"
+    script.write_text(_OPEN_SCRIPT)
+    env = dict(os.environ, FEEDLINE_CACHE_DIR=str(tmp_path / "cache"), RANK=str(rank),
+               LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+    env.pop("FEEDLINE_SHARD_CACHE_BYTES", None)
+    p = subprocess.Popen([sys.executable, str(script), url, str(go)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+def test_ranks_of_a_node_download_each_shard_once(served, proxy, tmp_path):
+    """Two processes as two ranks of one node, the same cache folder, opened at the same
+    instant: each shard is downloaded once (GETs counted at the server), both get it whole."""
+    p, base = proxy(trickle=0.05)  # ~1 s a shard: the two opens overlap
+    url = base + "/shards/train-{000..002}.tar"
+    go = tmp_path / "go"
+    procs = [_open_in_process(tmp_path, url, r, go) for r in range(2)]
+    go.write_text("")
+    outs = []
+    for q in procs:
+        out, _ = q.communicate(timeout=120)
+        assert q.returncode == 0, out
+        outs.append(out.strip().splitlines()[-1])
+    assert outs[0] == outs[1] and len(json.loads(outs[0])) == len(served["entries"])
+    assert p.gets == 3  # not 6: one download per shard for the node
+    tars, catalogs, parts = _cache_files(tmp_path)
+    assert len(tars) == 3 and len(catalogs) == 3 and not parts
+
+
+def test_a_rank_killed_mid_download_leaves_the_cache_usable(served, proxy, tmp_path,
+                                                           monkeypatch):
+    """A process killed while it downloads a shard (holding its lock): the lock dies with it,
+    its part file is never read as data, and the next open fetches and reads every shard."""
+    monkeypatch.setenv("FEEDLINE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("FEEDLINE_SHARD_CACHE_BYTES", raising=False)
+    kw = dict(KW, shuffle=True, seed=3)
+    local = _epoch(feedline.ImageLoader(served["shards"], **kw))
+    p, base = proxy(trickle=0.2)
+    url = base + "/shards/train-{000..002}.tar"
+    go = tmp_path / "go"
+    go.write_text("")
+    victim = _open_in_process(tmp_path, url, 0, go)
+    shards = tmp_path / "cache" / "shards"
+    with util.deadline(60, "a part file"):
+        while not (shards.exists() and any(n.endswith(".part") for n in os.listdir(shards))):
+            time.sleep(0.01)
+    victim.kill()
+    victim.communicate()
+    assert _cache_files(tmp_path)[2]  # what it left: part files, no shard
+    p.trickle = 0.0
+    with util.deadline(60, "the open after the kill"):
+        survivor = feedline.ImageLoader(url, **kw)
+    for a, b in zip(local, _epoch(survivor)):
+        assert torch.equal(a, b)
+    tars, catalogs, _ = _cache_files(tmp_path)
+    assert len(tars) == 3 and len(catalogs) == 3
 
 
 def test_credentials_never_reach_text_messages_stats_or_repr(served, tmp_path):
