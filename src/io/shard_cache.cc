@@ -159,15 +159,19 @@ void HoldBudget(const std::string& dir, const std::vector<std::string>& in_use, 
   std::error_code ec;
   std::vector<std::pair<std::filesystem::file_time_type, std::filesystem::path>> files;
   int64_t total = 0;
-  const auto stale = std::filesystem::file_time_type::clock::now() - std::chrono::hours(24);
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     std::error_code e2;
     if (!e.is_regular_file(e2)) continue;
     if (!IsShardFile(e.path())) {
-      // A download left by a process that died a day ago: nobody finishes it.
+      // A download left by a process that died: every download runs under its file's lock
+      // (kLockSuffix), so a part file whose lock is free has nobody to finish it.
       const std::string name = e.path().filename().string();
-      if (IsFeedlineName(name) && absl::EndsWith(name, ".part") && e.last_write_time(e2) < stale) {
-        std::filesystem::remove(e.path(), e2);
+      if (IsFeedlineName(name) && absl::EndsWith(name, ".part")) {
+        const std::string part = e.path().string();
+        // "<file>.XXXXXX.part" (CreatePartFile)
+        const std::string file = part.substr(0, part.size() - std::string(".XXXXXX.part").size());
+        FileLock node(file + kLockSuffix, FileLock::Wait::kTry);
+        if (node.held()) std::filesystem::remove(e.path(), e2);
       }
       continue;
     }

@@ -16,8 +16,8 @@
 // io_depth of them in flight).
 //
 // Downloads are written under names of their own ("<file>.<random>.part") and renamed when
-// complete; ones left by a process that died are removed after a day, and a copy that is not a
-// tar is not kept. The processes of a node that share the cache folder (a job's ranks, or
+// complete; ones left by a process that died (their lock, below, is free) are removed by the
+// next open, and a copy that is not a tar is not kept. The processes of a node that share the cache folder (a job's ranks, or
 // several jobs) download each shard once: a shard is fetched under a lock of its own
 // ("<file>.lock", flock: dropped by the kernel when its holder dies); a process finding it
 // taken fetches its other shards first, then waits and finds the shard done. The budget is the

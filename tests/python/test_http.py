@@ -632,8 +632,9 @@ def test_a_rank_killed_mid_download_leaves_the_cache_usable(served, proxy, tmp_p
         survivor = feedline.ImageLoader(url, **kw)
     for a, b in zip(local, _epoch(survivor)):
         assert torch.equal(a, b)
-    tars, catalogs, _ = _cache_files(tmp_path)
+    tars, catalogs, parts = _cache_files(tmp_path)
     assert len(tars) == 3 and len(catalogs) == 3
+    assert not parts  # the dead process's part file: its lock was free, so it was removed
 
 
 def test_credentials_never_reach_text_messages_stats_or_repr(served, tmp_path):
