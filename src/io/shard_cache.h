@@ -16,16 +16,18 @@
 // io_depth of them in flight).
 //
 // Downloads are written under names of their own ("<file>.<random>.part") and renamed when
-// complete; ones left by a process that died (their lock, below, is free) are removed by the
-// next open, and a copy that is not a tar is not kept. The processes of a node that share the cache folder (a job's ranks, or
-// several jobs) download each shard once: a shard is fetched under a lock of its own
-// ("<file>.lock", flock: dropped by the kernel when its holder dies); a process finding it
-// taken fetches its other shards first, then waits and finds the shard done. The budget is the
-// folder's, so per node when the folder is. A catalog keeps the object's ETag. At open, each
-// catalogued shard's ETag is asked for (HEAD): a shard changed on the server is fetched again (a
-// server that does not answer leaves the cache as it is: a cached data set opens offline). While
-// reading, range reads ask for the catalogued version (If-Match), so a shard rewritten meanwhile is
-// a DataError naming it (HTTP 412), never bytes read at stale offsets.
+// complete; a copy that is not a tar is not kept. The processes of a node that share the cache
+// folder (a job's ranks, or several jobs) download each shard once: a shard is fetched under a
+// lock of its own ("<file>.lock", flock: dropped by the kernel when its holder dies); a process
+// finding it taken fetches its other shards first, then waits and finds the shard done. A part
+// file whose lock is free was left by a process that died: the next open removes it. The budget
+// is the folder's, so per node when the folder is.
+//
+// A catalog keeps the object's ETag. At open, each catalogued shard's ETag is asked for (HEAD):
+// a shard changed on the server is fetched again (a server that does not answer leaves the
+// cache as it is: a cached data set opens offline). While reading, range reads ask for the
+// catalogued version (If-Match), so a shard rewritten meanwhile is a DataError naming it (HTTP
+// 412), never bytes read at stale offsets.
 #ifndef FEEDLINE_SRC_IO_SHARD_CACHE_H_
 #define FEEDLINE_SRC_IO_SHARD_CACHE_H_
 
