@@ -110,6 +110,19 @@ class Dataset {
                          std::function<void(absl::Status)> done) const {
     done(Read(index, record));
   }
+
+  // A data set whose samples of an epoch are not simply its records (a mixture, mix.h: each
+  // epoch's samples are drawn from its sources' records anew). size() is then the samples per
+  // epoch (what the sampler shuffles and splits over the ranks), num_records() the records that
+  // Read, Describe, the cache and the transform's index() address, and MapEpoch rewrites the
+  // epoch's order in place, from sample indices in [0, size()) to the records to read. It must
+  // be a pure function of (epoch, the indices): the same on every rank, for any worker count,
+  // and again when the epoch is resumed. Defaults: size() records, the order unchanged.
+  virtual int64_t num_records() const { return size(); }
+  virtual void MapEpoch(int64_t epoch, std::vector<int64_t>* order) const {
+    (void)epoch;
+    (void)order;
+  }
 };
 
 // Forwards every call to `target` (not owned unless given as a shared_ptr).
@@ -124,6 +137,10 @@ class DatasetWrapper : public Dataset {
   uint64_t Fingerprint() const override { return target_->Fingerprint(); }
   bool empty_records() const override { return target_->empty_records(); }
   RemoteStats remote_stats() const override { return target_->remote_stats(); }
+  int64_t num_records() const override { return target_->num_records(); }
+  void MapEpoch(int64_t epoch, std::vector<int64_t>* order) const override {
+    target_->MapEpoch(epoch, order);
+  }
   // async_reads() stays false: a wrapper's own Read (latency, faults) must see every read.
   const Dataset& target() const { return *target_; }
 

@@ -9,6 +9,7 @@
 #include "feedline/files.h"
 #include "feedline/image.h"
 #include "feedline/loader.h"
+#include "feedline/mix.h"
 #include "feedline/options.h"
 #include "feedline/random.h"
 #include "feedline/schema.h"

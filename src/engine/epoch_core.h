@@ -30,6 +30,14 @@ namespace internal {
 inline thread_local const EpochCore* worker_of = nullptr;
 }  // namespace internal
 
+// The records an epoch reads, in order: the sampler's sample order as the data set maps it
+// (Dataset::MapEpoch; unchanged but for mixtures).
+inline std::vector<int64_t> RecordOrder(const Dataset& dataset, int64_t epoch,
+                                        std::vector<int64_t> order) {
+  dataset.MapEpoch(epoch, &order);
+  return order;
+}
+
 struct EpochCore {
   // `skip`: the positions of the epoch's order delivered before a resume on another layout
   // (EpochOrder).
@@ -38,7 +46,7 @@ struct EpochCore {
         held(head_start),
         epoch(e),
         skip(skip),
-        order(EpochOrder(shared->sampler, e, skip)),
+        order(RecordOrder(*shared->dataset, e, EpochOrder(shared->sampler, e, skip))),
         batch_size(shared->options.batch_size()),
         num_batches(BatchesPerRank(AfterSkip(shared->sampler, skip))),
         total_seq(static_cast<int64_t>(order.size())) {}

@@ -412,7 +412,8 @@ absl::StatusOr<std::unique_ptr<Loader>> BuildLoader(EngineParts parts, LoaderOpt
           "no room for a cache in memory_budget=", budget, " bytes; raise memory_budget"));
     }
     options.cache_budget(cache_budget);
-    shared->memory.cache = std::make_shared<SampleCache>(shared->dataset->size(), cache_budget);
+    shared->memory.cache =
+        std::make_shared<SampleCache>(shared->dataset->num_records(), cache_budget);
     shared->memory.cache_holds_bytes = parts.cache_holds_bytes;
     if (!parts.cache_holds_bytes) {
       if (!parts.attach_cache)
