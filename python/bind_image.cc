@@ -3,21 +3,45 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "bind_common.h"
 #include "feedline/files.h"
 #include "feedline/loader.h"
+#include "feedline/mix.h"
 #include "py_options.h"
 
 namespace feedline::python {
 namespace {
 
 // The image built-in's data set is a FileDataset (classes, samples); empty for another.
-const FileList& FilesOf(const Loader& l) {
+const FileList& FilesOf(const Dataset& d) {
   static const FileList* none = new FileList();
-  const auto* files = dynamic_cast<const FileDataset*>(&l.dataset());
+  const auto* files = dynamic_cast<const FileDataset*>(&d);
   return files != nullptr ? files->files() : *none;
+}
+
+// (path, label) of every record: a mixture's are its sources' one after the other.
+py::list SamplesOf(const Dataset& d) {
+  py::list out;
+  if (const auto* mix = dynamic_cast<const Mix*>(&d)) {
+    for (int s = 0; s < mix->num_sources(); ++s) {
+      for (const py::handle h : SamplesOf(mix->dataset(s))) out.append(h);
+    }
+    return out;
+  }
+  for (const Sample& s : FilesOf(d).samples) out.append(py::make_tuple(s.path, s.label));
+  return out;
+}
+
+MixOptions::End EndOf(const std::string& end) {
+  if (end == "first_source") return MixOptions::End::kFirstSource;
+  if (end == "last_source") return MixOptions::End::kLastSource;
+  throw py::value_error(
+      absl::StrCat("end: expected 'first_source' or 'last_source', got '", end, "'"));
 }
 
 }  // namespace
@@ -27,25 +51,72 @@ void BindImage(py::module_& m) {
   // declarations (python/py_options.h).
   m.def(
       "image_loader",
-      [](const py::kwargs& kwargs) {
+      [](py::kwargs kwargs) {
+        // dataset=: a Mix (mix_dataset) instead of the options' source.
+        std::shared_ptr<const Dataset> dataset;
+        if (kwargs.contains("dataset")) {
+          dataset = kwargs.attr("pop")("dataset").cast<std::shared_ptr<Mix>>();
+        }
         LoaderOptions o;
         SetOptions(kwargs, {OptionGroup::kEngine, OptionGroup::kImage}, &o);
-        return LoaderHolder(Unlocked([&] { return Loader::Create(std::move(o)); }).release());
+        return LoaderHolder(Unlocked([&] {
+                              return dataset != nullptr
+                                         ? Loader::CreateImages(dataset, std::move(o))
+                                         : Loader::Create(std::move(o));
+                            }).release());
       },
       OptionsDocstring("The image built-in's loader (feedline.ImageLoader's engine), from these "
                        "keyword arguments, the declared options:",
                        {OptionGroup::kEngine, OptionGroup::kImage}));
   m.def(
-      "image_classes", [](const Loader& l) { return FilesOf(l).classes; }, py::arg("loader"),
-      "Class names of an image loader's folder, in torchvision's order (empty for list files).");
+      "image_classes", [](const Loader& l) { return FilesOf(l.dataset()).classes; },
+      py::arg("loader"),
+      "Class names of an image loader's folder, in torchvision's order (empty for list files "
+      "and mixtures).");
   m.def(
-      "image_samples",
-      [](const Loader& l) {
-        py::list out;
-        for (const Sample& s : FilesOf(l).samples) out.append(py::make_tuple(s.path, s.label));
-        return out;
+      "image_samples", [](const Loader& l) { return SamplesOf(l.dataset()); }, py::arg("loader"),
+      "(path, class index) of every record of an image loader (a mixture's: its sources', one "
+      "after the other).");
+
+  py::class_<Mix, std::shared_ptr<Mix>>(m, "Mix")
+      .def_property_readonly("num_sources", &Mix::num_sources)
+      .def_property_readonly("size", &Mix::size)
+      .def("offset", &Mix::offset)
+      .def("weight", &Mix::weight)
+      .def("per_epoch", &Mix::per_epoch)
+      .def("reads", &Mix::reads);
+  m.def(
+      "mix_dataset",
+      [](const py::list& sources, const std::vector<double>& weights, uint64_t seed,
+         const std::string& end, int64_t samples_per_epoch, bool shuffle, double read_timeout_ms) {
+        // Each source: a path, pattern or URL (str), or a list of shard paths.
+        std::vector<std::pair<std::string, std::vector<std::string>>> opened;
+        for (const py::handle h : sources) {
+          if (py::isinstance<py::str>(h)) {
+            opened.push_back({h.cast<std::string>(), {}});
+          } else {
+            opened.push_back({"", h.cast<std::vector<std::string>>()});
+          }
+        }
+        MixOptions o;
+        o.seed = seed;
+        o.end = EndOf(end);
+        o.samples_per_epoch = samples_per_epoch;
+        o.shuffle = shuffle;
+        return Unlocked([&]() -> absl::StatusOr<std::shared_ptr<Mix>> {
+          std::vector<MixSource> mix;
+          for (size_t s = 0; s < opened.size(); ++s) {
+            absl::StatusOr<std::shared_ptr<FileDataset>> files =
+                FileDataset::Open(opened[s].first, opened[s].second, read_timeout_ms);
+            if (!files.ok()) return files.status();
+            mix.push_back({*std::move(files), weights.at(s)});
+          }
+          return Mix::Create(std::move(mix), o);
+        });
       },
-      py::arg("loader"), "(path, class index) of every sample of an image loader.");
+      py::arg("sources"), py::arg("weights"), py::arg("seed"), py::arg("end"),
+      py::arg("samples_per_epoch"), py::arg("shuffle"), py::arg("read_timeout_ms"),
+      "A weighted mixture of image sources (feedline/mix.h), for image_loader(dataset=).");
 }
 
 }  // namespace feedline::python

@@ -81,6 +81,11 @@ class Loader {
   // Errors: kInvalidArgument (an option, naming it), kNotFound (the source), kDataLoss (a
   // malformed shard), kResourceExhausted (fixed settings that cannot fit the budget).
   static absl::StatusOr<std::unique_ptr<Loader>> Create(LoaderOptions options);
+  // The image built-in over a data set given (a Mix of FileDatasets, say: feedline/mix.h),
+  // with every image option, the GPU conversion included; `options.source()` is not read.
+  // Its records hold encoded images and labels, as a FileDataset's. Errors as Create(options).
+  static absl::StatusOr<std::unique_ptr<Loader>> CreateImages(
+      std::shared_ptr<const Dataset> dataset, LoaderOptions options);
   // Any data set and transform. Only the engine's options apply (sampling, resources, caching
   // "bytes", robustness, device); an image option set to other than its default is refused,
   // named, never ignored, unless `transform` was made from it (SampleTransform::ReadsOptions:

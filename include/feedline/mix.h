@@ -72,6 +72,7 @@ class Mix final : public Dataset {
                  std::function<void(absl::Status)> done) const override;
 
   int num_sources() const { return int(sources_.size()); }
+  const Dataset& dataset(int s) const { return *sources_[size_t(s)]; }
   int source(int64_t record) const;  // whose record it is
   int64_t offset(int s) const { return offsets_[size_t(s)]; }
   double weight(int s) const { return weights_[size_t(s)]; }  // normalised

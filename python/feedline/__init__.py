@@ -16,10 +16,11 @@ dataloader/ (DataLoader, imported when first asked for: it imports torch).
 from . import _feedline
 from ._feedline import DataError, DeviceError
 from .image import ImageLoader
+from .mix import Mix
 from .text import TextLoader
 from .tokens import TokenLoader
 
-__all__ = ["DataLoader", "ImageLoader", "TextLoader", "TokenLoader", "DataError", "DeviceError", "build_info",
+__all__ = ["DataLoader", "ImageLoader", "Mix", "TextLoader", "TokenLoader", "DataError", "DeviceError", "build_info",
            "__version__"]
 
 __version__ = _feedline.build_info()["version"]

@@ -60,6 +60,8 @@ class _EpochIterator:
             self.close()
             self._ended()
             raise
+        if getattr(self._owner, "_mix", None) is not None:
+            self._owner._count_mix(indices)
         images = self._from_dlpack(images)
         labels = self._from_dlpack(labels)
         if self._return_index:

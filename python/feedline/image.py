@@ -5,6 +5,7 @@ import re
 
 from . import _feedline
 from ._epoch import _EpochIterator, _start_epoch
+from .mix import Mix
 from ._util import (_LoaderFace, _check_type, _default_seed, _engine_args, _is_url,
                     _options_doc, _pair, _parse_bytes, _parse_count, _resolve_cuda, _shown,
                     _timeout, _triple, _world)
@@ -22,7 +23,8 @@ class ImageLoader(_LoaderFace):
         tar shards: a brace pattern "d/train-{000000..000099}.tar" or a list of paths
         (samples = key.jpg/.png/.webp/... + key.cls with the label); shards may be URLs too:
         each is downloaded once into the shard cache ($FEEDLINE_CACHE_DIR, else
-        ~/.cache/feedline/shards) and read from there.
+        ~/.cache/feedline/shards) and read from there; or feedline.Mix([(source, weight),
+        ...]): several of these in set proportions (see Mix).
     transform: "train" = RandomResizedCrop(size, scale, ratio) + horizontal flip;
         "eval" = Resize(resize_size) + CenterCrop(size), the same pixels as torchvision on
         PIL (full decode, Pillow's antialiased bilinear filter); "eval_fast" = the same
@@ -94,7 +96,10 @@ class ImageLoader(_LoaderFace):
         _check_type("even_shards", even_shards, bool, "a bool")
         seed = _default_seed() if seed is None else seed
         shards = []
-        if isinstance(source, (list, tuple)):
+        mix = source if isinstance(source, Mix) else None
+        if mix is not None:
+            source = ""
+        elif isinstance(source, (list, tuple)):
             if not source:
                 raise ValueError("source: an empty list of shards")
             shards = [os.fsdecode(os.fspath(_check_type("source", p, (str, bytes, os.PathLike),
@@ -147,8 +152,20 @@ class ImageLoader(_LoaderFace):
         layout = layout.upper()
 
         self._return_index = return_index
+        more = {}
+        self._mix = mix
+        if mix is not None:
+            more["dataset"] = self._mix_dataset = _feedline.mix_dataset(
+                sources=mix.sources, weights=mix.weights, seed=seed, end=mix.end,
+                samples_per_epoch=mix.samples_per_epoch or 0, shuffle=shuffle,
+                read_timeout_ms=1000.0 * _timeout(read_timeout))
+            import torch
+            n = self._mix_dataset.num_sources
+            self._mix_bounds = torch.tensor([self._mix_dataset.offset(s) for s in range(1, n)],
+                                            dtype=torch.int64)
+            self._mix_delivered = torch.zeros(n, dtype=torch.int64)
         self._loader = _feedline.image_loader(
-            source=source, shards=shards, transform=transform, size=size,
+            **more, source=source, shards=shards, transform=transform, size=size,
             resize_size=resize_size, scale=scale, ratio=ratio, flip=flip, layout=layout,
             io_depth=_parse_count("io_depth", io_depth), max_image_pixels=max_image_pixels,
             read_timeout_ms=1000.0 * _timeout(read_timeout),
@@ -162,7 +179,7 @@ class ImageLoader(_LoaderFace):
         self._samples = None
         self.batch_size = batch_size
         self.seed = seed
-        self.source = source or shards
+        self.source = mix if mix is not None else (source or shards)
         self.rank = rank
         self.world_size = world_size
         self.drop_last = drop_last
@@ -238,7 +255,21 @@ class ImageLoader(_LoaderFace):
         image built-in's words: "images", "images_per_s", "demand_images_per_s" and
         "decode_ms_per_image" beside their sample names; the map stage is the "decode" stage,
         and a map-bound verdict says "decode"."""
-        return _image_words(_LoaderFace.stats(self))
+        s = _image_words(_LoaderFace.stats(self))
+        if self._mix is not None:
+            d, delivered = self._mix_dataset, self._mix_delivered.tolist()
+            total = max(1, sum(delivered))
+            s["mix"] = {"samples_per_epoch": d.size, "end": self._mix.end, "sources": [
+                {"source": _shown(src), "weight": d.weight(k), "per_epoch": d.per_epoch(k),
+                 "delivered": delivered[k], "share": delivered[k] / total, "read": d.reads(k)}
+                for k, src in enumerate(self._mix.sources)]}
+        return s
+
+    def _count_mix(self, indices):
+        """The samples of a batch handed out, by source (stats()["mix"])."""
+        import torch
+        src = torch.bucketize(torch.from_dlpack(indices), self._mix_bounds, right=True)
+        self._mix_delivered += torch.bincount(src, minlength=len(self._mix_delivered))
 
     def __repr__(self):
         return (f"feedline.ImageLoader({_shown(self.source)!r}, batch_size={self.batch_size}, "

@@ -43,6 +43,16 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(LoaderOptions options) {
   absl::StatusOr<std::shared_ptr<FileDataset>> files =
       FileDataset::Open(options.source(), options.shards(), options.read_timeout_ms());
   if (!files.ok()) return files.status();
+  if (options.synthetic()) {
+    return CreateImages(std::make_shared<LabelsOnlyDataset>(*files), std::move(options));
+  }
+  return CreateImages(*std::move(files), std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<Loader>> Loader::CreateImages(std::shared_ptr<const Dataset> dataset,
+                                                             LoaderOptions options) {
+  if (dataset == nullptr) return InvalidOption("dataset", "must not be null");
+  if (absl::Status s = image::ValidateOptions(options); !s.ok()) return s;
   internal::EngineParts parts;
   absl::StatusOr<DeviceChoice> device = ChooseDevice(options.device());
   if (!device.ok()) return device.status();
@@ -50,11 +60,7 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(LoaderOptions options) {
   // On a GPU, uint8 HWC crosses PCIe and the device normalises (the transform asks for it).
   auto transform = std::make_shared<ImageTransform>(
       ImageTransformConfig::From(options, parts.device.device >= 0));
-  if (options.synthetic()) {
-    parts.dataset = std::make_shared<LabelsOnlyDataset>(*files);
-  } else {
-    parts.dataset = *std::move(files);
-  }
+  parts.dataset = std::move(dataset);
   parts.transform = transform;
   if (options.cache() == Cache::kDecoded) {
     parts.cache_holds_bytes = false;

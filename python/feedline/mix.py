@@ -1,0 +1,85 @@
+"""feedline.Mix: several sources in set proportions, as one loader's source."""
+
+import math
+import os
+
+from ._util import _check_type, _is_url, _shown
+
+_ENDS = ("first_source", "last_source")
+
+
+class Mix:
+    """A weighted mixture of sources, for ImageLoader(source=Mix(...)):
+
+        feedline.ImageLoader(feedline.Mix([("photos/", 0.7), ("drawings.tar", 0.3)]), ...)
+
+    sources: (source, weight) pairs, each source what ImageLoader takes (a folder, a list
+        file, a shard pattern or a list of shard paths, local or http(s)/s3 URLs), weights > 0
+        (normalised to sum to 1); or sources alone with weights=[...].
+    Each epoch draws from the sources in these proportions exactly (within one sample of each
+    share over the epoch; the loader's shuffle mixes them, so each batch holds them in
+    expectation). Each source is read in an order of its own, a new permutation every time it
+    has been read whole, continuing from epoch to epoch where it stopped: every record of every
+    source comes in turn. The epoch ends when the first source has been read whole
+    (end="first_source", the default), when every source has (end="last_source": the others
+    restart within the epoch), or after samples_per_epoch samples. All of it follows from the
+    loader's seed and the epoch: the same batches for any worker count, on every rank, and
+    state_dict() resumes a mixture exactly. The transform options are the loader's, the same
+    for every source; labels are each source's own. ImageLoader.stats()["mix"] gives each
+    source's weight, samples per epoch and the samples delivered.
+    """
+
+    def __init__(self, sources, weights=None, end="first_source", samples_per_epoch=None):
+        if isinstance(sources, (str, bytes, os.PathLike)) or not hasattr(sources, "__iter__"):
+            raise TypeError("sources: expected a list of (source, weight) pairs or of sources")
+        sources = list(sources)
+        if not sources:
+            raise ValueError("sources: at least one source")
+        if weights is None:
+            pairs = []
+            for item in sources:
+                if not isinstance(item, tuple) or len(item) != 2:
+                    raise TypeError("sources: expected (source, weight) pairs (or give weights=)")
+                pairs.append(item)
+        else:
+            weights = list(weights)
+            if len(weights) != len(sources):
+                raise ValueError(f"weights: {len(weights)} weights for {len(sources)} sources")
+            pairs = list(zip(sources, weights))
+        self.sources, self.weights = [], []
+        for k, (source, weight) in enumerate(pairs):
+            self.sources.append(_source(f"sources[{k}]", source))
+            _check_type(f"weights[{k}]", weight, (int, float), "a number")
+            if isinstance(weight, bool) or not (weight > 0 and math.isfinite(weight)):
+                raise ValueError(f"weights[{k}]: must be > 0 and finite, got {weight!r}")
+            self.weights.append(float(weight))
+        if end not in _ENDS:
+            raise ValueError(f"end: expected 'first_source' or 'last_source', got {end!r}")
+        self.end = end
+        if samples_per_epoch is not None:
+            _check_type("samples_per_epoch", samples_per_epoch, int, "an int")
+            if samples_per_epoch < 1:
+                raise ValueError(f"samples_per_epoch: must be >= 1, got {samples_per_epoch}")
+        self.samples_per_epoch = samples_per_epoch
+
+    def __repr__(self):
+        parts = ", ".join(f"({_shown(s)!r}, {w:g})" for s, w in zip(self.sources, self.weights))
+        return f"feedline.Mix([{parts}], end={self.end!r})"
+
+
+def _source(name, source):
+    """A source as ImageLoader takes it: a path, pattern or URL (str), or a list of shards."""
+    if isinstance(source, (list, tuple)):
+        if not source:
+            raise ValueError(f"{name}: an empty list of shards")
+        out = [os.fsdecode(os.fspath(_check_type(name, p, (str, bytes, os.PathLike),
+                                                 "a list of shard paths"))) for p in source]
+        for p in out:
+            if not _is_url(p) and not os.path.exists(p):
+                raise FileNotFoundError(f"{name}: {p}: no such file")
+        return out
+    source = os.fsdecode(os.fspath(_check_type(name, source, (str, bytes, os.PathLike),
+                                               "a path, a shard pattern or a list of shards")))
+    if "{" not in source and not _is_url(source) and not os.path.exists(source):
+        raise FileNotFoundError(f"{name}: {source}: no such file or directory")
+    return source

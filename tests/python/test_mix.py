@@ -1,0 +1,104 @@
+"""feedline.Mix: image sources in set proportions — shares over an epoch, the same bytes for any
+worker count, exact resume mid-epoch, every record in turn, and clear errors."""
+
+import collections
+
+import pytest
+import torch
+
+import feedline
+from util import write_tar
+
+KW = dict(batch_size=8, size=32, transform="train", seed=11, return_index=True,
+          epoch_head_start=False)
+
+
+def _epoch(loader):
+    images, index = [], []
+    for x, _, i in loader:
+        images.append(x.clone())
+        index.append(i.clone())
+    return torch.cat(images), torch.cat(index)
+
+
+def test_two_sources_at_70_30(small_folder, image_folder):
+    mix = feedline.Mix([(image_folder, 0.7), (small_folder, 0.3)], samples_per_epoch=400)
+    one = feedline.ImageLoader(mix, workers=1, **KW)
+    n_a = len(feedline.ImageLoader(image_folder, batch_size=1).samples)
+    assert len(one.samples) == n_a + 26  # the sources' records one after the other
+    x1, i1 = _epoch(one)
+    assert len(i1) == 400
+    share = float((i1 < n_a).float().mean())
+    assert abs(share - 0.7) < 0.01  # 280 of 400, within one sample
+    st = one.stats()["mix"]
+    assert [s["delivered"] for s in st["sources"]] == [int((i1 < n_a).sum()),
+                                                       int((i1 >= n_a).sum())]
+    assert abs(st["sources"][0]["share"] - 0.7) < 0.01 and st["samples_per_epoch"] == 400
+    # Labels are each source's own; the pixels are the source's record's.
+    for j in (0, 5, 399):
+        path, _ = one.samples[int(i1[j])]
+        assert path.startswith(image_folder if int(i1[j]) < n_a else small_folder)
+    # The same bytes with two workers, and a new mixture of samples in the next epoch.
+    two = feedline.ImageLoader(mix, workers=2, **KW)
+    x2, i2 = _epoch(two)
+    assert torch.equal(i1, i2) and torch.equal(x1, x2)
+    _, i1b = _epoch(one)
+    assert not torch.equal(i1, i1b)
+    # The small source (26 records, 120 draws an epoch) comes whole in every pass.
+    small = collections.Counter(int(i) for i in i1 if int(i) >= n_a)
+    assert len(small) == 26 and max(small.values()) - min(small.values()) <= 1
+
+
+def test_a_mixture_resumes_exactly_mid_epoch(small_folder, image_folder):
+    mix = feedline.Mix([image_folder, small_folder], weights=[2, 1], end="last_source")
+    whole = feedline.ImageLoader(mix, workers=2, **KW)
+    _epoch(whole)
+    x_e1, i_e1 = _epoch(whole)
+    first = feedline.ImageLoader(mix, workers=1, **KW)
+    _epoch(first)
+    it = iter(first)
+    for _ in range(3):
+        next(it)
+    state = first.state_dict()
+    resumed = feedline.ImageLoader(mix, workers=2, **KW)
+    resumed.load_state_dict(state)
+    x_rest, i_rest = _epoch(resumed)
+    assert torch.equal(i_rest, i_e1[3 * 8:]) and torch.equal(x_rest, x_e1[3 * 8:])
+    # A state of another mixture is refused.
+    other = feedline.ImageLoader(feedline.Mix([image_folder, small_folder], weights=[1, 1]),
+                                 **KW)
+    with pytest.raises(ValueError, match="data set"):
+        other.load_state_dict(state)
+
+
+def test_shards_and_folders_mix(tmp_path, small_folder, image_folder):
+    """A WebDataset source beside a folder: its records read from the shard."""
+    ld = feedline.ImageLoader(small_folder, batch_size=1)
+    members = []
+    for k, (p, label) in enumerate(ld.samples[:10]):
+        members += [(f"s{k:03d}.jpg", open(p, "rb").read()), (f"s{k:03d}.cls",
+                                                             str(label).encode())]
+    write_tar(tmp_path / "a.tar", members)
+    mix = feedline.Mix([(str(tmp_path / "a.tar"), 1), (image_folder, 1)], end="last_source")
+    loader = feedline.ImageLoader(mix, **dict(KW, transform="eval"))
+    _, index = _epoch(loader)
+    n = len(feedline.ImageLoader(image_folder, batch_size=1).samples)
+    assert len(index) == 2 * n  # the larger source read whole, at half the epoch
+    assert sum(int(i) < 10 for i in index) == n  # the shard's 10 records, restarted
+    assert loader.samples[0][0].endswith("a.tar:s000.jpg")
+
+
+def test_bad_mixtures_are_refused_by_name(small_folder):
+    with pytest.raises(ValueError, match=r"weights\[1\]"):
+        feedline.Mix([(small_folder, 1), (small_folder, 0)])
+    with pytest.raises(ValueError, match="weights"):
+        feedline.Mix([small_folder, small_folder], weights=[1])
+    with pytest.raises(TypeError, match="pairs"):
+        feedline.Mix([small_folder])
+    with pytest.raises(FileNotFoundError, match=r"sources\[0\]"):
+        feedline.Mix([("/no/such/folder", 1)])
+    with pytest.raises(ValueError, match="end"):
+        feedline.Mix([(small_folder, 1)], end="never")
+    with pytest.raises(ValueError, match="samples_per_epoch"):
+        feedline.Mix([(small_folder, 1)], samples_per_epoch=0)
+    assert "small" in repr(feedline.Mix([(small_folder, 3)]))
