@@ -6,8 +6,10 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "bind_common.h"
+#include "feedline/mix.h"
 #include "feedline/text.h"
 #include "py_options.h"
 
@@ -15,6 +17,12 @@ namespace feedline::python {
 namespace {
 
 using PackedEpochHolder = std::unique_ptr<text::PackedEpoch, ReleaseGilDeleter>;
+
+// documents=: a mixture (text_mix) read instead of the path.
+std::shared_ptr<const Dataset> PopDocuments(py::kwargs& kwargs) {
+  if (!kwargs.contains("documents")) return nullptr;
+  return kwargs.attr("pop")("documents").cast<std::shared_ptr<Mix>>();
+}
 
 // A loaded tokenizer, shared by the loaders made with it (Python's view of it: its counters).
 struct TokenizerHandle {
@@ -85,6 +93,36 @@ text::PackedLoader::State DictToPackedState(const py::dict& d) {
 }  // namespace
 
 void BindText(py::module_& m) {
+  // A weighted mixture of text sources (feedline.Mix as a TextLoader's source): each source's
+  // documents as TextLoader reads them.
+  m.def(
+      "text_mix",
+      [](const std::vector<std::string>& sources, const std::vector<double>& weights,
+         const std::string& field, uint64_t seed, const std::string& end, int64_t samples_per_epoch,
+         bool shuffle, double read_timeout_ms) {
+        if (end != "first_source" && end != "last_source") {
+          throw py::value_error("end: expected 'first_source' or 'last_source'");
+        }
+        MixOptions o;
+        o.seed = seed;
+        o.end =
+            end == "first_source" ? MixOptions::End::kFirstSource : MixOptions::End::kLastSource;
+        o.samples_per_epoch = samples_per_epoch;
+        o.shuffle = shuffle;
+        return Unlocked([&]() -> absl::StatusOr<std::shared_ptr<Mix>> {
+          std::vector<MixSource> mix;
+          for (size_t s = 0; s < sources.size(); ++s) {
+            absl::StatusOr<std::shared_ptr<const Dataset>> docs =
+                text::OpenTextDocuments(sources[s], field, read_timeout_ms);
+            if (!docs.ok()) return docs.status();
+            mix.push_back({*std::move(docs), weights.at(s)});
+          }
+          return Mix::Create(std::move(mix), o);
+        });
+      },
+      py::arg("sources"), py::arg("weights"), py::arg("field"), py::arg("seed"), py::arg("end"),
+      py::arg("samples_per_epoch"), py::arg("shuffle"), py::arg("read_timeout_ms"));
+
   // A SentencePiece model (a path or URL), loaded once for a TextLoader's loaders.
   py::class_<TokenizerHandle>(m, "Tokenizer").def("counters", [](const TokenizerHandle& h) {
     const text::Tokenizer::Counters c = h.tokenizer->counters();
@@ -133,13 +171,16 @@ void BindText(py::module_& m) {
   m.def(
       "text_loader",
       [](const std::string& path, const std::string& field, const TokenizerHandle& tokenizer,
-         int64_t max_length, bool add_bos, bool add_eos, const py::kwargs& engine) {
+         int64_t max_length, bool add_bos, bool add_eos, py::kwargs engine) {
+        std::shared_ptr<const Dataset> docs = PopDocuments(engine);
         LoaderOptions o = EngineOptions(engine);
         auto cut = std::make_shared<text::CutCounter>();
         text::TokenizeOptions t =
             TokenizeOptionsOf(field, tokenizer.tokenizer, max_length, add_bos, add_eos, cut);
-        std::unique_ptr<Loader> loader =
-            Unlocked([&] { return text::MakeTextLoader(path, std::move(t), std::move(o)); });
+        std::unique_ptr<Loader> loader = Unlocked([&] {
+          return docs != nullptr ? text::MakeTextLoader(docs, std::move(t), std::move(o))
+                                 : text::MakeTextLoader(path, std::move(t), std::move(o));
+        });
         return py::make_tuple(LoaderHolder(loader.release()), cut);
       },
       py::arg("path"), py::arg("field"), py::arg("tokenizer"), py::arg("max_length"),
@@ -152,14 +193,17 @@ void BindText(py::module_& m) {
       [](const std::string& path, const std::string& field, const TokenizerHandle& tokenizer,
          int64_t max_length, bool add_bos, bool add_eos, const py::str& pack, int64_t seq_len,
          int64_t window_rows, bool split_long, bool mask_boundaries, int64_t doc_batch,
-         int64_t batch_size, bool drop_last, const py::kwargs& engine) {
+         int64_t batch_size, bool drop_last, py::kwargs engine) {
+        std::shared_ptr<const Dataset> docs = PopDocuments(engine);
         text::PackOptions p = PackOptionsOf(pack, seq_len, window_rows, split_long,
                                             mask_boundaries, batch_size, drop_last);
         LoaderOptions o = EngineOptions(engine).batch_size(doc_batch).drop_last(false);
         text::TokenizeOptions t =
             TokenizeOptionsOf(field, tokenizer.tokenizer, max_length, add_bos, add_eos, nullptr);
         return Unlocked([&] {
-          return text::MakePackedTextLoader(path, std::move(t), std::move(p), std::move(o));
+          return docs != nullptr
+                     ? text::MakePackedTextLoader(docs, std::move(t), std::move(p), std::move(o))
+                     : text::MakePackedTextLoader(path, std::move(t), std::move(p), std::move(o));
         });
       },
       py::arg("path"), py::arg("field"), py::arg("tokenizer"), py::arg("max_length"),

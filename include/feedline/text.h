@@ -329,6 +329,18 @@ class PackedLoader {
 absl::StatusOr<std::unique_ptr<Loader>> MakeTextLoader(const std::string& source,
                                                        TokenizeOptions tokenize,
                                                        LoaderOptions options);
+// The documents of `source` as MakeTextLoader reads them (a record's bytes: one document's
+// text), for a data set of documents of your own making: feedline::Mix over several sources.
+absl::StatusOr<std::shared_ptr<const Dataset>> OpenTextDocuments(const std::string& source,
+                                                                 const std::string& field,
+                                                                 double read_timeout_ms);
+// MakeTextLoader and MakePackedTextLoader over documents given (OpenTextDocuments, a Mix).
+absl::StatusOr<std::unique_ptr<Loader>> MakeTextLoader(std::shared_ptr<const Dataset> documents,
+                                                       TokenizeOptions tokenize,
+                                                       LoaderOptions options);
+absl::StatusOr<std::unique_ptr<PackedLoader>> MakePackedTextLoader(
+    std::shared_ptr<const Dataset> documents, TokenizeOptions tokenize, PackOptions pack,
+    LoaderOptions options);
 // Packed rows of those documents: `options` is the document loader's (its batch_size the
 // documents tokenized at a time), `pack` the rows' (batch_size rows of seq_len); the documents
 // are tokenized ragged, the cuts counted in tokenize.cut (made when null) and pack.cut, and the

@@ -4,6 +4,7 @@ import os
 
 from . import _feedline
 from ._epoch import _FieldsIterator, _start_epoch
+from .mix import Mix
 from ._ranks import _agreement
 from ._util import _LoaderFace, _check_type, _engine_args, _is_url, _options_doc, _shown
 
@@ -28,7 +29,10 @@ class TextLoader(_LoaderFace):
     line, a JSON line without the field and an empty document are DataErrors naming file:line
     (on_error="skip" replaces them). shuffle/seed/rank/world_size/state_dict/stats as for
     ImageLoader. source and tokenizer may be http(s):// or s3:// URLs (a file is downloaded
-    once into feedline's cache, shards as for ImageLoader); errors name the URL.
+    once into feedline's cache, shards as for ImageLoader); errors name the URL. source may be
+    a feedline.Mix of such sources (documents in set proportions, as for ImageLoader; packed
+    rows are packed across them; stats()["mix"] gives each source's documents per epoch and
+    documents read).
 
     pack="concat" or "bestfit" gives packed rows of exactly seq_len tokens instead (batch_size
     rows per batch; the documents are tokenized in the workers, the rows made as batches are
@@ -64,10 +68,15 @@ class TextLoader(_LoaderFace):
                  drop_last=False, rank=None, world_size=None, workers="auto", prefetch="auto",
                  memory_budget="auto", on_error="raise", max_errors=None, return_index=False,
                  word_cache=True, process_group=None):
-        source = os.fsdecode(os.fspath(_check_type("source", source, (str, bytes, os.PathLike),
-                                                   "a path")))
-        if "{" not in source and not _is_url(source) and not os.path.exists(source):
-            raise FileNotFoundError(f"source: {source}: no such file")
+        mix = source if isinstance(source, Mix) else None
+        if mix is None:
+            source = os.fsdecode(os.fspath(_check_type(
+                "source", source, (str, bytes, os.PathLike), "a path or a feedline.Mix")))
+            if "{" not in source and not _is_url(source) and not os.path.exists(source):
+                raise FileNotFoundError(f"source: {source}: no such file")
+        elif any(not isinstance(s, str) for s in mix.sources):
+            raise TypeError("source: a text mixture's sources are paths, patterns or URLs "
+                            "(str), not lists of shards")
         _check_type("word_cache", word_cache, bool, "a bool")
         tokenizer = os.fsdecode(os.fspath(_check_type(
             "tokenizer", tokenizer, (str, bytes, os.PathLike), "a SentencePiece model path")))
@@ -106,6 +115,13 @@ class TextLoader(_LoaderFace):
         engine = _engine_args(batch_size, shuffle, seed, drop_last, rank, world_size, workers,
                               prefetch, memory_budget, on_error, max_errors)
         self._tokenizer = _feedline.sentencepiece(model=tokenizer, word_cache=word_cache)
+        self._mix, self._mix_dataset = mix, None
+        if mix is not None:  # the documents of every source, mixed (feedline.Mix)
+            engine["documents"] = self._mix_dataset = _feedline.text_mix(
+                sources=mix.sources, weights=mix.weights, field=field or "", seed=seed,
+                end=mix.end, samples_per_epoch=mix.samples_per_epoch or 0, shuffle=shuffle,
+                read_timeout_ms=60000.0)
+            source = ""
         if bucket:
             # Padded batches of similar lengths: window_rows batches' documents sorted together.
             engine["doc_batch"] = 64
@@ -129,7 +145,7 @@ class TextLoader(_LoaderFace):
         self.bucket = bucket
         self.drop_last = drop_last
         self.seq_len = seq_len
-        self.source = source
+        self.source = mix if mix is not None else source
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.batch_size = batch_size
@@ -169,6 +185,11 @@ class TextLoader(_LoaderFace):
         it, over the loader's life."""
         s = _LoaderFace.stats(self)
         s["tokenizer"] = self._tokenizer.counters()
+        if self._mix is not None:
+            d = self._mix_dataset
+            s["mix"] = {"samples_per_epoch": d.size, "end": self._mix.end, "sources": [
+                {"source": _shown(src), "weight": d.weight(k), "per_epoch": d.per_epoch(k),
+                 "read": d.reads(k)} for k, src in enumerate(self._mix.sources)]}
         cut = getattr(self, "_cut", None)
         if cut is not None:
             s["truncation"] = {"max_length": self.max_length, "documents": cut.documents,

@@ -15,32 +15,41 @@
 
 namespace feedline::text {
 
+absl::StatusOr<std::shared_ptr<const Dataset>> OpenTextDocuments(const std::string& source,
+                                                                 const std::string& field,
+                                                                 double read_timeout_ms) {
+  // WebDataset shards (a .tar or a brace pattern): one document per key.
+  const bool shards = absl::EndsWith(source, ".tar") || absl::StrContains(source, "{");
+  if (shards) {
+    absl::StatusOr<std::shared_ptr<FileDataset>> w = OpenWebDataset(source, {}, read_timeout_ms);
+    if (!w.ok()) return w.status();
+    return std::shared_ptr<const Dataset>(*std::move(w));
+  }
+  absl::StatusOr<std::string> local = LocalCopy(source, read_timeout_ms);
+  if (!local.ok()) return local.status();
+  return OpenTextLines({*local, field, source});
+}
+
+absl::StatusOr<std::unique_ptr<Loader>> MakeTextLoader(std::shared_ptr<const Dataset> documents,
+                                                       TokenizeOptions tokenize,
+                                                       LoaderOptions options) {
+  absl::StatusOr<std::shared_ptr<SampleTransform>> transform = MakeTokenizeTransform(tokenize);
+  if (!transform.ok()) return transform.status();
+  return Loader::Create(std::move(documents), *std::move(transform), std::move(options));
+}
+
 absl::StatusOr<std::unique_ptr<Loader>> MakeTextLoader(const std::string& source,
                                                        TokenizeOptions tokenize,
                                                        LoaderOptions options) {
-  // WebDataset shards (a .tar or a brace pattern): one document per key.
-  const bool shards = absl::EndsWith(source, ".tar") || absl::StrContains(source, "{");
-  absl::StatusOr<std::shared_ptr<const Dataset>> docs;
-  if (shards) {
-    absl::StatusOr<std::shared_ptr<FileDataset>> w =
-        OpenWebDataset(source, {}, options.read_timeout_ms());
-    if (!w.ok()) return w.status();
-    docs = std::shared_ptr<const Dataset>(*std::move(w));
-  } else {
-    absl::StatusOr<std::string> local = LocalCopy(source, options.read_timeout_ms());
-    if (!local.ok()) return local.status();
-    docs = OpenTextLines({*local, tokenize.field, source});
-  }
+  absl::StatusOr<std::shared_ptr<const Dataset>> docs =
+      OpenTextDocuments(source, tokenize.field, options.read_timeout_ms());
   if (!docs.ok()) return docs.status();
-  absl::StatusOr<std::shared_ptr<SampleTransform>> transform = MakeTokenizeTransform(tokenize);
-  if (!transform.ok()) return transform.status();
-  return Loader::Create(*std::move(docs), *std::move(transform), std::move(options));
+  return MakeTextLoader(*std::move(docs), std::move(tokenize), std::move(options));
 }
 
-absl::StatusOr<std::unique_ptr<PackedLoader>> MakePackedTextLoader(const std::string& source,
-                                                                   TokenizeOptions tokenize,
-                                                                   PackOptions pack,
-                                                                   LoaderOptions options) {
+absl::StatusOr<std::unique_ptr<PackedLoader>> MakePackedTextLoader(
+    std::shared_ptr<const Dataset> documents, TokenizeOptions tokenize, PackOptions pack,
+    LoaderOptions options) {
   if (tokenize.tokenizer == nullptr) return InvalidOption("tokenizer", "must be given");
   tokenize.ragged = true;
   if (tokenize.cut == nullptr) tokenize.cut = std::make_shared<CutCounter>();
@@ -49,9 +58,20 @@ absl::StatusOr<std::unique_ptr<PackedLoader>> MakePackedTextLoader(const std::st
   // Each document on one rank only (feedline/text.h: ranks agree on the steps instead).
   if (pack.mode != PackMode::kBucket) options.even_shards(false);
   absl::StatusOr<std::unique_ptr<Loader>> docs =
-      MakeTextLoader(source, std::move(tokenize), std::move(options));
+      MakeTextLoader(std::move(documents), std::move(tokenize), std::move(options));
   if (!docs.ok()) return docs.status();
   return PackedLoader::Create(*std::move(docs), std::move(pack));
+}
+
+absl::StatusOr<std::unique_ptr<PackedLoader>> MakePackedTextLoader(const std::string& source,
+                                                                   TokenizeOptions tokenize,
+                                                                   PackOptions pack,
+                                                                   LoaderOptions options) {
+  absl::StatusOr<std::shared_ptr<const Dataset>> docs =
+      OpenTextDocuments(source, tokenize.field, options.read_timeout_ms());
+  if (!docs.ok()) return docs.status();
+  return MakePackedTextLoader(*std::move(docs), std::move(tokenize), std::move(pack),
+                              std::move(options));
 }
 
 absl::StatusOr<std::unique_ptr<Loader>> MakeTokenLoader(TokenFileOptions tokens,

@@ -102,3 +102,72 @@ def test_bad_mixtures_are_refused_by_name(small_folder):
     with pytest.raises(ValueError, match="samples_per_epoch"):
         feedline.Mix([(small_folder, 1)], samples_per_epoch=0)
     assert "small" in repr(feedline.Mix([(small_folder, 3)]))
+
+
+@pytest.fixture(scope="module")
+def text_sources(tmp_path_factory):
+    import shutil
+    import subprocess
+    if shutil.which("spm_train") is None:
+        pytest.skip("spm_train missing")
+    d = tmp_path_factory.mktemp("mixtext")
+    paths = []
+    for k, (n, word) in enumerate([(300, "alpha"), (120, "beta"), (500, "gamma")]):
+        p = d / f"s{k}.txt"
+        p.write_text("".join(f"{word} {i} " + "words " * (1 + i % 9) + "\n" for i in range(n)))
+        paths.append(str(p))
+    both = d / "all.txt"
+    both.write_text("".join(open(p).read() for p in paths))
+    subprocess.run(["spm_train", f"--input={both}", f"--model_prefix={d / 'm'}",
+                    "--vocab_size=60", "--hard_vocab_limit=false", "--minloglevel=2"],
+                   check=True, capture_output=True)
+    return paths, str(d / "m.model")
+
+
+def test_three_text_sources_padded_and_packed(text_sources):
+    paths, model = text_sources
+    mix = feedline.Mix(list(zip(paths, [0.5, 0.2, 0.3])), samples_per_epoch=1000)
+    kw = dict(tokenizer=model, batch_size=16, seed=3, return_index=True)
+
+    def padded(workers):
+        ld = feedline.TextLoader(mix, workers=workers, **kw)
+        return ld, [(b["input_ids"].clone(), b["index"].clone()) for b in ld]
+
+    one, e1 = padded(1)
+    _, e2 = padded(2)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(e1, e2))
+    index = torch.cat([i for _, i in e1])
+    assert len(index) == 1000
+    bounds = [0, 300, 420, 920]
+    shares = [int(((index >= lo) & (index < hi)).sum()) / 1000
+              for lo, hi in zip(bounds, bounds[1:])]
+    assert all(abs(s - w) < 0.01 for s, w in zip(shares, [0.5, 0.2, 0.3])), shares
+    assert [s["per_epoch"] for s in one.stats()["mix"]["sources"]] == [500, 200, 300]
+    # Resumed mid-epoch (epoch 1, after 5 batches): the rest, bit for bit.
+    whole = feedline.TextLoader(mix, workers=1, **kw)
+    list(whole)
+    e_next = [b["input_ids"].clone() for b in whole]
+    first = feedline.TextLoader(mix, workers=2, **kw)
+    list(first)
+    it = iter(first)
+    for _ in range(5):
+        next(it)
+    resumed = feedline.TextLoader(mix, workers=1, **kw)
+    resumed.load_state_dict(first.state_dict())
+    rest = [b["input_ids"].clone() for b in resumed]
+    assert len(rest) == len(e_next) - 5
+    assert all(torch.equal(a, b) for a, b in zip(rest, e_next[5:]))
+    # Packed rows across the mixture: the same rows for 1 and 2 workers, and exact resume.
+    pk = dict(tokenizer=model, pack="concat", seq_len=64, batch_size=4, seed=3)
+    rows1 = [b["input_ids"].clone() for b in feedline.TextLoader(mix, workers=1, **pk)]
+    rows2 = [b["input_ids"].clone() for b in feedline.TextLoader(mix, workers=2, **pk)]
+    assert len(rows1) == len(rows2) > 10
+    assert all(torch.equal(a, b) for a, b in zip(rows1, rows2))
+    part = feedline.TextLoader(mix, workers=2, **pk)
+    it = iter(part)
+    for _ in range(4):
+        next(it)
+    again = feedline.TextLoader(mix, workers=1, **pk)
+    again.load_state_dict(part.state_dict())
+    tail = [b["input_ids"].clone() for b in again]
+    assert all(torch.equal(a, b) for a, b in zip(tail, rows1[4:])) and len(tail) == len(rows1) - 4
