@@ -60,8 +60,9 @@ class _EpochIterator:
             self.close()
             self._ended()
             raise
-        if getattr(self._owner, "_mix", None) is not None:
-            self._owner._count_mix(indices)
+        delivered = getattr(self._owner, "_mix_delivered", None)
+        if delivered is not None:  # a mixture's samples by source (stats()["mix"])
+            delivered.count(indices)
         images = self._from_dlpack(images)
         labels = self._from_dlpack(labels)
         if self._return_index:
@@ -167,6 +168,9 @@ class _FieldsIterator(_EpochIterator):
             self._ended()
             raise StopIteration
         fields, indices, _ = got
+        delivered = getattr(self._owner, "_mix_delivered", None)
+        if delivered is not None:  # a mixture's documents by source (padded and bucketed)
+            delivered.count(indices)
         out = {name: self._from_dlpack(view) for name, view in fields.items()
                if name not in self._drop}
         if self._padded is not None:

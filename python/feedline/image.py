@@ -5,7 +5,7 @@ import re
 
 from . import _feedline
 from ._epoch import _EpochIterator, _start_epoch
-from .mix import Mix
+from .mix import Mix, _Delivered
 from ._util import (_LoaderFace, _check_type, _default_seed, _engine_args, _is_url,
                     _options_doc, _pair, _parse_bytes, _parse_count, _resolve_cuda, _shown,
                     _timeout, _triple, _world)
@@ -155,15 +155,11 @@ class ImageLoader(_LoaderFace):
         more = {}
         self._mix = mix
         if mix is not None:
-            more["dataset"] = self._mix_dataset = _feedline.mix_dataset(
+            more["dataset"] = _feedline.mix_dataset(
                 sources=mix.sources, weights=mix.weights, seed=seed, end=mix.end,
                 samples_per_epoch=mix.samples_per_epoch or 0, shuffle=shuffle,
                 read_timeout_ms=1000.0 * _timeout(read_timeout))
-            import torch
-            n = self._mix_dataset.num_sources
-            self._mix_bounds = torch.tensor([self._mix_dataset.offset(s) for s in range(1, n)],
-                                            dtype=torch.int64)
-            self._mix_delivered = torch.zeros(n, dtype=torch.int64)
+            self._mix_delivered = _Delivered(more["dataset"])
         self._loader = _feedline.image_loader(
             **more, source=source, shards=shards, transform=transform, size=size,
             resize_size=resize_size, scale=scale, ratio=ratio, flip=flip, layout=layout,
@@ -257,19 +253,8 @@ class ImageLoader(_LoaderFace):
         and a map-bound verdict says "decode"."""
         s = _image_words(_LoaderFace.stats(self))
         if self._mix is not None:
-            d, delivered = self._mix_dataset, self._mix_delivered.tolist()
-            total = max(1, sum(delivered))
-            s["mix"] = {"samples_per_epoch": d.size, "end": self._mix.end, "sources": [
-                {"source": _shown(src), "weight": d.weight(k), "per_epoch": d.per_epoch(k),
-                 "delivered": delivered[k], "share": delivered[k] / total, "read": d.reads(k)}
-                for k, src in enumerate(self._mix.sources)]}
+            s["mix"] = self._mix_delivered.stats(self._mix)
         return s
-
-    def _count_mix(self, indices):
-        """The samples of a batch handed out, by source (stats()["mix"])."""
-        import torch
-        src = torch.bucketize(torch.from_dlpack(indices), self._mix_bounds, right=True)
-        self._mix_delivered += torch.bincount(src, minlength=len(self._mix_delivered))
 
     def __repr__(self):
         return (f"feedline.ImageLoader({_shown(self.source)!r}, batch_size={self.batch_size}, "

@@ -67,6 +67,36 @@ class Mix:
         return f"feedline.Mix([{parts}], end={self.end!r})"
 
 
+class _Delivered:
+    """The samples a loader over a mixture handed out, by source (stats()["mix"]): a batch's
+    indices are records, the sources' one after the other."""
+
+    def __init__(self, dataset):
+        import torch
+        self._torch = torch
+        self.dataset = dataset
+        n = dataset.num_sources
+        self._bounds = torch.tensor([dataset.offset(s) for s in range(1, n)], dtype=torch.int64)
+        self.counts = torch.zeros(n, dtype=torch.int64)
+
+    def count(self, indices):
+        t = self._torch
+        src = t.bucketize(t.from_dlpack(indices), self._bounds, right=True)
+        self.counts += t.bincount(src, minlength=len(self.counts))
+
+    def stats(self, mix, delivered=True):
+        d, counts = self.dataset, self.counts.tolist()
+        total = max(1, sum(counts))
+        sources = []
+        for k, src in enumerate(mix.sources):
+            entry = {"source": _shown(src), "weight": d.weight(k), "per_epoch": d.per_epoch(k),
+                     "read": d.reads(k)}
+            if delivered:
+                entry.update(delivered=counts[k], share=counts[k] / total)
+            sources.append(entry)
+        return {"samples_per_epoch": d.size, "end": mix.end, "sources": sources}
+
+
 def _source(name, source):
     """A source as ImageLoader takes it: a path, pattern or URL (str), or a list of shards."""
     if isinstance(source, (list, tuple)):

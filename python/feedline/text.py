@@ -4,7 +4,7 @@ import os
 
 from . import _feedline
 from ._epoch import _FieldsIterator, _start_epoch
-from .mix import Mix
+from .mix import Mix, _Delivered
 from ._ranks import _agreement
 from ._util import _LoaderFace, _check_type, _engine_args, _is_url, _options_doc, _shown
 
@@ -31,8 +31,8 @@ class TextLoader(_LoaderFace):
     ImageLoader. source and tokenizer may be http(s):// or s3:// URLs (a file is downloaded
     once into feedline's cache, shards as for ImageLoader); errors name the URL. source may be
     a feedline.Mix of such sources (documents in set proportions, as for ImageLoader; packed
-    rows are packed across them; stats()["mix"] gives each source's documents per epoch and
-    documents read).
+    rows are packed across them; stats()["mix"] gives each source's documents per epoch, read,
+    and delivered with their share: for padded and bucketed batches, whose rows are documents).
 
     pack="concat" or "bestfit" gives packed rows of exactly seq_len tokens instead (batch_size
     rows per batch; the documents are tokenized in the workers, the rows made as batches are
@@ -115,13 +115,15 @@ class TextLoader(_LoaderFace):
         engine = _engine_args(batch_size, shuffle, seed, drop_last, rank, world_size, workers,
                               prefetch, memory_budget, on_error, max_errors)
         self._tokenizer = _feedline.sentencepiece(model=tokenizer, word_cache=word_cache)
-        self._mix, self._mix_dataset = mix, None
+        self._mix, self._mix_dataset, self._mix_delivered = mix, None, None
         if mix is not None:  # the documents of every source, mixed (feedline.Mix)
             engine["documents"] = self._mix_dataset = _feedline.text_mix(
                 sources=mix.sources, weights=mix.weights, field=field or "", seed=seed,
                 end=mix.end, samples_per_epoch=mix.samples_per_epoch or 0, shuffle=shuffle,
                 read_timeout_ms=60000.0)
             source = ""
+            if pack is None:  # padded and bucketed batches are documents: counted as delivered
+                self._mix_delivered = _Delivered(self._mix_dataset)
         if bucket:
             # Padded batches of similar lengths: window_rows batches' documents sorted together.
             engine["doc_batch"] = 64
@@ -186,10 +188,8 @@ class TextLoader(_LoaderFace):
         s = _LoaderFace.stats(self)
         s["tokenizer"] = self._tokenizer.counters()
         if self._mix is not None:
-            d = self._mix_dataset
-            s["mix"] = {"samples_per_epoch": d.size, "end": self._mix.end, "sources": [
-                {"source": _shown(src), "weight": d.weight(k), "per_epoch": d.per_epoch(k),
-                 "read": d.reads(k)} for k, src in enumerate(self._mix.sources)]}
+            counter = self._mix_delivered or _Delivered(self._mix_dataset)
+            s["mix"] = counter.stats(self._mix, delivered=self._mix_delivered is not None)
         cut = getattr(self, "_cut", None)
         if cut is not None:
             s["truncation"] = {"max_length": self.max_length, "documents": cut.documents,

@@ -142,7 +142,9 @@ def test_three_text_sources_padded_and_packed(text_sources):
     shares = [int(((index >= lo) & (index < hi)).sum()) / 1000
               for lo, hi in zip(bounds, bounds[1:])]
     assert all(abs(s - w) < 0.01 for s, w in zip(shares, [0.5, 0.2, 0.3])), shares
-    assert [s["per_epoch"] for s in one.stats()["mix"]["sources"]] == [500, 200, 300]
+    st = one.stats()["mix"]["sources"]
+    assert [s["per_epoch"] for s in st] == [500, 200, 300]
+    assert [s["delivered"] for s in st] == [round(x * 1000) for x in shares]
     # Resumed mid-epoch (epoch 1, after 5 batches): the rest, bit for bit.
     whole = feedline.TextLoader(mix, workers=1, **kw)
     list(whole)
