@@ -198,6 +198,23 @@ LoaderOptions EngineOptions(const py::kwargs& kwargs) {
 }
 
 
+MixOptions MixOptionsOf(uint64_t seed, const std::string& end, int64_t samples_per_epoch,
+                        bool shuffle) {
+  MixOptions o;
+  if (end == "first_source") {
+    o.end = MixOptions::End::kFirstSource;
+  } else if (end == "last_source") {
+    o.end = MixOptions::End::kLastSource;
+  } else {
+    throw py::value_error(
+        absl::StrCat("end: expected 'first_source' or 'last_source', got '", end, "'"));
+  }
+  o.seed = seed;
+  o.samples_per_epoch = samples_per_epoch;
+  o.shuffle = shuffle;
+  return o;
+}
+
 py::dict StatsToDict(const Stats& s) {
   py::dict d;
   d["elapsed_s"] = s.elapsed_s;

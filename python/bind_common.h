@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "feedline/loader.h"
+#include "feedline/mix.h"
 
 namespace feedline::python {
 
@@ -193,6 +194,11 @@ py::tuple NextFields(E& e, double timeout_s = 0) {
 LoaderOptions EngineOptions(const py::kwargs& kwargs);
 
 py::dict StatsToDict(const Stats& s);
+
+// A mixture's options as the faces give them (feedline.Mix and the loader's seed and shuffle);
+// ValueError for an `end` other than "first_source" or "last_source".
+MixOptions MixOptionsOf(uint64_t seed, const std::string& end, int64_t samples_per_epoch,
+                        bool shuffle);
 // A resume state as a dict, and back (every key checked: missing, wrong type, out of range).
 py::dict StateToDict(const Loader::State& s);
 // `d[key]` into `out`, named when it is wrong: a bool only for a bool (TypeError), an int in

@@ -37,12 +37,6 @@ py::list SamplesOf(const Dataset& d) {
   return out;
 }
 
-MixOptions::End EndOf(const std::string& end) {
-  if (end == "first_source") return MixOptions::End::kFirstSource;
-  if (end == "last_source") return MixOptions::End::kLastSource;
-  throw py::value_error(
-      absl::StrCat("end: expected 'first_source' or 'last_source', got '", end, "'"));
-}
 
 }  // namespace
 
@@ -98,11 +92,7 @@ void BindImage(py::module_& m) {
             opened.push_back({"", h.cast<std::vector<std::string>>()});
           }
         }
-        MixOptions o;
-        o.seed = seed;
-        o.end = EndOf(end);
-        o.samples_per_epoch = samples_per_epoch;
-        o.shuffle = shuffle;
+        const MixOptions o = MixOptionsOf(seed, end, samples_per_epoch, shuffle);
         return Unlocked([&]() -> absl::StatusOr<std::shared_ptr<Mix>> {
           std::vector<MixSource> mix;
           for (size_t s = 0; s < opened.size(); ++s) {

@@ -100,15 +100,7 @@ void BindText(py::module_& m) {
       [](const std::vector<std::string>& sources, const std::vector<double>& weights,
          const std::string& field, uint64_t seed, const std::string& end, int64_t samples_per_epoch,
          bool shuffle, double read_timeout_ms) {
-        if (end != "first_source" && end != "last_source") {
-          throw py::value_error("end: expected 'first_source' or 'last_source'");
-        }
-        MixOptions o;
-        o.seed = seed;
-        o.end =
-            end == "first_source" ? MixOptions::End::kFirstSource : MixOptions::End::kLastSource;
-        o.samples_per_epoch = samples_per_epoch;
-        o.shuffle = shuffle;
+        const MixOptions o = MixOptionsOf(seed, end, samples_per_epoch, shuffle);
         return Unlocked([&]() -> absl::StatusOr<std::shared_ptr<Mix>> {
           std::vector<MixSource> mix;
           for (size_t s = 0; s < sources.size(); ++s) {
@@ -121,7 +113,8 @@ void BindText(py::module_& m) {
         });
       },
       py::arg("sources"), py::arg("weights"), py::arg("field"), py::arg("seed"), py::arg("end"),
-      py::arg("samples_per_epoch"), py::arg("shuffle"), py::arg("read_timeout_ms"));
+      py::arg("samples_per_epoch"), py::arg("shuffle"),
+      py::arg("read_timeout_ms") = LoaderOptions().read_timeout_ms());
 
   // A SentencePiece model (a path or URL), loaded once for a TextLoader's loaders.
   py::class_<TokenizerHandle>(m, "Tokenizer").def("counters", [](const TokenizerHandle& h) {

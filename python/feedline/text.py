@@ -119,8 +119,7 @@ class TextLoader(_LoaderFace):
         if mix is not None:  # the documents of every source, mixed (feedline.Mix)
             engine["documents"] = self._mix_dataset = _feedline.text_mix(
                 sources=mix.sources, weights=mix.weights, field=field or "", seed=seed,
-                end=mix.end, samples_per_epoch=mix.samples_per_epoch or 0, shuffle=shuffle,
-                read_timeout_ms=60000.0)
+                end=mix.end, samples_per_epoch=mix.samples_per_epoch or 0, shuffle=shuffle)
             source = ""
             if pack is None:  # padded and bucketed batches are documents: counted as delivered
                 self._mix_delivered = _Delivered(self._mix_dataset)
