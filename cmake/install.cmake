@@ -77,6 +77,7 @@ install(FILES
     ${PROJECT_BINARY_DIR}/feedlineConfigVersion.cmake
     # For the dependencies that ship no CMake package (see feedlineConfig.cmake.in).
     ${PROJECT_SOURCE_DIR}/cmake/FindSPNG.cmake
+    ${PROJECT_SOURCE_DIR}/cmake/FindxxHash.cmake
     ${PROJECT_SOURCE_DIR}/cmake/FindWebP.cmake
     ${PROJECT_SOURCE_DIR}/cmake/FindOpenCVImgproc.cmake
   DESTINATION ${FEEDLINE_INSTALL_CMAKEDIR}

@@ -288,6 +288,7 @@ py::dict StatsToDict(const Stats& s) {
     r["bytes"] = s.remote.bytes;
     r["in_flight"] = s.remote.in_flight;
     r["request_ms"] = s.remote.request_ms;
+    r["damaged_copies"] = s.remote.damaged_copies;
     d["remote"] = r;
   }
   py::list errors;

@@ -72,6 +72,9 @@ struct RemoteStats {
   int64_t bytes = 0;      // fetched
   int64_t in_flight = 0;  // requests running now
   double request_ms = 0;  // mean latency of a successful request
+  // Cached copies (of remote shards) whose bytes differed from their catalog: removed, their
+  // samples read from the source instead.
+  int64_t damaged_copies = 0;
 };
 
 class Dataset {

@@ -185,6 +185,7 @@ RemoteStats Mix::remote_stats() const {
     r.failures += x.failures;
     r.bytes += x.bytes;
     r.in_flight += x.in_flight;
+    r.damaged_copies += x.damaged_copies;
     ms_weighted += x.request_ms * double(x.requests - x.failures);
     ok += x.requests - x.failures;
   }

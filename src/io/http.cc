@@ -22,6 +22,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
@@ -238,7 +239,7 @@ struct FetchOp {
   int fd = -1;
   HttpCounters* counters = nullptr;
   std::shared_ptr<HttpCounters> counters_owner;  // async fetches keep their counters alive
-  std::string* etag = nullptr;                   // receives the response's ETag when given
+  HttpObject* meta = nullptr;                    // receives the response's validator and length
   bool head = false;                             // a HEAD request (headers only)
   std::function<void(absl::Status)> done;
 
@@ -259,23 +260,27 @@ struct FetchOp {
   }
 };
 
-// Response headers: keeps the object's validator, of the last response (each status line
-// starts afresh: redirects and retries overwrite it). The ETag; from a server that sends none,
-// "lm:" and its Last-Modified date, which range reads then send as If-Unmodified-Since (a
-// shard changed on such a server read stale offsets: other samples' bytes, stale labels).
+// Response headers: keeps the object's validator and length, of the last response (each status
+// line starts afresh: redirects and retries overwrite them). The validator is the ETag; from a
+// server that sends none, "lm:" and its Last-Modified date, which range reads then send as
+// If-Unmodified-Since (a shard changed on such a server read stale offsets: other samples'
+// bytes, stale labels). The length is Content-Length's, -1 without a valid one.
 size_t Header(char* data, size_t size, size_t n, void* user) {
-  auto* validator = static_cast<std::string*>(user);
+  auto* meta = static_cast<HttpObject*>(user);
   const absl::string_view line(data, size * n);
   auto value = [&](size_t name) {
     return std::string(absl::StripAsciiWhitespace(line.substr(name)));
   };
   if (absl::StartsWith(line, "HTTP/")) {
-    validator->clear();
+    *meta = HttpObject();
   } else if (line.size() > 5 && absl::EqualsIgnoreCase(line.substr(0, 5), "etag:")) {
-    *validator = value(5);
+    meta->validator = value(5);
   } else if (line.size() > 14 && absl::EqualsIgnoreCase(line.substr(0, 14), "last-modified:") &&
-             (validator->empty() || absl::StartsWith(*validator, kModifiedPrefix))) {
-    *validator = absl::StrCat(kModifiedPrefix, value(14));
+             (meta->validator.empty() || absl::StartsWith(meta->validator, kModifiedPrefix))) {
+    meta->validator = absl::StrCat(kModifiedPrefix, value(14));
+  } else if (line.size() > 15 && absl::EqualsIgnoreCase(line.substr(0, 15), "content-length:")) {
+    int64_t length = -1;
+    meta->length = absl::SimpleAtoi(value(15), &length) && length >= 0 ? length : -1;
   }
   return size * n;
 }
@@ -317,10 +322,10 @@ void Attempt(FetchOp* op) {
   curl_easy_setopt(curl, CURLOPT_URL, op->target.c_str());
   if (op->headers != nullptr) curl_easy_setopt(curl, CURLOPT_HTTPHEADER, op->headers);
   if (op->head) curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
-  if (op->etag != nullptr) {
-    op->etag->clear();
+  if (op->meta != nullptr) {
+    *op->meta = HttpObject();
     curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, &Header);
-    curl_easy_setopt(curl, CURLOPT_HEADERDATA, op->etag);
+    curl_easy_setopt(curl, CURLOPT_HEADERDATA, op->meta);
   }
   if (op->s3 != nullptr) {
     if (!op->s3->access_key.empty()) {
@@ -469,11 +474,11 @@ void OnDone(FetchOp* op, CURLcode rc) {
 void StartFetch(const std::string& url, int64_t offset, int64_t length, const HttpOptions& o,
                 std::vector<uint8_t>* out, int fd, HttpCounters* counters,
                 std::function<void(absl::Status)> done,
-                std::shared_ptr<HttpCounters> counters_owner = nullptr, std::string* etag = nullptr,
+                std::shared_ptr<HttpCounters> counters_owner = nullptr, HttpObject* meta = nullptr,
                 bool head = false) {
   auto* op = new FetchOp;
   op->counters_owner = std::move(counters_owner);
-  op->etag = etag;
+  op->meta = meta;
   op->head = head;
   op->shown = ShownName(url);
   op->target = url;
@@ -529,7 +534,7 @@ void StartFetch(const std::string& url, int64_t offset, int64_t length, const Ht
 // StartFetch, waited for.
 absl::Status Fetch(const std::string& url, int64_t offset, int64_t length, const HttpOptions& o,
                    std::vector<uint8_t>* out, int fd, HttpCounters* counters,
-                   std::string* etag = nullptr, bool head = false) {
+                   HttpObject* meta = nullptr, bool head = false) {
   struct Wait {
     std::mutex mu;
     std::condition_variable cv;
@@ -545,7 +550,7 @@ absl::Status Fetch(const std::string& url, int64_t offset, int64_t length, const
         wait->done = true;
         wait->cv.notify_one();
       },
-      nullptr, etag, head);
+      nullptr, meta, head);
   std::unique_lock<std::mutex> lock(wait->mu);
   wait->cv.wait(lock, [&] { return wait->done; });
   // Moved out, not copied: the HTTP thread may drop the last reference to `wait` after this
@@ -557,12 +562,12 @@ absl::Status Fetch(const std::string& url, int64_t offset, int64_t length, const
 
 }  // namespace
 
-absl::StatusOr<std::string> HttpEtag(const std::string& url, const HttpOptions& o) {
+absl::StatusOr<HttpObject> HttpHead(const std::string& url, const HttpOptions& o) {
   std::vector<uint8_t> none;
-  std::string etag;
-  absl::Status s = Fetch(url, 0, 0, o, &none, -1, nullptr, &etag, /*head=*/true);
+  HttpObject meta;
+  absl::Status s = Fetch(url, 0, 0, o, &none, -1, nullptr, &meta, /*head=*/true);
   if (!s.ok()) return s;
-  return etag;
+  return meta;
 }
 
 absl::Status HttpFetch(const std::string& url, int64_t offset, int64_t length, const HttpOptions& o,
@@ -585,7 +590,9 @@ absl::Status HttpDownload(const std::string& url, const std::string& path, const
   absl::StatusOr<int> fd = CreatePartFile(path, &part);
   if (!fd.ok()) return fd.status();
   std::vector<uint8_t> unused;
-  absl::Status s = Fetch(url, 0, 0, o, &unused, *fd, counters, etag);
+  HttpObject meta;
+  absl::Status s = Fetch(url, 0, 0, o, &unused, *fd, counters, &meta);
+  if (etag != nullptr) *etag = meta.validator;
   if (!s.ok()) {
     ::close(*fd);
     ::unlink(part.c_str());
@@ -718,6 +725,7 @@ RemoteStats ToRemoteStats(const HttpCounters& c) {
   s.failures = c.failures.load(std::memory_order_relaxed);
   s.bytes = c.bytes.load(std::memory_order_relaxed);
   s.in_flight = c.in_flight.load(std::memory_order_relaxed);
+  s.damaged_copies = c.damaged_copies.load(std::memory_order_relaxed);
   const int64_t ok = s.requests - s.retries - s.failures;
   s.request_ms =
       ok > 0 ? double(c.latency_ns.load(std::memory_order_relaxed)) * 1e-6 / double(ok) : 0.0;

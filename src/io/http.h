@@ -86,6 +86,7 @@ struct HttpCounters {
   std::atomic<int64_t> requests{0}, retries{0}, bytes{0}, failures{0};
   std::atomic<int64_t> latency_ns{0};  // summed over successful requests
   std::atomic<int64_t> in_flight{0};
+  std::atomic<int64_t> damaged_copies{0};  // RemoteStats::damaged_copies
 };
 
 // GETs `url` into *out (replacing it); `length` > 0 asks for bytes [offset, offset + length).
@@ -127,9 +128,14 @@ std::map<std::string, std::string> ParseIniSection(absl::string_view text,
 // folder, then by name). Errors: kNotFound (no class prefix, or a class without images).
 absl::StatusOr<FileList> ScanS3ImageFolder(const std::string& url, const HttpOptions& options);
 
-// The object's current validator (a HEAD request, with HttpFetch's retries): its ETag, else
-// kModifiedPrefix + its Last-Modified date; empty if the server sends neither.
-absl::StatusOr<std::string> HttpEtag(const std::string& url, const HttpOptions& options);
+// What a HEAD request says of an object (with HttpFetch's retries): its validator — its ETag,
+// else kModifiedPrefix + its Last-Modified date; empty if the server sends neither — and its
+// length (Content-Length; -1 without one).
+struct HttpObject {
+  std::string validator;
+  int64_t length = -1;
+};
+absl::StatusOr<HttpObject> HttpHead(const std::string& url, const HttpOptions& options);
 
 // Downloads `url` into the file `path` (written under a name of its own, renamed when
 // complete), with HttpFetch's retries; `etag`, when given, receives the object's ETag (empty if

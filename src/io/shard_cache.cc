@@ -187,16 +187,74 @@ void HoldBudget(const std::string& dir, const std::vector<std::string>& in_use, 
   }
 }
 
-// Whether the object at `url` is no longer the version `cached` (an ETag; empty: unknown): one
-// HEAD, within the stall timeout (60 s at most). No answer, or no ETag in it, is "not changed":
-// a cached copy opens offline.
-bool ChangedOnServer(const std::string& url, const std::string& cached, const HttpOptions& o) {
-  if (cached.empty()) return false;
+// Whether the object at `url` is no longer the version cached: one HEAD, within the stall
+// timeout (60 s at most). With a validator (an ETag, or a Last-Modified date), a different one;
+// without (a server that sends neither), a length other than the cached `bytes` (a shard
+// rewritten with the same length is caught when read: every member is checked against its
+// content hash). No answer is "not changed": a cached copy opens offline.
+bool ChangedOnServer(const std::string& url, const std::string& validator, int64_t bytes,
+                     const HttpOptions& o) {
   HttpOptions head = o;
   head.timeout_s = std::min(o.stall_s > 0 ? o.stall_s : 60.0, 60.0);
-  absl::StatusOr<std::string> now = HttpEtag(url, head);
-  return now.ok() && !now->empty() && *now != cached;
+  absl::StatusOr<HttpObject> now = HttpHead(url, head);
+  if (!now.ok()) return false;
+  if (!validator.empty()) return !now->validator.empty() && now->validator != validator;
+  return now->length >= 0 && bytes >= 0 && now->length != bytes;
 }
+
+// The byte budget while shards are downloaded: each download that would take the cache past it
+// first evicts the least recently used files of other data sets, then, if that is not enough,
+// is not kept (its catalog is: its samples are read by range). The disk holds at most the budget
+// plus the downloads in flight, never the whole data set first.
+class Room {
+ public:
+  Room(const std::string& dir, const std::vector<ShardSource>& mine, int64_t budget)
+      : budget_(budget) {
+    std::vector<std::string> own;
+    for (const ShardSource& s : mine) own.push_back(std::filesystem::path(s.path).filename());
+    std::sort(own.begin(), own.end());
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      std::error_code e2;
+      if (!e.is_regular_file(e2) || !IsShardFile(e.path())) continue;
+      const int64_t size = int64_t(e.file_size(e2));
+      held_ += size;
+      if (!std::binary_search(own.begin(), own.end(), e.path().filename().string())) {
+        others_.push_back({e.last_write_time(e2), e.path(), size});
+      }
+    }
+    std::sort(others_.begin(), others_.end(),
+              [](const Other& a, const Other& b) { return a.time > b.time; });  // oldest last
+  }
+
+  // A download of `bytes` at `path` is complete: whether it stays (else it was removed).
+  bool Keep(const std::string& path, int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_ += bytes;
+    while (held_ > budget_ && !others_.empty()) {
+      std::error_code e;
+      if (std::filesystem::remove(others_.back().path, e)) held_ -= others_.back().size;
+      std::filesystem::remove(others_.back().path.string() + kVersionSuffix, e);
+      others_.pop_back();
+    }
+    if (held_ <= budget_) return true;
+    std::error_code e;
+    std::filesystem::remove(path, e);
+    held_ -= bytes;
+    return false;
+  }
+
+ private:
+  struct Other {
+    std::filesystem::file_time_type time;
+    std::filesystem::path path;
+    int64_t size = 0;
+  };
+  std::mutex mu_;
+  const int64_t budget_;
+  int64_t held_ = 0;
+  std::vector<Other> others_;  // newest first
+};
 
 }  // namespace
 
@@ -230,19 +288,23 @@ absl::StatusOr<std::vector<ShardSource>> PrepareRemoteShards(const std::vector<s
     OnThreads(known.size(), 64, [&](size_t k) {
       const ShardSource& s = out[known[k]];
       const TarCatalogSummary summary = SummarizeTarCatalog(s.catalog);
-      // A copy shorter than its catalog says (a crash between write and rename on a file system
-      // that lost the tail, a disk-full copy, a user's cut) is damaged: fetched again, never
-      // served (cut at a member boundary it gave half its samples without a word).
+      // Fetched again, never served: a catalog that does not read (damaged, of an older
+      // version: its checksum or its header) or that describes another source; a copy of
+      // another size than catalogued (a crash between write and rename on a file system that
+      // lost the tail, a disk-full copy, a user's cut: cut at a member boundary it gave half
+      // its samples without a word); a shard changed on the server.
       struct stat st {};
-      const bool damaged = ::stat(s.path.c_str(), &st) == 0 && summary.bytes >= 0 &&
-                           int64_t(st.st_size) < summary.bytes;
-      if (!damaged && !ChangedOnServer(s.url, summary.etag, o)) return;
+      const bool stale =
+          summary.bytes < 0 || summary.source != s.shown ||
+          (::stat(s.path.c_str(), &st) == 0 && int64_t(st.st_size) != summary.bytes) ||
+          ChangedOnServer(s.url, summary.etag, summary.bytes, o);
+      if (!stale) return;
       {
         // Under the shard's lock, and only if no other process has fetched it again meanwhile
-        // (its catalog would hold another version).
+        // (its catalog would describe another version).
         FileLock node(s.path + kLockSuffix, FileLock::Wait::kBlock);
         const TarCatalogSummary now = SummarizeTarCatalog(s.catalog);
-        if (Exists(s.catalog) && (now.etag != summary.etag || now.bytes != summary.bytes)) return;
+        if (now.bytes >= 0 && (now.etag != summary.etag || now.bytes != summary.bytes)) return;
         std::error_code e;
         std::filesystem::remove(s.path, e);
         std::filesystem::remove(s.catalog, e);
@@ -271,6 +333,7 @@ absl::StatusOr<std::vector<ShardSource>> PrepareRemoteShards(const std::vector<s
   std::mutex mu;
   absl::Status first;
   std::vector<size_t> busy;
+  Room room(dir, out, *budget);
   const auto fetch_one = [&](size_t i, FileLock::Wait wait) {
     {
       // After a failure the open fails: the shards not started yet are not fetched (a silent
@@ -286,17 +349,20 @@ absl::StatusOr<std::vector<ShardSource>> PrepareRemoteShards(const std::vector<s
       return;
     }
     // Fetched by another process while this one waited, or before this one looked.
-    if (Exists(s.path) && Exists(s.catalog)) return;
-    std::string etag;  // unknown for a file already there (downloaded before catalogs)
-    absl::Status st =
-        Exists(s.path) ? absl::OkStatus() : HttpDownload(s.url, s.path, o, nullptr, &etag);
+    if (Exists(s.path) && SummarizeTarCatalog(s.catalog).bytes >= 0) return;
+    // A file without its catalog is never adopted (a cut download of an older version, or a
+    // file someone planted at the name): fetched again.
+    std::error_code gone;
+    std::filesystem::remove(s.path, gone);
+    std::string etag;
+    absl::Status st = HttpDownload(s.url, s.path, o, nullptr, &etag);
     if (st.ok()) {
       st = WriteTarCatalog(s.path, s.shown, s.catalog, etag);
       // A copy that cannot be catalogued (not a tar) is not kept: the next open fetches the
       // shard again (it may have been fixed on the server).
-      std::error_code gone;
       if (!st.ok()) std::filesystem::remove(s.path, gone);
     }
+    if (st.ok()) room.Keep(s.path, int64_t(std::filesystem::file_size(s.path, gone)));
     if (!st.ok()) {
       // Name the URL, not the cache file.
       st = absl::Status(st.code(), absl::StrReplaceAll(st.message(), {{s.path, s.shown}}));
@@ -348,8 +414,9 @@ absl::StatusOr<std::vector<std::string>> LocalCopies(const std::vector<std::stri
       // Still the version copied? A changed one is fetched again: the old copy is unlinked (a
       // process that has it open or mapped keeps reading it) and the new one renamed in.
       std::vector<uint8_t> cached;
-      if (ReadWholeFile(version, 4096, &cached).ok() &&
-          ChangedOnServer(url, std::string(cached.begin(), cached.end()), o)) {
+      (void)ReadWholeFile(version, 4096, &cached);  // none: the server sent no validator
+      const int64_t bytes = int64_t(std::filesystem::file_size(path, ec));
+      if (ChangedOnServer(url, std::string(cached.begin(), cached.end()), ec ? -1 : bytes, o)) {
         std::filesystem::remove(path, ec);
       }
     }

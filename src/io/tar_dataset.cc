@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "core/file_io.h"
+#include "xxhash.h"
 
 namespace feedline {
 namespace {
@@ -287,11 +288,39 @@ absl::Status ReadClsTexts(int fd, const std::vector<TarMember>& members, const s
   return absl::OkStatus();
 }
 
-// Version 2 adds the object's validator (line 2: "etag <value>": its ETag, or from a server that
-// sends none "lm:" and its Last-Modified date; empty when unknown); version 1 catalogs (none)
-// are still read.
-constexpr absl::string_view kCatalogMagic = "feedline-tar-catalog 2\n";
-constexpr absl::string_view kCatalogMagicV1 = "feedline-tar-catalog 1\n";
+// Version 3: the entry records what it was made from and what it holds, so that the cache can
+// verify it before (and while) serving it:
+//   feedline-tar-catalog 3
+//   source <the URL as shown: no user information, no query>
+//   etag <the object's validator: its ETag, or "lm:" + its Last-Modified date; may be empty>
+//   size <bytes of the whole shard>
+//   <member count>
+//   <offset> <size> <name length> <.cls length or -1> <XXH3-64 of the member's data, 16 hex>
+//   <name><.cls text>
+//   ...
+//   sum <XXH3-64 of every byte above, 16 hex>
+// Older versions (without content hashes) are not read: the shard is fetched again.
+constexpr absl::string_view kCatalogMagic = "feedline-tar-catalog 3\n";
+
+// XXH3-64 of bytes [offset, offset + size) of `fd`, read in 1 MiB pieces.
+absl::StatusOr<uint64_t> HashRange(int fd, int64_t offset, int64_t size, const std::string& what) {
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  std::vector<uint8_t> piece;
+  absl::Status st;
+  for (int64_t done = 0; done < size && st.ok();) {
+    const int64_t n = std::min<int64_t>(size - done, int64_t{1} << 20);
+    st = PreadAll(fd, offset + done, n, &piece, what);
+    if (st.ok()) XXH3_64bits_update(state, piece.data(), piece.size());
+    done += n;
+  }
+  const uint64_t h = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  if (!st.ok()) return st;
+  return h;
+}
+
+std::string Hex16(uint64_t v) { return absl::StrCat(absl::Hex(v, absl::kZeroPad16)); }
 
 }  // namespace
 
@@ -301,35 +330,56 @@ absl::Status WriteTarCatalog(const std::string& shard, const std::string& shown,
   if (!members.ok()) return members.status();
   const int fd = ::open(shard.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return absl::NotFoundError(absl::StrCat(shard, ": ", std::strerror(errno)));
+  struct stat st {};
   ClsText cls;
-  absl::Status st = ReadClsTexts(fd, *members, shown, &cls);
-  ::close(fd);
-  if (!st.ok()) return st;
+  absl::Status status = ::fstat(fd, &st) == 0
+                            ? ReadClsTexts(fd, *members, shown, &cls)
+                            : absl::DataLossError(absl::StrCat(shown, ": ", std::strerror(errno)));
   std::string out(kCatalogMagic);
-  absl::StrAppend(&out, "etag ", etag, "\n", members->size(), "\n");
-  for (size_t i = 0; i < members->size(); ++i) {
+  absl::StrAppend(&out, "source ", shown, "\netag ", etag, "\nsize ", int64_t(st.st_size), "\n",
+                  members->size(), "\n");
+  for (size_t i = 0; i < members->size() && status.ok(); ++i) {
     const TarMember& m = (*members)[i];
+    absl::StatusOr<uint64_t> hash =
+        HashRange(fd, m.offset, m.size, absl::StrCat(shown, ":", m.name));
+    if (!hash.ok()) {
+      status = hash.status();
+      break;
+    }
     auto it = cls.find(i);
     const std::string& text = it == cls.end() ? std::string() : it->second;
     absl::StrAppend(&out, m.offset, " ", m.size, " ", m.name.size(), " ",
-                    it == cls.end() ? -1 : int64_t(text.size()), "\n", m.name, text, "\n");
+                    it == cls.end() ? -1 : int64_t(text.size()), " ", Hex16(*hash), "\n", m.name,
+                    text, "\n");
   }
+  ::close(fd);
+  if (!status.ok()) return status;
+  absl::StrAppend(&out, "sum ", Hex16(XXH3_64bits(out.data(), out.size())), "\n");
   return WriteFileWhole(catalog, out);  // a reader never sees half a catalog
 }
 
 namespace {
 
 absl::Status ReadTarCatalog(const std::string& catalog, std::vector<TarMember>* members,
-                            ClsText* cls, std::string* etag) {
+                            ClsText* cls, TarCatalogSummary* header) {
   std::vector<uint8_t> raw;
   if (absl::Status s = ReadWholeFile(catalog, int64_t{1} << 32, &raw); !s.ok()) return s;
-  const absl::string_view all(reinterpret_cast<const char*>(raw.data()), raw.size());
+  absl::string_view all(reinterpret_cast<const char*>(raw.data()), raw.size());
   auto bad = [&catalog](absl::string_view why) {
     return absl::DataLossError(absl::StrCat(catalog, ": damaged shard catalog (", why,
                                             "); remove it to index the shard again"));
   };
-  const bool v1 = absl::StartsWith(all, kCatalogMagicV1);
-  if (!v1 && !absl::StartsWith(all, kCatalogMagic)) return bad("no header");
+  if (!absl::StartsWith(all, kCatalogMagic)) return bad("no header of this version");
+  // The checksum first: a catalog cut or changed anywhere is not read at all.
+  const size_t sum_at = all.rfind("sum ");
+  uint64_t sum = 0;
+  if (sum_at == absl::string_view::npos || (sum_at > 0 && all[sum_at - 1] != '\n') ||
+      all.size() != sum_at + 4 + 16 + 1 || all.back() != '\n' ||
+      !absl::SimpleHexAtoi(all.substr(sum_at + 4, 16), &sum) ||
+      XXH3_64bits(all.data(), sum_at) != sum) {
+    return bad("checksum");
+  }
+  all = all.substr(0, sum_at);
   size_t pos = kCatalogMagic.size();
   auto line = [&](absl::string_view* out) {
     const size_t nl = all.find('\n', pos);
@@ -339,30 +389,38 @@ absl::Status ReadTarCatalog(const std::string& catalog, std::vector<TarMember>* 
     return true;
   };
   absl::string_view l;
-  etag->clear();
-  if (!v1) {
-    if (!line(&l) || !absl::StartsWith(l, "etag ")) return bad("no etag line");
-    *etag = std::string(l.substr(5));
+  *header = TarCatalogSummary();
+  if (!line(&l) || !absl::ConsumePrefix(&l, "source ")) return bad("no source line");
+  header->source = std::string(l);
+  if (!line(&l) || !absl::ConsumePrefix(&l, "etag ")) return bad("no etag line");
+  header->etag = std::string(l);
+  int64_t bytes = 0;
+  if (!line(&l) || !absl::ConsumePrefix(&l, "size ") || !absl::SimpleAtoi(l, &bytes) || bytes < 0) {
+    return bad("no size line");
   }
   int64_t n = 0;
   if (!line(&l) || !absl::SimpleAtoi(l, &n) || n < 0) return bad("no member count");
   members->clear();
   for (int64_t i = 0; i < n; ++i) {
     int64_t offset = 0, size = 0, name_len = 0, cls_len = 0;
+    uint64_t hash = 0;
     std::vector<absl::string_view> f;
     if (!line(&l)) return bad("truncated");
     f = absl::StrSplit(l, ' ');
     // Each length against what is left of the file, one at a time: their sum could wrap (a
-    // name length near 2^64 passed a summed check and read past the end).
+    // name length near 2^64 passed a summed check and read past the end). Every member within
+    // the shard's size.
     const uint64_t left = all.size() - pos;
-    if (f.size() != 4 || !absl::SimpleAtoi(f[0], &offset) || !absl::SimpleAtoi(f[1], &size) ||
-        !absl::SimpleAtoi(f[2], &name_len) || !absl::SimpleAtoi(f[3], &cls_len) || offset < 0 ||
-        size < 0 || size > std::numeric_limits<int64_t>::max() - offset || name_len < 0 ||
-        cls_len < -1 || uint64_t(name_len) >= left ||
+    if (f.size() != 5 || !absl::SimpleAtoi(f[0], &offset) || !absl::SimpleAtoi(f[1], &size) ||
+        !absl::SimpleAtoi(f[2], &name_len) || !absl::SimpleAtoi(f[3], &cls_len) ||
+        f[4].size() != 16 || !absl::SimpleHexAtoi(f[4], &hash) || offset < 0 || size < 0 ||
+        offset > bytes || size > bytes - offset || name_len < 0 || cls_len < -1 ||
+        uint64_t(name_len) >= left ||
         uint64_t(std::max<int64_t>(cls_len, 0)) >= left - uint64_t(name_len)) {
       return bad(absl::StrCat("member ", i));
     }
-    members->push_back(TarMember{std::string(all.substr(pos, size_t(name_len))), offset, size});
+    members->push_back(
+        TarMember{std::string(all.substr(pos, size_t(name_len))), offset, size, hash, true});
     pos += size_t(name_len);
     if (cls_len >= 0) {
       (*cls)[size_t(i)] = std::string(all.substr(pos, size_t(cls_len)));
@@ -371,6 +429,8 @@ absl::Status ReadTarCatalog(const std::string& catalog, std::vector<TarMember>* 
     if (all[pos] != '\n') return bad(absl::StrCat("member ", i));
     ++pos;
   }
+  if (pos != all.size()) return bad("bytes after the last member");
+  header->bytes = bytes;
   return absl::OkStatus();
 }
 
@@ -380,9 +440,7 @@ TarCatalogSummary SummarizeTarCatalog(const std::string& catalog) {
   std::vector<TarMember> members;
   ClsText cls;
   TarCatalogSummary s;
-  if (!ReadTarCatalog(catalog, &members, &cls, &s.etag).ok()) return TarCatalogSummary();
-  s.bytes = 0;
-  for (const TarMember& m : members) s.bytes = std::max(s.bytes, m.offset + m.size);
+  if (!ReadTarCatalog(catalog, &members, &cls, &s).ok()) return TarCatalogSummary();
   return s;
 }
 
@@ -418,32 +476,43 @@ absl::StatusOr<std::shared_ptr<TarDataset>> TarDataset::Open(const std::vector<S
     const std::string& name = src.shown;
     std::vector<TarMember> members;
     ClsText cls;
-    std::string etag;
+    TarCatalogSummary catalog;
     int fd = -1;
-    if (!src.path.empty()) {  // a file on disk: indexed here
+    if (!src.catalog.empty()) {  // a remote shard: its catalog (then read by range or from
+                                 // its cached copy)
+      if (absl::Status st = ReadTarCatalog(src.catalog, &members, &cls, &catalog); !st.ok()) {
+        close_all();
+        return st;
+      }
+    } else {  // a file on disk: indexed here
       absl::StatusOr<std::vector<TarMember>> m = IndexTar(src.path);
       if (!m.ok()) {
         close_all();
         return m.status();
       }
       members = *std::move(m);
+    }
+    if (!src.path.empty()) {
       fd = ::open(src.path.c_str(), O_RDONLY | O_CLOEXEC);
       if (fd < 0) {
         close_all();
         return absl::NotFoundError(absl::StrCat(src.path, ": ", std::strerror(errno)));
       }
-      if (absl::Status st = ReadClsTexts(fd, members, name, &cls); !st.ok()) {
-        ::close(fd);
-        close_all();
-        return st;
+      struct stat st {};
+      if (!src.catalog.empty() && (::fstat(fd, &st) != 0 || int64_t(st.st_size) != catalog.bytes)) {
+        ::close(fd);  // a cached copy of another size than catalogued: read by range instead
+        fd = -1;
+      } else if (src.catalog.empty()) {
+        if (absl::Status st = ReadClsTexts(fd, members, name, &cls); !st.ok()) {
+          ::close(fd);
+          close_all();
+          return st;
+        }
       }
-    } else if (absl::Status st = ReadTarCatalog(src.catalog, &members, &cls, &etag); !st.ok()) {
-      close_all();  // a remote shard read by range: its catalog
-      return st;
     }
     fds.push_back(fd);
     shard_http.push_back(http);
-    shard_http.back().if_match = etag;  // range reads fail clearly if the object changed
+    shard_http.back().if_match = catalog.etag;  // range reads fail clearly if the object changed
     // Group by key, in order of first appearance.
     struct Group {
       std::vector<size_t> members;
@@ -484,7 +553,7 @@ absl::StatusOr<std::shared_ptr<TarDataset>> TarDataset::Open(const std::vector<S
       e.key = key;
       for (size_t i = 0; i < g.members.size(); ++i) {
         const TarMember& m = members[g.members[i]];
-        e.members.push_back(Span{g.exts[i], m.offset, m.size});
+        e.members.push_back(Span{g.exts[i], m.offset, m.size, m.hash, m.hashed});
       }
       e.image = g.image;
       const std::string sample_name = g.image >= 0 ? members[g.members[size_t(g.image)]].name : key;
@@ -500,11 +569,16 @@ absl::StatusOr<std::shared_ptr<TarDataset>> TarDataset::Open(const std::vector<S
                                        : ": the shards hold no samples"));
   }
   std::shared_ptr<TarDataset> d(new TarDataset(std::move(files), mode));
-  for (const ShardSource& src : shards) {
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const ShardSource& src = shards[s];
+    const bool remote = !src.catalog.empty();
     d->shards_.push_back(src.shown);
-    d->urls_.push_back(src.path.empty() ? src.url : std::string());
-    d->any_remote_ = d->any_remote_ || src.path.empty();
+    d->urls_.push_back(remote ? src.url : std::string());
+    d->copies_.push_back(remote ? src.path : std::string());
+    d->catalogs_.push_back(src.catalog);
+    d->any_remote_ = d->any_remote_ || fds[s] < 0;
   }
+  d->dropped_ = std::make_unique<std::atomic<bool>[]>(shards.size());
   d->fds_ = std::move(fds);
   d->entries_ = std::move(entries);
   d->http_ = std::move(shard_http);
@@ -550,47 +624,110 @@ void TarDataset::Slice(Mode mode, const Entry& e, int64_t base, const std::vecto
   }
 }
 
+bool TarDataset::Intact(Mode mode, const Entry& e, const Record& record, std::string* which) {
+  auto same = [](const Span& m, const std::vector<uint8_t>& bytes) {
+    return !m.hashed ||
+           (int64_t(bytes.size()) == m.size && XXH3_64bits(bytes.data(), bytes.size()) == m.hash);
+  };
+  if (mode == Mode::kImages) {
+    const Span& m = e.members[size_t(e.image)];
+    if (same(m, record.bytes)) return true;
+    *which = absl::StrCat(e.key, ".", m.ext);
+    return false;
+  }
+  for (size_t i = 0; i < e.members.size() && i < record.members.size(); ++i) {
+    if (!same(e.members[i], record.members[i].bytes)) {
+      *which = absl::StrCat(e.key, ".", e.members[i].ext);
+      return false;
+    }
+  }
+  return true;
+}
+
+namespace {
+
+// A member read by range differs from its catalog: the shard changed on the server (one that
+// sends no validator, or changed it without a new one). The catalog (and a cached copy) goes,
+// so that the next open fetches the shard again; this read fails, naming the member.
+absl::Status ChangedShard(const std::string& shown, const std::string& which,
+                          const std::string& catalog, const std::string& copy) {
+  ::unlink(catalog.c_str());
+  if (!copy.empty()) ::unlink(copy.c_str());
+  return absl::DataLossError(
+      absl::StrCat(shown, ":", ShownName(which),
+                   ": the bytes read differ from the ones catalogued when the shard was "
+                   "downloaded (it changed on the server since it was catalogued); the next "
+                   "open fetches it again"));
+}
+
+}  // namespace
+
+void TarDataset::DropCopy(int s) const {
+  if (dropped_[size_t(s)].exchange(true)) return;
+  // Never served again: removed (an open descriptor keeps reading the old bytes, so this one
+  // stops using it), so that the next open fetches the shard again.
+  ::unlink(copies_[size_t(s)].c_str());
+  counters_->damaged_copies.fetch_add(1, std::memory_order_relaxed);
+}
+
+absl::Status TarDataset::ReadByRange(const Entry& e, Record* record) const {
+  const size_t s = size_t(e.shard);
+  const auto [lo, hi] = RangeOf(e);
+  record->members.clear();
+  std::vector<uint8_t> members_span;
+  std::vector<uint8_t>& span = mode_ == Mode::kImages ? record->bytes : members_span;
+  span.clear();
+  if (hi > lo) {  // else nothing to fetch (empty members)
+    absl::Status st = HttpFetch(urls_[s], lo, hi - lo, http_[s], &span, counters_.get());
+    if (!st.ok()) return st;
+  }
+  Slice(mode_, e, lo, span, record);
+  std::string which;
+  if (!Intact(mode_, e, *record, &which)) {
+    return ChangedShard(shards_[s], which, catalogs_[s], copies_[s]);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status TarDataset::Read(int64_t index, Record* record) const {
   const Entry& e = entries_[size_t(index)];
-  const int fd = fds_[size_t(e.shard)];
+  const size_t s = size_t(e.shard);
+  const int fd = fds_[s];
   record->label = files_.samples[size_t(index)].label;
-  if (fd < 0) {  // a remote shard: one range request for the entry's members
-    const auto [lo, hi] = RangeOf(e);
-    record->members.clear();
-    std::vector<uint8_t> members_span;
-    std::vector<uint8_t>& span = mode_ == Mode::kImages ? record->bytes : members_span;
-    span.clear();
-    if (hi > lo) {  // else nothing to fetch (empty members)
-      absl::Status st = HttpFetch(urls_[size_t(e.shard)], lo, hi - lo, http_[size_t(e.shard)],
-                                  &span, counters_.get());
-      if (!st.ok()) return st;
-    }
-    Slice(mode_, e, lo, span, record);
-    return absl::OkStatus();
-  }
+  // A remote shard without a copy (or whose copy was damaged): one range request for the
+  // entry's members.
+  if (fd < 0 || dropped_[s].load(std::memory_order_relaxed)) return ReadByRange(e, record);
+  absl::Status read;
   if (mode_ == Mode::kImages) {
     // The image built-in needs the image only (the label was read once, at Open).
     record->members.clear();
     const Span& m = e.members[size_t(e.image)];
-    return PreadAll(fd, m.offset, m.size, &record->bytes, Describe(index));
+    read = PreadAll(fd, m.offset, m.size, &record->bytes, Describe(index));
+  } else {
+    record->bytes.clear();
+    record->members.resize(e.members.size());
+    for (size_t i = 0; i < e.members.size() && read.ok(); ++i) {
+      const Span& m = e.members[i];
+      record->members[i].name = m.ext;
+      read = PreadAll(fd, m.offset, m.size, &record->members[i].bytes,
+                      absl::StrCat(shards_[s], ":", e.key, ".", m.ext));
+      if (int(i) == e.image) record->bytes = record->members[i].bytes;
+    }
   }
-  record->bytes.clear();
-  record->members.resize(e.members.size());
-  for (size_t i = 0; i < e.members.size(); ++i) {
-    const Span& m = e.members[i];
-    record->members[i].name = m.ext;
-    absl::Status st = PreadAll(fd, m.offset, m.size, &record->members[i].bytes,
-                               absl::StrCat(shards_[size_t(e.shard)], ":", e.key, ".", m.ext));
-    if (!st.ok()) return st;
-    if (int(i) == e.image) record->bytes = record->members[i].bytes;
-  }
-  return absl::OkStatus();
+  if (copies_[s].empty()) return read;
+  std::string which;
+  if (read.ok() && Intact(mode_, e, *record, &which)) return absl::OkStatus();
+  DropCopy(int(s));  // a cached copy cut or not what was catalogued: from the source instead
+  return ReadByRange(e, record);
 }
 
 void TarDataset::ReadAsync(int64_t index, Record* record,
                            std::function<void(absl::Status)> done) const {
   const Entry& e = entries_[size_t(index)];
-  if (fds_[size_t(e.shard)] >= 0) return done(Read(index, record));
+  const size_t s = size_t(e.shard);
+  if (fds_[s] >= 0 && !dropped_[s].load(std::memory_order_relaxed)) {
+    return done(Read(index, record));
+  }
   record->label = files_.samples[size_t(index)].label;
   record->members.clear();
   const auto [lo, hi] = RangeOf(e);
@@ -599,22 +736,35 @@ void TarDataset::ReadAsync(int64_t index, Record* record,
     Slice(mode_, e, lo, {}, record);
     return done(absl::OkStatus());
   }
-  if (mode_ == Mode::kImages) {  // straight into the record
-    return HttpFetchAsync(urls_[size_t(e.shard)], lo, hi - lo, http_[size_t(e.shard)],
-                          &record->bytes, counters_, std::move(done));
-  }
   // The callback may run after this data set is gone (a loader stopped mid-read): it keeps
-  // what it needs.
+  // what it needs, and checks the bytes against the catalog.
+  auto check = [mode = mode_, e, shown = shards_[s], catalog = catalogs_[s], copy = copies_[s],
+                record](absl::Status st) {
+    std::string which;
+    if (st.ok() && !Intact(mode, e, *record, &which)) {
+      return ChangedShard(shown, which, catalog, copy);
+    }
+    return st;
+  };
+  if (mode_ == Mode::kImages) {  // straight into the record
+    return HttpFetchAsync(urls_[s], lo, hi - lo, http_[s], &record->bytes, counters_,
+                          [check = std::move(check), done = std::move(done)](absl::Status st) {
+                            done(check(std::move(st)));
+                          });
+  }
   auto span = std::make_shared<std::vector<uint8_t>>();
-  HttpFetchAsync(urls_[size_t(e.shard)], lo, hi - lo, http_[size_t(e.shard)], span.get(), counters_,
-                 [mode = mode_, e, lo = lo, span, record, done = std::move(done)](absl::Status st) {
+  HttpFetchAsync(urls_[s], lo, hi - lo, http_[s], span.get(), counters_,
+                 [mode = mode_, e, lo = lo, span, record, check = std::move(check),
+                  done = std::move(done)](absl::Status st) {
                    if (st.ok()) Slice(mode, e, lo, *span, record);
-                   done(std::move(st));
+                   done(check(std::move(st)));
                  });
 }
 
 RemoteStats TarDataset::remote_stats() const {
-  return any_remote_ ? ToRemoteStats(*counters_) : RemoteStats{};
+  return any_remote_ || counters_->damaged_copies.load(std::memory_order_relaxed) > 0
+             ? ToRemoteStats(*counters_)
+             : RemoteStats{};
 }
 
 }  // namespace feedline

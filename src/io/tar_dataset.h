@@ -12,6 +12,7 @@
 #ifndef FEEDLINE_SRC_IO_TAR_DATASET_H_
 #define FEEDLINE_SRC_IO_TAR_DATASET_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -41,6 +42,8 @@ struct TarMember {
   std::string name;
   int64_t offset = 0;  // of the member's data in the file
   int64_t size = 0;
+  uint64_t hash = 0;  // XXH3-64 of the member's data, when `hashed` (from a catalog)
+  bool hashed = false;
 };
 
 // Lists the members (regular files) of one tar file. kDataLoss names the file and the offset
@@ -52,25 +55,34 @@ absl::StatusOr<std::vector<TarMember>> IndexTarBytes(const uint8_t* data, size_t
 
 // Where a shard's bytes are: a file on disk (`path`), or a URL read member by member with HTTP
 // range requests (`path` empty), whose members and labels come from its `catalog` (written by
-// WriteTarCatalog when the shard was downloaded once).
+// WriteTarCatalog when the shard was downloaded once). A remote shard with a cached copy has
+// all three: its members come from the catalog, and every read is checked against it.
 struct ShardSource {
-  std::string path;     // a local tar file; empty: read by range from `url`
-  std::string url;      // for range reads
-  std::string catalog;  // for range reads
+  std::string path;     // a local tar file (or a remote shard's cached copy); empty: by range
+  std::string url;      // a remote shard's
+  std::string catalog;  // a remote shard's
   std::string shown;    // names the shard in samples and messages (the URL of a remote one)
 };
 
-// Indexes the tar file `shard` and writes its catalog (members, .cls labels and the object's
-// `etag`, when known) to `catalog` (whole or not at all). `shown` names the shard in errors.
-// Range reads from a catalog with an ETag ask for that version of the object (If-Match): a
-// shard changed on the server since is a DataError naming it, not garbage samples.
+// Indexes the tar file `shard` and writes its catalog (whole or not at all): the shard's source
+// (`shown`, which also names it in errors), its validator (`etag`: the object's ETag, or
+// kModifiedPrefix + its Last-Modified date; empty when the server sent neither), its size, and
+// its members with their .cls labels and a content hash (XXH3-64) of each member's data. The
+// catalog carries a checksum of itself.
+//
+// Reads through a catalog are verified: a member whose bytes differ from its hash is a
+// DataError (read by range: the shard changed on the server; the catalog is removed so that the
+// next open fetches the shard again), or, from a cached copy, read by range instead (the copy
+// is damaged: it is removed, never served). Range reads also ask for the catalogued version
+// (If-Match, or If-Unmodified-Since), so that a changed shard fails before any byte is sliced.
 absl::Status WriteTarCatalog(const std::string& shard, const std::string& shown,
                              const std::string& catalog, const std::string& etag = "");
 
-// What the shard cache needs of a catalog: the ETag it was written with (empty: unknown), and
-// the bytes of the shard it describes, up to its last member's data. bytes = -1 (and no ETag)
-// when it is not a readable catalog.
+// What the shard cache needs of a catalog: the source and validator it was written with, and
+// the bytes of the whole shard. bytes = -1 (and the rest empty) when it is not a readable
+// catalog of this version with an intact checksum.
 struct TarCatalogSummary {
+  std::string source;
   std::string etag;
   int64_t bytes = -1;
 };
@@ -107,6 +119,8 @@ class TarDataset final : public FileDataset {
   struct Span {
     std::string ext;
     int64_t offset = 0, size = 0;
+    uint64_t hash = 0;  // of the member's data, when `hashed` (from the shard's catalog)
+    bool hashed = false;
   };
   struct Entry {
     int shard = 0;
@@ -122,10 +136,22 @@ class TarDataset final : public FileDataset {
   // The record of entry `e` from `span`, the bytes of the shard from offset `base` on.
   static void Slice(Mode mode, const Entry& e, int64_t base, const std::vector<uint8_t>& span,
                     Record* record);
+  // Whether the members a read of `e` returned in `record` have their catalogued hashes
+  // (members without one pass); else the name of the first that does not.
+  static bool Intact(Mode mode, const Entry& e, const Record& record, std::string* which);
+  // A read of entry `e` by range from its shard's URL, verified against the catalog.
+  absl::Status ReadByRange(const Entry& e, Record* record) const;
+  // The cached copy of shard `s` returned other bytes than its catalog's: it is not read again
+  // (removed; the next open fetches it again) and reads go by range.
+  void DropCopy(int s) const;
   const Mode mode_;
   std::vector<std::string> shards_;  // as shown
-  std::vector<std::string> urls_;    // per shard: the URL of one read by range, else empty
-  std::vector<int> fds_;             // per shard: -1 when read by range
+  std::vector<std::string> urls_;    // per shard: the URL of a remote one, else empty
+  std::vector<std::string> copies_;  // per shard: the cached copy of a remote one, else empty
+  std::vector<std::string> catalogs_;  // per shard: the catalog of a remote one, else empty
+  std::vector<int> fds_;               // per shard: -1 when read by range
+  // Per shard: its cached copy was found damaged; reads go by range.
+  std::unique_ptr<std::atomic<bool>[]> dropped_;
   std::vector<Entry> entries_;
   bool any_remote_ = false;
   std::vector<HttpOptions> http_;  // per shard (the If-Match ETag of one read by range)

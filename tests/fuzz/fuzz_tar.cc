@@ -3,7 +3,8 @@
 // must give the same index through IndexTar (its pread path), and TarDataset::Open on that file
 // must group them into samples whose reads return exactly the members' bytes. A catalog written
 // from the file (what a remote shard is read by range from) must give the same samples and
-// labels as the file itself.
+// labels as the file itself; read through its catalog (what a cached copy of a remote shard is),
+// the file must give the same bytes, every one of them matching the catalog's content hashes.
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -95,6 +96,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       for (size_t i = 0; i < a.size(); ++i) {
         FUZZ_CHECK(a[i].path == b[i].path && a[i].label == b[i].label, a[i].path);
       }
+      // The same file as a remote shard's cached copy (the URL is never reached: port 9).
+      feedline::ShardSource copy{path, "http://127.0.0.1:9/fuzz.tar", catalog, path};
+      auto cached = feedline::TarDataset::Open({copy}, path, mode, feedline::HttpOptions());
+      FUZZ_CHECK(cached.ok(), cached.status().ToString());
+      for (int64_t i = 0; i < (*local)->size(); ++i) {
+        feedline::Record want, got;
+        FUZZ_CHECK((*local)->Read(i, &want).ok() && (*cached)->Read(i, &got).ok(),
+                   (*local)->Describe(i));
+        FUZZ_CHECK(want.bytes == got.bytes && want.members.size() == got.members.size(),
+                   (*local)->Describe(i));
+        for (size_t m = 0; m < want.members.size(); ++m) {
+          FUZZ_CHECK(want.members[m].bytes == got.members[m].bytes, (*local)->Describe(i));
+        }
+      }
+      FUZZ_CHECK((*cached)->remote_stats().damaged_copies == 0, "a faithful copy dropped");
     }
   }
   return 0;

@@ -20,9 +20,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "feedline/loader.h"
 #include "core/file_io.h"
+#include "feedline/loader.h"
 #include "io/http.h"
 #include "io/shard_cache.h"
 #include "io/tar_dataset.h"
@@ -70,9 +71,12 @@ class TestServer {
     return absl::StrCat("http://127.0.0.1:", port_, path);
   }
   int requests() const { return requests_.load(); }
-  void serve_file(const std::string& name, std::string bytes) {
+  // Serves `bytes` at /file/<name>, each whole-file GET after `delay_ms`; with neither an ETag
+  // nor a Last-Modified date (a server without validators).
+  void serve_file(const std::string& name, std::string bytes, int delay_ms = 0) {
     std::lock_guard<std::mutex> lock(mu_);
     files_["/file/" + name] = std::move(bytes);
+    delays_["/file/" + name] = delay_ms;
   }
   // The most /slow/ requests served at once.
   int max_concurrent() const { return max_concurrent_.load(); }
@@ -131,13 +135,19 @@ class TestServer {
       const int n = slash != std::string::npos ? std::atoi(path.c_str() + slash + 1) : 0;
       std::string file;
       bool is_file = false;
+      int delay_ms = 0;
       {
         std::lock_guard<std::mutex> lock(mu_);
         auto it = files_.find(path);
-        if (it != files_.end()) file = it->second, is_file = true;
+        if (it != files_.end()) file = it->second, is_file = true, delay_ms = delays_[path];
       }
       if (is_file) {
-        if (from < 0) {
+        if (head.rfind("HEAD ", 0) == 0) {  // the headers alone
+          const std::string msg =
+              absl::StrCat("HTTP/1.1 200 OK\r\nContent-Length: ", file.size(), "\r\n\r\n");
+          ::send(c, msg.data(), msg.size(), MSG_NOSIGNAL);
+        } else if (from < 0) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
           reply(200, file);
         } else {
           const std::string body = file.substr(size_t(from), size_t(to - from + 1));
@@ -220,6 +230,7 @@ class TestServer {
   std::vector<std::thread> workers_;
   std::map<std::string, int> seen_;
   std::map<std::string, std::string> files_;
+  std::map<std::string, int> delays_;
   std::vector<std::string> heads_;
 };
 
@@ -568,6 +579,204 @@ TEST_CASE("cache: a cached shard shorter than its catalog is fetched again, neve
     REQUIRE(ds.ok());
     CHECK((*ds)->size() == 8);
   }
+}
+
+// Eight members of distinct bytes ("k<i>.txt"), as one tar; `fill` varies the content, not the
+// layout.
+std::string EightMembers(char fill = 'a') {
+  std::vector<std::pair<std::string, std::string>> members;
+  for (int i = 0; i < 8; ++i) {
+    members.emplace_back(absl::StrCat("k", i, ".txt"), std::string(1000 + i, char(fill + i)));
+  }
+  return testing::Tar(members);
+}
+
+// Every sample of `ds` read whole (kMembers), its members' bytes joined.
+std::vector<std::string> ReadAll(const TarDataset& ds) {
+  std::vector<std::string> out;
+  for (int64_t i = 0; i < ds.size(); ++i) {
+    Record r;
+    const absl::Status st = ds.Read(i, &r);
+    INFO(st.ToString());
+    REQUIRE(st.ok());
+    std::string joined;
+    for (const auto& m : r.members) joined += std::string(m.bytes.begin(), m.bytes.end());
+    out.push_back(joined);
+  }
+  return out;
+}
+
+TEST_CASE("cache: a planted file, a changed copy and a damaged catalog are never served", "[io]") {
+  TestServer server;
+  testing::TempDir tmp;
+  ScopedEnv env("FEEDLINE_CACHE_DIR", tmp.path().c_str());
+  const std::string tar = EightMembers();
+  server.serve_file("s.tar", tar);
+  const std::string url = server.url("/file/s.tar");
+  auto first = PrepareRemoteShards({url}, Fast());
+  REQUIRE(first.ok());
+  const ShardSource src = (*first)[0];
+  REQUIRE(testing::ReadFile(src.path) == tar);
+  auto reference = TarDataset::Open(*first, url, TarDataset::Mode::kMembers, Fast());
+  REQUIRE(reference.ok());
+  const std::vector<std::string> want = ReadAll(**reference);
+  REQUIRE(want.size() == 8);
+
+  SECTION("a file planted at the shard's name, without its catalog, is fetched again") {
+    std::filesystem::remove(src.catalog);
+    testing::WriteFile(src.path, EightMembers('A'));  // same names, other bytes
+    auto again = PrepareRemoteShards({url}, Fast());
+    REQUIRE(again.ok());
+    CHECK(testing::ReadFile((*again)[0].path) == tar);
+  }
+  SECTION("a copy changed after it was catalogued is dropped, its samples read from the source") {
+    std::string changed = tar;
+    changed.replace(512 + 10, 5, "ZZZZZ");  // inside k0.txt's data, the size unchanged
+    testing::WriteFile(src.path, changed);
+    auto again = PrepareRemoteShards({url}, Fast());
+    REQUIRE(again.ok());
+    REQUIRE((*again)[0].path == src.path);  // same size, same source: it looks fine
+    auto ds = TarDataset::Open(*again, url, TarDataset::Mode::kMembers, Fast());
+    REQUIRE(ds.ok());
+    CHECK(ReadAll(**ds) == want);
+    CHECK((*ds)->remote_stats().damaged_copies == 1);
+    CHECK(!std::filesystem::exists(src.path));  // removed: never read again
+    auto refetched = PrepareRemoteShards({url}, Fast());
+    REQUIRE(refetched.ok());
+    CHECK(testing::ReadFile((*refetched)[0].path) == tar);
+    // In image mode too, through the asynchronous path of a shard read by range.
+  }
+  SECTION("a catalog cut, changed, of an older version or of another source is fetched again") {
+    const std::string good = testing::ReadFile(src.catalog);
+    std::string flipped = good;
+    flipped[flipped.size() / 2] ^= 0x20;
+    // A whole catalog of the same bytes, made for another URL (an entry copied over this one).
+    const std::string elsewhere = tmp.path() + "/elsewhere.idx";
+    REQUIRE(WriteTarCatalog(src.path, "http://elsewhere/s.tar", elsewhere).ok());
+    const std::string other_source = testing::ReadFile(elsewhere);
+    for (const std::string& bad :
+         {good.substr(0, good.size() - 10), flipped, other_source,
+          std::string("feedline-tar-catalog 2\netag \n1\n0 1000 6 -1\nk0.txt\n")}) {
+      testing::WriteFile(src.catalog, bad);
+      CHECK(SummarizeTarCatalog(src.catalog).bytes ==
+            (bad == other_source ? int64_t(tar.size()) : int64_t(-1)));
+      const int before = server.requests();
+      auto again = PrepareRemoteShards({url}, Fast());
+      REQUIRE(again.ok());
+      CHECK(server.requests() >= before + 1);
+      CHECK(testing::ReadFile(src.catalog) == good);
+      CHECK(testing::ReadFile((*again)[0].path) == tar);
+    }
+  }
+}
+
+TEST_CASE("cache: a shard changed on a server without validators is noticed", "[io]") {
+  TestServer server;
+  testing::TempDir tmp;
+  ScopedEnv env("FEEDLINE_CACHE_DIR", tmp.path().c_str());
+  ScopedEnv budget("FEEDLINE_SHARD_CACHE_BYTES", "0");  // no copies: every read by range
+  server.serve_file("s.tar", EightMembers());
+  const std::string url = server.url("/file/s.tar");
+  auto first = PrepareRemoteShards({url}, Fast());
+  REQUIRE(first.ok());
+  REQUIRE((*first)[0].path.empty());
+  for (TarDataset::Mode mode : {TarDataset::Mode::kMembers, TarDataset::Mode::kImages}) {
+    if (mode == TarDataset::Mode::kImages) {
+      // Images: one sample per key with a .jpg and a .cls; read asynchronously.
+      server.serve_file("i.tar", testing::Tar({{"a.jpg", std::string(3000, 'j')}, {"a.cls", "1"}}));
+      const std::string iurl = server.url("/file/i.tar");
+      auto sources = PrepareRemoteShards({iurl}, Fast());
+      REQUIRE(sources.ok());
+      auto ds = TarDataset::Open(*sources, iurl, mode, Fast());
+      REQUIRE(ds.ok());
+      REQUIRE((*ds)->async_reads());
+      server.serve_file("i.tar", testing::Tar({{"a.jpg", std::string(3000, 'k')}, {"a.cls", "1"}}));
+      Record r;
+      std::promise<absl::Status> done;
+      (*ds)->ReadAsync(0, &r, [&done](absl::Status s) { done.set_value(s); });
+      const absl::Status st = done.get_future().get();
+      CHECK(absl::IsDataLoss(st));
+      CHECK_THAT(std::string(st.message()),
+                 Catch::Contains("a.jpg") && Catch::Contains("changed on the server"));
+      continue;
+    }
+    auto ds = TarDataset::Open(*first, url, mode, Fast());
+    REQUIRE(ds.ok());
+    // Rewritten with the same layout and size: before, range reads returned the new bytes as
+    // if they were the catalogued ones (other samples' bytes, stale labels).
+    server.serve_file("s.tar", EightMembers('A'));
+    Record r;
+    const absl::Status st = (*ds)->Read(3, &r);
+    CHECK(absl::IsDataLoss(st));
+    CHECK_THAT(std::string(st.message()),
+               Catch::Contains("k3.txt") && Catch::Contains("changed on the server"));
+    CHECK(!std::filesystem::exists((*first)[0].catalog));  // the next open fetches it again
+  }
+  // Another size: the open's HEAD notices it (no validator to compare), and fetches it again.
+  auto again = PrepareRemoteShards({url}, Fast());
+  REQUIRE(again.ok());
+  const std::string longer = testing::Tar({{"x.txt", std::string(5000, 'x')}});
+  server.serve_file("s.tar", longer);
+  auto third = PrepareRemoteShards({url}, Fast());
+  REQUIRE(third.ok());
+  CHECK(SummarizeTarCatalog((*third)[0].catalog).bytes == int64_t(longer.size()));
+}
+
+TEST_CASE("cache: downloads hold the byte budget as they go, other data sets' files first",
+          "[io]") {
+  TestServer server;
+  testing::TempDir tmp;
+  ScopedEnv env("FEEDLINE_CACHE_DIR", tmp.path().c_str());
+  const std::string tar = EightMembers();
+  const int64_t shard = int64_t(tar.size());
+  // Another data set's two shards, cached first.
+  std::vector<std::string> old_urls, urls;
+  for (int k = 0; k < 2; ++k) {
+    server.serve_file(absl::StrCat("old", k, ".tar"), tar);
+    old_urls.push_back(server.url(absl::StrCat("/file/old", k, ".tar")));
+  }
+  auto old = PrepareRemoteShards(old_urls, Fast());
+  REQUIRE(old.ok());
+  // Twelve shards, each served after 150 ms, within a budget of two and a half.
+  for (int k = 0; k < 12; ++k) {
+    server.serve_file(absl::StrCat("s", k, ".tar"), tar, 150);
+    urls.push_back(server.url(absl::StrCat("/file/s", k, ".tar")));
+  }
+  const std::string bytes = std::to_string(shard * 5 / 2);
+  ScopedEnv budget("FEEDLINE_SHARD_CACHE_BYTES", bytes.c_str());
+  const std::string dir = tmp.path() + "/shards";
+  std::atomic<bool> done{false};
+  int64_t peak = 0;  // the shard bytes on disk (downloads in progress included), at most
+  std::thread watch([&] {
+    while (!done) {
+      int64_t now = 0;
+      std::error_code ec;
+      for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+        const std::string name = e.path().filename().string();
+        if (absl::EndsWith(name, ".idx") || absl::EndsWith(name, ".lock")) continue;
+        std::error_code e2;
+        now += int64_t(e.file_size(e2));
+      }
+      peak = std::max(peak, now);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  auto opened = PrepareRemoteShards(urls, Fast());
+  done = true;
+  watch.join();
+  REQUIRE(opened.ok());
+  // The budget plus the four downloads in flight, never the whole data set (12 shards).
+  CHECK(peak <= shard * 5 / 2 + 4 * shard);
+  int kept = 0;
+  for (const ShardSource& s : *opened) {
+    kept += !s.path.empty();
+    CHECK(SummarizeTarCatalog(s.catalog).bytes == shard);  // every shard catalogued
+  }
+  CHECK(kept == 2);
+  for (const ShardSource& s : *old) CHECK(!std::filesystem::exists(s.path));  // evicted first
+  auto ds = TarDataset::Open(*opened, "", TarDataset::Mode::kMembers, Fast());
+  REQUIRE(ds.ok());
+  CHECK((*ds)->size() == 12 * 8);
 }
 
 TEST_CASE("s3 listing: a server that repeats a token or never lists a key is an error",

@@ -1,0 +1,10 @@
+# Finds xxHash (Debian: libxxhash-dev). Defines xxHash::xxhash.
+find_path(xxHash_INCLUDE_DIR xxhash.h)
+find_library(xxHash_LIBRARY xxhash)
+include(FindPackageHandleStandardArgs)
+find_package_handle_standard_args(xxHash REQUIRED_VARS xxHash_INCLUDE_DIR xxHash_LIBRARY)
+if(xxHash_FOUND AND NOT TARGET xxHash::xxhash)
+  add_library(xxHash::xxhash UNKNOWN IMPORTED)
+  set_target_properties(xxHash::xxhash PROPERTIES IMPORTED_LOCATION "${xxHash_LIBRARY}"
+    INTERFACE_INCLUDE_DIRECTORIES "${xxHash_INCLUDE_DIR}")
+endif()
