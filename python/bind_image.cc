@@ -82,7 +82,8 @@ void BindImage(py::module_& m) {
   m.def(
       "mix_dataset",
       [](const py::list& sources, const std::vector<double>& weights, uint64_t seed,
-         const std::string& end, int64_t samples_per_epoch, bool shuffle, double read_timeout_ms) {
+         const std::string& end, int64_t samples_per_epoch, bool shuffle, double read_timeout_ms,
+         int64_t max_record_bytes, int64_t memory_budget) {
         // Each source: a path, pattern or URL (str), or a list of shard paths.
         std::vector<std::pair<std::string, std::vector<std::string>>> opened;
         for (const py::handle h : sources) {
@@ -97,7 +98,8 @@ void BindImage(py::module_& m) {
           std::vector<MixSource> mix;
           for (size_t s = 0; s < opened.size(); ++s) {
             absl::StatusOr<std::shared_ptr<FileDataset>> files =
-                FileDataset::Open(opened[s].first, opened[s].second, read_timeout_ms);
+                FileDataset::Open(opened[s].first, opened[s].second,
+                                  ReadLimits{read_timeout_ms, max_record_bytes, memory_budget / 2});
             if (!files.ok()) return files.status();
             mix.push_back({*std::move(files), weights.at(s)});
           }
@@ -106,6 +108,8 @@ void BindImage(py::module_& m) {
       },
       py::arg("sources"), py::arg("weights"), py::arg("seed"), py::arg("end"),
       py::arg("samples_per_epoch"), py::arg("shuffle"), py::arg("read_timeout_ms"),
+      py::arg("max_record_bytes") = LoaderOptions().max_record_bytes(),
+      py::arg("memory_budget") = LoaderOptions().memory_budget(),
       "A weighted mixture of image sources (feedline/mix.h), for image_loader(dataset=).");
 }
 

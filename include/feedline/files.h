@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "feedline/dataset.h"
+#include "feedline/options.h"
 
 namespace feedline {
 
@@ -63,6 +64,19 @@ const std::vector<std::string>& ImageExtensions();
 // (an empty data set, a class without images, a malformed list line: file and line named).
 absl::StatusOr<FileList> ScanFileList(const std::string& source);
 
+// How a data set's reads are bounded (the loader's read_timeout_ms, max_record_bytes and
+// memory_budget options: ReadLimitsOf).
+struct ReadLimits {
+  double read_timeout_ms = 60000;                 // each read, retries included; 0: none
+  int64_t max_record_bytes = int64_t{256} << 20;  // one record (a file, a body, a member)
+  // The bodies of the remote reads in flight together; 0: half of a quarter of the available
+  // memory (half the automatic memory budget).
+  int64_t in_flight_bytes = 0;
+};
+inline ReadLimits ReadLimitsOf(const LoaderOptions& o) {
+  return ReadLimits{o.read_timeout_ms(), o.max_record_bytes(), o.memory_budget() / 2};
+}
+
 // A data set of labelled files. Records: `bytes` = the file's contents, `label` = its class;
 // for WebDataset shards also every member of the key in `members` (by extension).
 // Thread safety: immutable after Open; Read from any number of threads.
@@ -72,11 +86,12 @@ class FileDataset : public Dataset {
   // brace pattern such as "d/train-{000000..000099}.tar"); `shards`, when not empty, takes
   // precedence. Errors as ScanFileList, and kDataLoss for a malformed shard (file and offset).
   // A list file may name http:// and https:// URLs (or be one itself: its relative paths are
-  // then relative to its URL); they are fetched with retries within `read_timeout_ms` (see
-  // src/io/http.h), an HTTP 404 is the sample's kNotFound naming the URL.
+  // then relative to its URL); they are fetched with retries within the read timeout (see
+  // src/io/http.h), an HTTP 404 is the sample's kNotFound naming the URL. A record above
+  // `limits.max_record_bytes` is the sample's kResourceExhausted naming it.
   static absl::StatusOr<std::shared_ptr<FileDataset>> Open(
       const std::string& source, const std::vector<std::string>& shards = {},
-      double read_timeout_ms = 60000);
+      const ReadLimits& limits = {});
 
   const FileList& files() const noexcept { return files_; }
   int64_t size() const override { return int64_t(files_.samples.size()); }
@@ -94,11 +109,11 @@ class FileDataset : public Dataset {
 // ...); `record.label` is the `.cls` member's integer when the key has one, else -1;
 // `record.bytes` is the image member's bytes when there is one. `source` is a ".tar" path or a
 // brace pattern ("d/train-{000000..000099}.tar"); `shards`, when given, takes precedence. URLs
-// go through the shard cache as ImageLoader's shards do; `read_timeout_ms` bounds each read
+// go through the shard cache as ImageLoader's shards do; the read timeout bounds each read
 // (and a server that never answers fails the open within ~2 of them).
 absl::StatusOr<std::shared_ptr<FileDataset>> OpenWebDataset(
     const std::string& source, const std::vector<std::string>& shards = {},
-    double read_timeout_ms = 60000);
+    const ReadLimits& limits = {});
 
 }  // namespace feedline
 

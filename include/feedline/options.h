@@ -217,6 +217,11 @@ class LoaderOptions {
   FEEDLINE_ARG(kEngine, double, read_timeout_ms, 60000.0, AtLeast(0, "must be >= 0 (0: none)"),
                "a read that takes longer fails (then follows on_error); 0: none (Python: "
                "read_timeout, in seconds)");
+  FEEDLINE_ARG(kEngine, int64_t, max_record_bytes, int64_t{256} << 20,
+               AtLeast(1, "must be a byte count >= 1"),
+               "a record (a file, a URL's body, a shard member) larger than this fails (then "
+               "follows on_error) before more of it is read: a body that never ends, a wrong "
+               "file; the responses in flight together hold at most half the memory budget");
   FEEDLINE_ARG(kImage, int64_t, max_image_pixels, 178956970, AtLeast(1),
                "images with more pixels are refused before any pixel memory is allocated "
                "(PIL's limit)");

@@ -63,6 +63,8 @@ class ImageLoader(_LoaderFace):
         bounds it ("auto": what memory_budget leaves). Hits and misses are in stats().
     max_errors: under on_error="skip", more failed samples than this raise DataError.
     read_timeout: seconds after which a read fails (hung storage cannot hang training).
+    max_record_bytes: a file, URL body or shard member larger than this fails as a bad sample
+        (an int or a size such as "1GiB"), before more of it is read.
     return_index: also yield the data set indices of the batch's samples.
     simulated_read_latency_ms: adds latency to every read (benchmarks: remote storage).
     accept_corrupt: decode images with corrupt data (JPEG entropy-data damage, PNG CRC errors,
@@ -88,7 +90,7 @@ class ImageLoader(_LoaderFace):
                  return_index=False, max_image_pixels=178956970, max_errors=None,
                  read_timeout=60.0, simulated_read_latency_ms=0.0, accept_corrupt=False,
                  exif_transpose=False, even_shards=True, worker_nice=19, epoch_head_start=True,
-                 num_workers=None, pin_memory=False):
+                 max_record_bytes=268435456, num_workers=None, pin_memory=False):
         self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         if num_workers is not None:  # accepted, not obeyed: feedline sizes its threads
             _check_type("num_workers", num_workers, int, "an int")
@@ -151,6 +153,7 @@ class ImageLoader(_LoaderFace):
         ratio = _pair("ratio", ratio)
         layout = layout.upper()
 
+        max_record_bytes = _parse_bytes("max_record_bytes", max_record_bytes)
         self._return_index = return_index
         more = {}
         self._mix = mix
@@ -158,14 +161,15 @@ class ImageLoader(_LoaderFace):
             more["dataset"] = _feedline.mix_dataset(
                 sources=mix.sources, weights=mix.weights, seed=seed, end=mix.end,
                 samples_per_epoch=mix.samples_per_epoch or 0, shuffle=shuffle,
-                read_timeout_ms=1000.0 * _timeout(read_timeout))
+                read_timeout_ms=1000.0 * _timeout(read_timeout), max_record_bytes=max_record_bytes,
+                memory_budget=engine["memory_budget"])
             self._mix_delivered = _Delivered(more["dataset"])
         self._loader = _feedline.image_loader(
             **more, source=source, shards=shards, transform=transform, size=size,
             resize_size=resize_size, scale=scale, ratio=ratio, flip=flip, layout=layout,
             io_depth=_parse_count("io_depth", io_depth), max_image_pixels=max_image_pixels,
             read_timeout_ms=1000.0 * _timeout(read_timeout),
-            cache=cache or "none",
+            max_record_bytes=max_record_bytes, cache=cache or "none",
             dtype=dtype, mean=mean, stddev=std, device=device, accept_corrupt=accept_corrupt,
             exif_transpose=exif_transpose, even_shards=even_shards,
             cache_budget=0 if cache_budget is None else _parse_bytes("cache_budget", cache_budget),

@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "core/redact.h"
@@ -31,6 +33,17 @@ absl::Status ErrnoStatus(int err, const std::string& path, absl::string_view wha
     default:
       return absl::UnavailableError(msg);
   }
+}
+
+int64_t AvailableMemoryBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t value = 0;
+  std::string unit;
+  while (meminfo >> key >> value >> unit) {
+    if (key == "MemAvailable:") return value * 1024;
+  }
+  return int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGE_SIZE));
 }
 
 absl::Status ReadWholeFile(const std::string& path, int64_t max_bytes,

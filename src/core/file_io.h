@@ -22,6 +22,9 @@ absl::Status ErrnoStatus(int err, const std::string& path, absl::string_view wha
 // shrinks while being read (one that grows is read whole).
 absl::Status ReadWholeFile(const std::string& path, int64_t max_bytes, std::vector<uint8_t>* bytes);
 
+// The memory the machine has available now (MemAvailable), else its physical memory.
+int64_t AvailableMemoryBytes();
+
 // Writes `bytes` to `path` whole: into a part file of its own (CreatePartFile), synced, then
 // renamed, so a reader never sees half a file, even after a crash. kPermissionDenied when the
 // part cannot be created, kDataLoss when it cannot be written or renamed (the part is removed).

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/env.h"
+#include "core/file_io.h"
 #include "engine/bottleneck.h"
 #include "engine/engine_parts.h"
 #include "engine/epoch_run.h"
@@ -284,17 +285,6 @@ void Epoch::Cancel() { run_->Cancel(); }
 // Loader
 
 namespace {
-
-int64_t AvailableMemoryBytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  int64_t value = 0;
-  std::string unit;
-  while (meminfo >> key >> value >> unit) {
-    if (key == "MemAvailable:") return value * 1024;
-  }
-  return int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGE_SIZE));
-}
 
 // The engine's options (their ranges from their declarations), and what depends on another.
 absl::Status Validate(const LoaderOptions& o) {

@@ -19,7 +19,11 @@ absl::Status LocalFileDataset::Read(int64_t index, Record* record) const {
   const Sample& sample = files_.samples[size_t(index)];
   record->label = sample.label;
   record->members.clear();
-  return ReadWholeFile(sample.path, max_file_bytes_, &record->bytes);
+  absl::Status st = ReadWholeFile(sample.path, max_file_bytes_, &record->bytes);
+  if (absl::IsResourceExhausted(st)) {
+    return absl::ResourceExhaustedError(absl::StrCat(st.message(), " (max_record_bytes)"));
+  }
+  return st;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -38,12 +42,28 @@ namespace {
 
 // Shards by path or URL: remote ones through the shard cache (io/shard_cache.h: a cached copy,
 // or range reads from the shard's catalog), named by their URLs in samples and messages.
+// The reads of a data set under `limits`: each within the read timeout, a body at most
+// max_record_bytes, the bodies in flight together at most in_flight_bytes.
+HttpOptions ReadOptions(const ReadLimits& limits) {
+  HttpOptions http;
+  http.timeout_s = limits.read_timeout_ms > 0 ? limits.read_timeout_ms / 1000 : 60;
+  http.max_bytes = limits.max_record_bytes;
+  http.max_held_bytes =
+      limits.in_flight_bytes > 0 ? limits.in_flight_bytes : AvailableMemoryBytes() / 8;
+  return http;
+}
+
 absl::StatusOr<std::shared_ptr<TarDataset>> OpenShards(const std::vector<std::string>& paths,
                                                        const std::string& source,
                                                        TarDataset::Mode mode,
-                                                       double read_timeout_ms) {
+                                                       const ReadLimits& limits) {
+  const double read_timeout_ms = limits.read_timeout_ms;
   const bool remote = std::any_of(paths.begin(), paths.end(), IsHttpUrl);
-  if (!remote) return TarDataset::Open(paths, source, mode);
+  if (!remote) {
+    std::vector<ShardSource> local;
+    for (const std::string& p : paths) local.push_back(ShardSource{p, "", "", p});
+    return TarDataset::Open(local, source, mode, ReadOptions(limits));
+  }
   HttpOptions download;
   download.timeout_s = 3600;  // a whole shard; a stalled transfer fails after read_timeout
   download.stall_s = read_timeout_ms > 0 ? read_timeout_ms / 1000 : 60;
@@ -69,10 +89,9 @@ absl::StatusOr<std::shared_ptr<TarDataset>> OpenShards(const std::vector<std::st
       sources.push_back(ShardSource{paths[i], "", "", paths[i]});
     }
   }
-  HttpOptions reads = download;  // members by range: each read within read_timeout
-  reads.timeout_s = read_timeout_ms > 0 ? read_timeout_ms / 1000 : 60;
-  reads.stall_s = 0;
-  reads.max_bytes = int64_t{1} << 32;
+  HttpOptions reads = ReadOptions(limits);  // members by range: each read within read_timeout
+  reads.s3 = download.s3;
+  reads.connect_timeout_s = download.connect_timeout_s;
   absl::StatusOr<std::shared_ptr<TarDataset>> tar = TarDataset::Open(sources, source, mode, reads);
   if (!tar.ok()) {  // name the URL, not the cache file
     std::string message(tar.status().message());
@@ -118,9 +137,8 @@ absl::Status CheckOwnOrigin(const FileList& files, const std::string& list_url) 
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<FileDataset>> FileDataset::Open(
-    const std::string& source, const std::vector<std::string>& shards, double read_timeout_ms) {
-  HttpOptions http;
-  http.timeout_s = read_timeout_ms > 0 ? read_timeout_ms / 1000 : 60;
+    const std::string& source, const std::vector<std::string>& shards, const ReadLimits& limits) {
+  HttpOptions http = ReadOptions(limits);
   if (shards.empty() && IsS3Url(source) && source.back() == '/') {  // an ImageFolder prefix
     http.s3 = std::make_shared<const S3Config>(LoadS3Config());
     absl::StatusOr<FileList> files = ScanS3ImageFolder(source, http);
@@ -131,7 +149,10 @@ absl::StatusOr<std::shared_ptr<FileDataset>> FileDataset::Open(
   if (shards.empty() && IsHttpUrl(source) && !LooksLikeShards(source)) {  // a remote list file
     if (IsS3Url(source)) http.s3 = std::make_shared<const S3Config>(LoadS3Config());
     std::vector<uint8_t> text;
-    if (absl::Status s = HttpFetch(source, 0, 0, http, &text); !s.ok()) {
+    HttpOptions list = http;  // the list file itself: not a record
+    list.max_bytes = int64_t{1} << 32;
+    list.max_held_bytes = 0;
+    if (absl::Status s = HttpFetch(source, 0, 0, list, &text); !s.ok()) {
       if (absl::IsNotFound(s) && IsS3Url(source)) {
         return absl::NotFoundError(absl::StrCat(
             s.message(), " (for an ImageFolder-like prefix, end the source with '/')"));
@@ -157,7 +178,7 @@ absl::StatusOr<std::shared_ptr<FileDataset>> FileDataset::Open(
       paths = *std::move(expanded);
     }
     absl::StatusOr<std::shared_ptr<TarDataset>> tar =
-        OpenShards(paths, source, TarDataset::Mode::kImages, read_timeout_ms);
+        OpenShards(paths, source, TarDataset::Mode::kImages, limits);
     if (!tar.ok()) return tar.status();
     return std::shared_ptr<FileDataset>(*std::move(tar));
   }
@@ -173,11 +194,13 @@ absl::StatusOr<std::shared_ptr<FileDataset>> FileDataset::Open(
           std::make_shared<RemoteFileDataset>(*std::move(files), http));
     }
   }
-  return std::shared_ptr<FileDataset>(std::make_shared<LocalFileDataset>(*std::move(files)));
+  return std::shared_ptr<FileDataset>(
+      std::make_shared<LocalFileDataset>(*std::move(files), limits.max_record_bytes));
 }
 
-absl::StatusOr<std::shared_ptr<FileDataset>> OpenWebDataset(
-    const std::string& source, const std::vector<std::string>& shards, double read_timeout_ms) {
+absl::StatusOr<std::shared_ptr<FileDataset>> OpenWebDataset(const std::string& source,
+                                                            const std::vector<std::string>& shards,
+                                                            const ReadLimits& limits) {
   std::vector<std::string> paths = shards;
   if (paths.empty()) {
     absl::StatusOr<std::vector<std::string>> expanded = ExpandBraces(source);
@@ -185,7 +208,7 @@ absl::StatusOr<std::shared_ptr<FileDataset>> OpenWebDataset(
     paths = *std::move(expanded);
   }
   absl::StatusOr<std::shared_ptr<TarDataset>> tar =
-      OpenShards(paths, source, TarDataset::Mode::kMembers, read_timeout_ms);
+      OpenShards(paths, source, TarDataset::Mode::kMembers, limits);
   if (!tar.ok()) return tar.status();
   return std::shared_ptr<FileDataset>(*std::move(tar));
 }

@@ -47,7 +47,21 @@ struct Sink {
   int64_t written = 0;
   bool too_big = false;
   int write_errno = 0;
+  // A body in memory counts toward the bytes all responses in flight hold (`held`), at most
+  // `max_held` (0: no bound); past it, `over_held`.
+  std::atomic<int64_t>* held = nullptr;
+  int64_t max_held = 0;
+  bool over_held = false;
 };
+
+// Gives back what `sink` counted toward the responses in flight (an attempt that ends: its
+// bytes are then the caller's, or gone).
+void Release(Sink* sink) {
+  if (sink->held != nullptr && sink->fd < 0 && sink->written > 0) {
+    sink->held->fetch_sub(sink->written, std::memory_order_relaxed);
+  }
+  sink->held = nullptr;
+}
 
 size_t Write(char* data, size_t size, size_t n, void* user) {
   auto* sink = static_cast<Sink*>(user);
@@ -55,6 +69,13 @@ size_t Write(char* data, size_t size, size_t n, void* user) {
   if (sink->written + int64_t(bytes) > sink->max_bytes) {
     sink->too_big = true;
     return 0;  // aborts the transfer
+  }
+  if (sink->held != nullptr && sink->fd < 0 &&
+      sink->held->fetch_add(int64_t(bytes), std::memory_order_relaxed) + int64_t(bytes) >
+          sink->max_held) {
+    sink->held->fetch_sub(int64_t(bytes), std::memory_order_relaxed);
+    sink->over_held = true;
+    return 0;
   }
   if (sink->fd >= 0) {
     for (size_t done = 0; done < bytes;) {
@@ -286,6 +307,7 @@ size_t Header(char* data, size_t size, size_t n, void* user) {
 }
 
 void Finish(FetchOp* op, absl::Status status) {
+  Release(&op->sink);
   std::function<void(absl::Status)> done = std::move(op->done);
   delete op;
   done(std::move(status));
@@ -312,7 +334,12 @@ void Attempt(FetchOp* op) {
                           NoAnswer(*op, absl::StrCat(op->timeout_s), op->attempt - 1)));
   }
   op->out->clear();
+  Release(&op->sink);  // the last attempt's bytes (cleared above)
   op->sink = Sink{op->out, op->fd, op->o.max_bytes, op->curl};
+  if (op->counters != nullptr && op->o.max_held_bytes > 0) {
+    op->sink.held = &op->counters->held;
+    op->sink.max_held = op->o.max_held_bytes;
+  }
   if (op->fd >= 0 && (::ftruncate(op->fd, 0) != 0 || ::lseek(op->fd, 0, SEEK_SET) != 0)) {
     return Finish(op, ErrnoStatus(errno, op->shown, "truncate the download"));
   }
@@ -391,8 +418,15 @@ void OnDone(FetchOp* op, CURLcode rc) {
     return Finish(op, ErrnoStatus(op->sink.write_errno, shown, "write the download"));
   }
   if (op->sink.too_big) {
+    return Finish(op, absl::ResourceExhaustedError(
+                          absl::StrCat(shown, ": a body larger than ", op->o.max_bytes,
+                                       " bytes (the record limit, max_record_bytes)")));
+  }
+  if (op->sink.over_held) {
     return Finish(
-        op, absl::DataLossError(absl::StrCat(shown, ": larger than ", op->o.max_bytes, " bytes")));
+        op, absl::ResourceExhaustedError(absl::StrCat(
+                shown, ": the responses in flight would hold more than ", op->o.max_held_bytes,
+                " bytes (half the memory budget): bodies that do not end?")));
   }
   if (rc != CURLE_OK) {
     op->last = absl::UnavailableError(

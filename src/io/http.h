@@ -74,7 +74,10 @@ struct HttpOptions {
   // server that accepts connections and never answers, or nobody there): a whole-file download
   // has a long deadline for its bytes, but a silent server must not hold it for all of it.
   double silent_s = 0;
-  int64_t max_bytes = int64_t{1} << 30;
+  int64_t max_bytes = int64_t{1} << 30;  // a body above: kResourceExhausted
+  // > 0: the bodies of all reads in flight that share the HttpCounters given (a data set's),
+  // held in memory, together at most this many bytes; past it a read fails, kResourceExhausted.
+  int64_t max_held_bytes = 0;
   // Non-empty: the object must still be this version, a validator as HttpEtag returns it: an
   // ETag (an If-Match request) or kModifiedPrefix + a Last-Modified date (If-Unmodified-Since);
   // if it changed, the read is kDataLoss (HTTP 412), never retried.
@@ -87,12 +90,13 @@ struct HttpCounters {
   std::atomic<int64_t> latency_ns{0};  // summed over successful requests
   std::atomic<int64_t> in_flight{0};
   std::atomic<int64_t> damaged_copies{0};  // RemoteStats::damaged_copies
+  std::atomic<int64_t> held{0};            // body bytes of the reads in flight (max_held_bytes)
 };
 
 // GETs `url` into *out (replacing it); `length` > 0 asks for bytes [offset, offset + length).
 // Errors: kNotFound (404), kPermissionDenied (401, 403), kDataLoss (another 4xx, a short
-// range, a body above max_bytes), kUnavailable (the retries ran out: the last cause),
-// kDeadlineExceeded (the deadline passed).
+// range), kResourceExhausted (a body above max_bytes, or past max_held_bytes), kUnavailable (the
+// retries ran out: the last cause), kDeadlineExceeded (the deadline passed).
 absl::Status HttpFetch(const std::string& url, int64_t offset, int64_t length,
                        const HttpOptions& options, std::vector<uint8_t>* out,
                        HttpCounters* counters = nullptr);

@@ -670,6 +670,15 @@ void TarDataset::DropCopy(int s) const {
   counters_->damaged_copies.fetch_add(1, std::memory_order_relaxed);
 }
 
+absl::Status TarDataset::TooLarge(const Entry& e) const {
+  const auto [lo, hi] = RangeOf(e);
+  const int64_t limit = http_[size_t(e.shard)].max_bytes;
+  if (hi - lo <= limit) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(shards_[size_t(e.shard)], ":", ShownName(e.key),
+                                                   ": a record of ", hi - lo, " bytes, above ",
+                                                   limit, " (max_record_bytes)"));
+}
+
 absl::Status TarDataset::ReadByRange(const Entry& e, Record* record) const {
   const size_t s = size_t(e.shard);
   const auto [lo, hi] = RangeOf(e);
@@ -694,6 +703,7 @@ absl::Status TarDataset::Read(int64_t index, Record* record) const {
   const size_t s = size_t(e.shard);
   const int fd = fds_[s];
   record->label = files_.samples[size_t(index)].label;
+  if (absl::Status st = TooLarge(e); !st.ok()) return st;
   // A remote shard without a copy (or whose copy was damaged): one range request for the
   // entry's members.
   if (fd < 0 || dropped_[s].load(std::memory_order_relaxed)) return ReadByRange(e, record);
@@ -730,6 +740,7 @@ void TarDataset::ReadAsync(int64_t index, Record* record,
   }
   record->label = files_.samples[size_t(index)].label;
   record->members.clear();
+  if (absl::Status st = TooLarge(e); !st.ok()) return done(st);
   const auto [lo, hi] = RangeOf(e);
   if (hi == lo) {           // nothing to fetch (empty members)
     record->bytes.clear();  // Slice leaves an image's bytes that are already in place

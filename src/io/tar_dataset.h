@@ -139,6 +139,8 @@ class TarDataset final : public FileDataset {
   // Whether the members a read of `e` returned in `record` have their catalogued hashes
   // (members without one pass); else the name of the first that does not.
   static bool Intact(Mode mode, const Entry& e, const Record& record, std::string* which);
+  // kResourceExhausted naming `e` when its bytes are above the record limit (max_bytes).
+  absl::Status TooLarge(const Entry& e) const;
   // A read of entry `e` by range from its shard's URL, verified against the catalog.
   absl::Status ReadByRange(const Entry& e, Record* record) const;
   // The cached copy of shard `s` returned other bytes than its catalog's: it is not read again

@@ -41,7 +41,7 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(LoaderOptions options) {
     return InvalidOption("source", "must not be empty");
   }
   absl::StatusOr<std::shared_ptr<FileDataset>> files =
-      FileDataset::Open(options.source(), options.shards(), options.read_timeout_ms());
+      FileDataset::Open(options.source(), options.shards(), ReadLimitsOf(options));
   if (!files.ok()) return files.status();
   if (options.synthetic()) {
     return CreateImages(std::make_shared<LabelsOnlyDataset>(*files), std::move(options));

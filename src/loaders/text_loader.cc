@@ -21,7 +21,8 @@ absl::StatusOr<std::shared_ptr<const Dataset>> OpenTextDocuments(const std::stri
   // WebDataset shards (a .tar or a brace pattern): one document per key.
   const bool shards = absl::EndsWith(source, ".tar") || absl::StrContains(source, "{");
   if (shards) {
-    absl::StatusOr<std::shared_ptr<FileDataset>> w = OpenWebDataset(source, {}, read_timeout_ms);
+    absl::StatusOr<std::shared_ptr<FileDataset>> w =
+        OpenWebDataset(source, {}, ReadLimits{read_timeout_ms});
     if (!w.ok()) return w.status();
     return std::shared_ptr<const Dataset>(*std::move(w));
   }

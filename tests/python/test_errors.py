@@ -171,6 +171,28 @@ def test_image_over_pixel_limit(small_folder):
     assert os.path.join(small_folder, "x") in str(e.value)
 
 
+def test_a_record_over_max_record_bytes_is_a_bad_sample_named(small_folder):
+    """A file larger than max_record_bytes fails as its sample, before it is read whole; under
+    on_error="skip" it is replaced and counted like any bad sample."""
+    loader = feedline.ImageLoader(small_folder, batch_size=4, size=32, shuffle=False,
+                                  max_record_bytes="1KiB")
+    with util.deadline(30, "the record limit"):
+        with pytest.raises(feedline.DataError, match="max_record_bytes") as e:
+            next(iter(loader))
+    assert small_folder in str(e.value)
+    sizes = sorted(os.path.getsize(p) for p, _ in loader.samples)
+    limit = sizes[len(sizes) // 2]
+    skip = feedline.ImageLoader(small_folder, batch_size=4, size=32, shuffle=False,
+                                max_record_bytes=limit, on_error="skip")
+    with util.deadline(30, "an epoch"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        n = sum(b[0].shape[0] for b in skip)
+    assert n == len(sizes)
+    assert skip.stats()["error_count"] == sum(s > limit for s in sizes)
+    with pytest.raises(ValueError, match="max_record_bytes"):
+        feedline.ImageLoader(small_folder, max_record_bytes="lots")
+
+
 def test_images_in_the_bomb_warning_band_are_counted_and_said_once(small_folder):
     """Between half of max_image_pixels and the limit, as PIL's DecompressionBombWarning band:
     decoded, counted in stats(), said once per loader with the first file; above, refused."""

@@ -23,6 +23,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/file_io.h"
+#include "feedline/files.h"
 #include "feedline/loader.h"
 #include "io/http.h"
 #include "io/shard_cache.h"
@@ -183,6 +184,15 @@ class TestServer {
                                              port_, "/x\r\nContent-Length: 0\r\n\r\n");
         ::send(c, msg.data(), msg.size(), MSG_NOSIGNAL);
         continue;
+      }
+      if (path.rfind("/endless", 0) == 0) {  // a body that never ends, until the client leaves
+        const std::string start = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+        ::send(c, start.data(), start.size(), MSG_NOSIGNAL);
+        const std::string chunk = absl::StrCat("10000\r\n", std::string(65536, 'e'), "\r\n");
+        while (!stop_ && ::send(c, chunk.data(), chunk.size(), MSG_NOSIGNAL) > 0) {
+        }
+        ::close(c);
+        return;
       }
       if (path.rfind("/slow/", 0) == 0) {  // 20 ms per request, as a remote store
         const int now = ++concurrent_;
@@ -777,6 +787,75 @@ TEST_CASE("cache: downloads hold the byte budget as they go, other data sets' fi
   auto ds = TarDataset::Open(*opened, "", TarDataset::Mode::kMembers, Fast());
   REQUIRE(ds.ok());
   CHECK((*ds)->size() == 12 * 8);
+}
+
+TEST_CASE(
+    "records: a body, a file or a member above max_record_bytes fails before it is read "
+    "whole; bodies in flight share a bound",
+    "[io]") {
+  TestServer server;
+  testing::TempDir dir;
+  ReadLimits limits;
+  limits.read_timeout_ms = 20000;
+  limits.max_record_bytes = 1 << 20;
+  limits.in_flight_bytes = int64_t{64} << 20;
+  // An endless body: a record error naming the URL and the limit, not 1 GiB per read.
+  testing::WriteFile(dir.path() + "/urls.txt", absl::StrCat(server.url("/endless/a"), " 0\n",
+                                                            server.url("/ok/5000"), " 1\n"));
+  auto files = FileDataset::Open(dir.path() + "/urls.txt", {}, limits);
+  REQUIRE(files.ok());
+  Record r;
+  const absl::Status endless = (*files)->Read(0, &r);
+  CHECK(absl::IsResourceExhausted(endless));
+  CHECK_THAT(std::string(endless.message()),
+             Catch::Contains("/endless/a") && Catch::Contains("max_record_bytes"));
+  REQUIRE((*files)->Read(1, &r).ok());
+  CHECK(r.bytes.size() == 5000);
+  // Three endless bodies at once, each allowed 16 MiB, all three within 4 MiB together.
+  limits.max_record_bytes = 16 << 20;
+  limits.in_flight_bytes = 4 << 20;
+  testing::WriteFile(dir.path() + "/three.txt",
+                     absl::StrCat(server.url("/endless/1"), " 0\n", server.url("/endless/2"),
+                                  " 0\n", server.url("/endless/3"), " 0\n"));
+  auto three = FileDataset::Open(dir.path() + "/three.txt", {}, limits);
+  REQUIRE(three.ok());
+  std::vector<Record> records(3);
+  std::vector<std::promise<absl::Status>> done(3);
+  for (int i = 0; i < 3; ++i) {
+    (*three)->ReadAsync(i, &records[size_t(i)],
+                        [&done, i](absl::Status s) { done[size_t(i)].set_value(s); });
+  }
+  int over_flight = 0;
+  for (int i = 0; i < 3; ++i) {
+    const absl::Status s = done[size_t(i)].get_future().get();
+    INFO(s.ToString());
+    CHECK(absl::IsResourceExhausted(s));
+    over_flight += absl::StrContains(s.message(), "in flight");
+  }
+  CHECK(over_flight >= 1);  // the shared bound, not each record's
+  // A local file and a shard member above the limit: named, and nothing allocated for them.
+  limits.max_record_bytes = 1 << 20;
+  testing::WriteFile(dir.path() + "/big.bin", std::string((1 << 20) + 1, 'b'));
+  testing::WriteFile(dir.path() + "/list.txt", dir.path() + "/big.bin 0\n");
+  auto local = FileDataset::Open(dir.path() + "/list.txt", {}, limits);
+  REQUIRE(local.ok());
+  const absl::Status big = (*local)->Read(0, &r);
+  CHECK(absl::IsResourceExhausted(big));
+  CHECK_THAT(std::string(big.message()),
+             Catch::Contains("big.bin") && Catch::Contains("max_record_bytes"));
+  testing::WriteFile(dir.path() + "/s.tar",
+                     testing::Tar({{"a.jpg", std::string((1 << 20) + 1, 'j')},
+                                   {"a.cls", "0"},
+                                   {"b.jpg", "small"},
+                                   {"b.cls", "1"}}));
+  auto shard = FileDataset::Open(dir.path() + "/s.tar", {}, limits);
+  REQUIRE(shard.ok());
+  const absl::Status member = (*shard)->Read(0, &r);
+  CHECK(absl::IsResourceExhausted(member));
+  CHECK_THAT(std::string(member.message()),
+             Catch::Contains("s.tar:a") && Catch::Contains("max_record_bytes"));
+  REQUIRE((*shard)->Read(1, &r).ok());
+  CHECK(std::string(r.bytes.begin(), r.bytes.end()) == "small");
 }
 
 TEST_CASE("s3 listing: a server that repeats a token or never lists a key is an error",
