@@ -21,7 +21,7 @@ include(CMakePackageConfigHelpers)
 
 set(FEEDLINE_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/feedline")
 
-install(TARGETS feedline feedline_engine feedline_io feedline_image feedline_text
+install(TARGETS feedline feedline_engine feedline_io feedline_image feedline_text feedline_video
   EXPORT feedlineTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT feedline
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT feedline

@@ -37,6 +37,7 @@ void BindEngine(py::module_& m);  // Loader, Epoch, ArrayView, build info, decla
 void BindImage(py::module_& m);   // the image built-in's loader
 void BindText(py::module_& m);    // tokenizers, token and text loaders, packed rows
 void BindPython(py::module_& m);  // Python data sets (feedline.DataLoader)
+void BindVideo(py::module_& m);   // the video built-in's loader
 
 // feedline.DataError and feedline.DeviceError (made by RegisterErrors at module import).
 void RegisterErrors(py::module_& m);

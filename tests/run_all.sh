@@ -45,7 +45,7 @@ cmake --build build-asan -j"$JOBS" --target feedline_tests $(stub_tests build-as
   feedline_fuzz_decode feedline_fuzz_tar feedline_fuzz_list_file feedline_fuzz_word_cache \
   feedline_fuzz_redact feedline_fuzz_catalog feedline_fuzz_brace feedline_fuzz_state \
   feedline_fuzz_tokens feedline_fuzz_text_lines feedline_fuzz_s3 feedline_fuzz_wire \
-  feedline_fuzz_http
+  feedline_fuzz_http feedline_fuzz_video
 echo "== tests (AddressSanitizer + UndefinedBehaviorSanitizer)"
 # LeakSanitizer's own tracer can crash at exit after every assertion passed ("Tracer caught
 # signal 11", "LeakSanitizer has encountered a fatal error"): a failure of the tool, not a

@@ -62,7 +62,9 @@ const std::vector<std::string>& ImageExtensions();
 // "path label" lines (blank lines and lines starting with '#' are ignored; a path may contain
 // spaces: the label is the last field). Errors: kNotFound (no such source), kInvalidArgument
 // (an empty data set, a class without images, a malformed list line: file and line named).
-absl::StatusOr<FileList> ScanFileList(const std::string& source);
+// `extensions` (lowercase, with the dot) are the files an ImageFolder-like folder holds.
+absl::StatusOr<FileList> ScanFileList(
+    const std::string& source, const std::vector<std::string>& extensions = ImageExtensions());
 
 // How a data set's reads are bounded (the loader's read_timeout_ms, max_record_bytes and
 // memory_budget options: ReadLimitsOf).
@@ -88,10 +90,12 @@ class FileDataset : public Dataset {
   // A list file may name http:// and https:// URLs (or be one itself: its relative paths are
   // then relative to its URL); they are fetched with retries within the read timeout (see
   // src/io/http.h), an HTTP 404 is the sample's kNotFound naming the URL. A record above
-  // `limits.max_record_bytes` is the sample's kResourceExhausted naming it.
+  // `limits.max_record_bytes` is the sample's kResourceExhausted naming it. A folder's files
+  // are those with one of `extensions` (ScanFileList).
   static absl::StatusOr<std::shared_ptr<FileDataset>> Open(
       const std::string& source, const std::vector<std::string>& shards = {},
-      const ReadLimits& limits = {});
+      const ReadLimits& limits = {},
+      const std::vector<std::string>& extensions = ImageExtensions());
 
   const FileList& files() const noexcept { return files_; }
   int64_t size() const override { return int64_t(files_.samples.size()); }

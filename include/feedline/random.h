@@ -50,6 +50,7 @@ inline constexpr uint64_t kRngCrop = 2;
 inline constexpr uint64_t kRngFlip = 3;
 inline constexpr uint64_t kRngReplace = 4;
 inline constexpr uint64_t kRngMix = 5;  // a mixture's per-source record orders (mix.h)
+inline constexpr uint64_t kRngClip = 6;  // a video clip's start (video.h)
 inline constexpr uint64_t kRngUserBase = uint64_t{1} << 32;
 
 }  // namespace feedline

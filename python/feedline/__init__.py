@@ -10,7 +10,8 @@ The work happens in C++ threads (read -> decode -> batch slot); batches reach Py
 tensors through DLPack without a copy. Each ``iter(loader)`` starts the next epoch.
 
 One module per face: image.py (ImageLoader), text.py (TextLoader), tokens.py (TokenLoader),
-dataloader/ (DataLoader, imported when first asked for: it imports torch).
+video.py (VideoLoader), dataloader/ (DataLoader, imported when first asked for: it imports
+torch).
 """
 
 from . import _feedline
@@ -19,9 +20,10 @@ from .image import ImageLoader
 from .mix import Mix
 from .text import TextLoader
 from .tokens import TokenLoader
+from .video import VideoLoader
 
-__all__ = ["DataLoader", "ImageLoader", "Mix", "TextLoader", "TokenLoader", "DataError", "DeviceError", "build_info",
-           "__version__"]
+__all__ = ["DataLoader", "ImageLoader", "Mix", "TextLoader", "TokenLoader", "VideoLoader", "DataError",
+           "DeviceError", "build_info", "__version__"]
 
 __version__ = _feedline.build_info()["version"]
 

@@ -1,10 +1,8 @@
 // Geometry of torchvision's transforms, and resampling into a batch slot.
 //
 // `PilResizeThenCropInto` is the exact eval path (Pillow's filter, bit for bit); the rest
-// resample approximately for speed (train, `eval_fast`, the decoded cache). `RandomResizedCropBox`
-// reproduces torchvision's `RandomResizedCrop.get_params` (10 attempts, then the centre-crop
-// fallback) with feedline's counter-based generator. `EvalGeometry` reproduces
-// `Resize(resize_size)` (shorter side) + `CenterCrop(size)`.
+// resample approximately for speed (train, `eval_fast`, the decoded cache). The crop boxes
+// themselves are core/crop.h's (shared with the video built-in).
 //
 // Resampling uses OpenCV's imgproc: area averaging when shrinking by more than
 // kBilinearShrinkMax (antialiased, as PIL's bilinear filter is in torchvision), bilinear below
@@ -17,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/crop.h"
 #include "feedline/options.h"
 #include "feedline/random.h"
 #include "image/bilinear.h"
@@ -24,22 +23,6 @@
 #include "image/pil_resample.h"
 
 namespace feedline {
-
-struct CropBox {
-  int top = 0, left = 0, height = 0, width = 0;  // torchvision's (i, j, h, w)
-};
-
-CropBox RandomResizedCropBox(int width, int height, std::pair<double, double> scale,
-                             std::pair<double, double> ratio, SampleRng& rng);
-
-// Resize(resize_size) output size (torchvision: the shorter side becomes resize_size, the
-// other is int(resize_size * long / short)), and the CenterCrop offsets into it.
-// 64-bit: a thin image's resized long side can exceed what an int holds.
-struct EvalGeometry {
-  int64_t resized_w = 0, resized_h = 0;
-  int64_t crop_top = 0, crop_left = 0;
-};
-EvalGeometry ComputeEvalGeometry(int width, int height, int resize_size, int size);
 
 // Per-thread scratch for resampling, reused across samples.
 struct ResampleScratch {

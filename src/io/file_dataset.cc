@@ -137,7 +137,8 @@ absl::Status CheckOwnOrigin(const FileList& files, const std::string& list_url) 
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<FileDataset>> FileDataset::Open(
-    const std::string& source, const std::vector<std::string>& shards, const ReadLimits& limits) {
+    const std::string& source, const std::vector<std::string>& shards, const ReadLimits& limits,
+    const std::vector<std::string>& extensions) {
   HttpOptions http = ReadOptions(limits);
   if (shards.empty() && IsS3Url(source) && source.back() == '/') {  // an ImageFolder prefix
     http.s3 = std::make_shared<const S3Config>(LoadS3Config());
@@ -182,7 +183,7 @@ absl::StatusOr<std::shared_ptr<FileDataset>> FileDataset::Open(
     if (!tar.ok()) return tar.status();
     return std::shared_ptr<FileDataset>(*std::move(tar));
   }
-  absl::StatusOr<FileList> files = ScanFileList(source);
+  absl::StatusOr<FileList> files = ScanFileList(source, extensions);
   if (!files.ok()) return files.status();
   if (std::any_of(files->samples.begin(), files->samples.end(),
                   [](const Sample& s) { return IsS3Url(s.path); })) {

@@ -74,7 +74,8 @@ absl::Status Walk(const std::string& root, int depth,
   return absl::OkStatus();
 }
 
-absl::StatusOr<FileList> ScanImageFolder(const std::string& source) {
+absl::StatusOr<FileList> ScanImageFolder(const std::string& source,
+                                         const std::vector<std::string>& extensions) {
   absl::StatusOr<DirEntries> top = ListDir(source);
   if (!top.ok()) return top.status();
   FileList ds;
@@ -96,7 +97,7 @@ absl::StatusOr<FileList> ScanImageFolder(const std::string& source) {
     for (auto& [dirpath, files] : walk) {
       std::sort(files.begin(), files.end());
       for (const std::string& f : files) {
-        if (HasImageExtension(f)) {
+        if (HasExtension(f, extensions)) {
           ds.samples.push_back(Sample{JoinPath(dirpath, f), static_cast<int64_t>(c)});
         }
       }
@@ -105,9 +106,10 @@ absl::StatusOr<FileList> ScanImageFolder(const std::string& source) {
   }
   if (!empty_classes.empty()) {
     // torchvision raises FileNotFoundError here too: a class without images is a broken layout.
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": found no valid image file for the classes ", absl::StrJoin(empty_classes, ", "),
-        ". Supported extensions are: ", absl::StrJoin(ImageExtensions(), ", ")));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": found no valid ", &extensions == &ImageExtensions() ? "image " : "",
+                     "file for the classes ", absl::StrJoin(empty_classes, ", "),
+                     ". Supported extensions are: ", absl::StrJoin(extensions, ", ")));
   }
   return ds;
 }
@@ -126,9 +128,11 @@ absl::StatusOr<FileList> ScanListFile(const std::string& source) {
 
 }  // namespace
 
-bool HasImageExtension(const std::string& name) {
+bool HasImageExtension(const std::string& name) { return HasExtension(name, ImageExtensions()); }
+
+bool HasExtension(const std::string& name, const std::vector<std::string>& extensions) {
   std::string lower = absl::AsciiStrToLower(name);
-  for (const std::string& ext : ImageExtensions()) {
+  for (const std::string& ext : extensions) {
     if (lower.size() >= ext.size() &&
         lower.compare(lower.size() - ext.size(), ext.size(), ext) == 0)
       return true;
@@ -195,13 +199,14 @@ uint64_t FileList::Fingerprint() const {
   return h.value;
 }
 
-absl::StatusOr<FileList> ScanFileList(const std::string& source) {
+absl::StatusOr<FileList> ScanFileList(const std::string& source,
+                                      const std::vector<std::string>& extensions) {
   if (source.empty()) return absl::InvalidArgumentError("source: must not be empty");
   struct stat st;
   if (stat(source.c_str(), &st) != 0) {
     return absl::NotFoundError(absl::StrCat(source, ": no such file or directory"));
   }
-  if (S_ISDIR(st.st_mode)) return ScanImageFolder(source);
+  if (S_ISDIR(st.st_mode)) return ScanImageFolder(source, extensions);
   return ScanListFile(source);
 }
 

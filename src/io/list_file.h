@@ -20,6 +20,9 @@ namespace feedline {
 // Errors: kInvalidArgument for a malformed line (file and line number named) or no samples.
 absl::StatusOr<FileList> ParseListFile(absl::string_view text, const std::string& source_name);
 
+// True when `name` ends with one of `extensions` (lowercase, with the dot), compared
+// case-insensitively.
+bool HasExtension(const std::string& name, const std::vector<std::string>& extensions);
 // True when `name` ends with one of ImageExtensions(), compared case-insensitively.
 bool HasImageExtension(const std::string& name);
 

@@ -58,8 +58,8 @@ link_line=$(grep -h -A3 "build custom_dataset:" "$work/build/build.ninja" 2>/dev
   cat "$work/build/CMakeFiles/custom_dataset.dir/link.txt")
 case "$link_line" in *libfeedline_engine.a*) ;; *)
   echo "FAIL: custom_dataset is not linked with libfeedline_engine.a: $link_line"; exit 1 ;; esac
-for lib in libfeedline.a libfeedline_io libfeedline_image libfeedline_text libjpeg libturbojpeg \
-  libspng libwebp libgif libtiff libcurl libopencv libsentencepiece; do
+for lib in libfeedline.a libfeedline_io libfeedline_image libfeedline_text libfeedline_video libjpeg libturbojpeg \
+  libspng libwebp libgif libtiff libcurl libopencv libsentencepiece libavcodec libavformat; do
   case "$link_line" in *"$lib"*)
     echo "FAIL: custom_dataset (feedline::engine only) links $lib: $link_line"; exit 1 ;; esac
 done

@@ -1,0 +1,20 @@
+// The video built-in's one-call loader (feedline/video.h): files -> clips.
+#include "feedline/files.h"
+#include "feedline/video.h"
+
+namespace feedline::video {
+
+absl::StatusOr<std::unique_ptr<Loader>> MakeVideoLoader(const ClipOptions& clip,
+                                                        LoaderOptions options) {
+  absl::StatusOr<std::shared_ptr<SampleTransform>> transform = MakeClipTransform(clip, options);
+  if (!transform.ok()) return transform.status();
+  if (options.source().empty() && options.shards().empty()) {
+    return InvalidOption("source", "must not be empty");
+  }
+  absl::StatusOr<std::shared_ptr<FileDataset>> files = FileDataset::Open(
+      options.source(), options.shards(), ReadLimitsOf(options), VideoExtensions());
+  if (!files.ok()) return files.status();
+  return Loader::Create(*std::move(files), *std::move(transform), std::move(options));
+}
+
+}  // namespace feedline::video

@@ -1,0 +1,188 @@
+// The video built-in's transform (feedline/video.h): a file's bytes -> one clip of frames.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/crop.h"
+#include "feedline/video.h"
+#include "video/clip_decoder.h"
+#include "video/frame_convert.h"
+
+extern "C" {
+#include <libavutil/frame.h>
+#include <libavutil/mathematics.h>
+}
+
+namespace feedline::video {
+namespace {
+
+struct ClipConfig {
+  ClipOptions clip;
+  bool train = true;
+  int size = 112, resize_size = 128;
+  std::pair<double, double> scale, ratio;
+  bool flip = true;
+  int64_t max_pixels = 0;
+};
+
+class ClipTransform final : public SampleTransform {
+ public:
+  explicit ClipTransform(ClipConfig c)
+      : c_(c),
+        schema_({Field("clips", DType::kUint8, {c.clip.clip_len, 3, c.size, c.size}),
+                 Field("label", DType::kInt64, {})}) {}
+
+  const Schema& schema() const override { return schema_; }
+  bool ReadsOptions(OptionGroup group) const override { return group == OptionGroup::kImage; }
+
+  struct State : WorkerState {
+    ClipDecoder decoder;
+    FrameConverter convert;
+  };
+  std::unique_ptr<WorkerState> NewWorkerState() const override { return std::make_unique<State>(); }
+
+  absl::Status Apply(const Record& record, const SampleContext& ctx, WorkerState* state,
+                     SampleWriter& out) const override {
+    auto* s = static_cast<State*>(state);
+    if (absl::Status st = s->decoder.Open(record.bytes.data(), record.bytes.size(), c_.max_pixels);
+        !st.ok()) {
+      return st;
+    }
+    const VideoInfo& v = s->decoder.info();
+    const std::vector<int64_t> targets = Targets(v, ctx);
+    const Crop crop = CropOf(v, ctx);
+    uint8_t* clip = out.Fixed<uint8_t>(0);
+    const size_t frame_bytes = size_t(3) * size_t(c_.size) * size_t(c_.size);
+    int64_t last_pts = AV_NOPTS_VALUE;
+    absl::Status st = s->decoder.Decode(targets, [&](size_t i, const AVFrame* f) -> absl::Status {
+      uint8_t* dst = clip + i * frame_bytes;
+      const int64_t pts = f->pts != AV_NOPTS_VALUE ? f->pts : f->best_effort_timestamp;
+      if (i > 0 && pts == last_pts) {  // the same frame on screen: already converted
+        std::memcpy(dst, dst - frame_bytes, frame_bytes);
+        return absl::OkStatus();
+      }
+      last_pts = pts;
+      return s->convert.Into(f, crop, c_.size, dst);
+    });
+    s->decoder.Close();
+    if (!st.ok()) return st;
+    *out.Fixed<int64_t>(1) = record.label;
+    return absl::OkStatus();
+  }
+
+ private:
+  // The clip's timestamps: clip_len frames from a start drawn from (seed, epoch, index) among
+  // the frames where the whole clip fits (train), or the middle one (eval).
+  std::vector<int64_t> Targets(const VideoInfo& v, const SampleContext& ctx) const {
+    const AVRational tb{v.time_base_num, v.time_base_den};
+    const AVRational period{v.fps_den, v.fps_num};  // one frame at the average rate
+    const int n = c_.clip.clip_len;
+    // The clip's extent in frames of the average rate.
+    int64_t span = int64_t(n - 1) * c_.clip.frame_step;
+    if (c_.clip.fps > 0) {
+      span = int64_t(std::ceil(double(n - 1) / c_.clip.fps * av_q2d(av_inv_q(period)) - 1e-9));
+    }
+    const int64_t room = v.frames - 1 - span;  // the last start where the clip fits
+    int64_t start = 0;
+    if (room > 0) {
+      SampleRng rng(ctx.seed(), uint64_t(ctx.epoch()), uint64_t(ctx.index()), kRngClip);
+      start = c_.train ? int64_t(rng.Below(uint64_t(room) + 1)) : room / 2;
+    }
+    std::vector<int64_t> t(static_cast<size_t>(n));
+    const int64_t t0 = v.start_pts + av_rescale_q(start, period, tb);
+    for (int i = 0; i < n; ++i) {
+      t[size_t(i)] =
+          c_.clip.fps > 0
+              ? t0 + int64_t(std::llround(double(i) / c_.clip.fps / av_q2d(tb)))
+              : v.start_pts + av_rescale_q(start + int64_t(i) * c_.clip.frame_step, period, tb);
+    }
+    return t;
+  }
+
+  // The crop every frame of the clip gets: torchvision's RandomResizedCrop box and a flip
+  // (train), or the source rectangle of Resize(resize_size) + CenterCrop(size) (eval; a
+  // window wider than the resized frame is the whole frame).
+  Crop CropOf(const VideoInfo& v, const SampleContext& ctx) const {
+    Crop c;
+    if (c_.train) {
+      SampleRng crop_rng(ctx.seed(), uint64_t(ctx.epoch()), uint64_t(ctx.index()), kRngCrop);
+      const CropBox box = RandomResizedCropBox(v.width, v.height, c_.scale, c_.ratio, crop_rng);
+      c = Crop{box.left, box.top, box.width, box.height, false};
+      c.flip =
+          c_.flip &&
+          SampleRng(ctx.seed(), uint64_t(ctx.epoch()), uint64_t(ctx.index()), kRngFlip).Uniform() <
+              0.5;
+      return c;
+    }
+    const EvalGeometry g = ComputeEvalGeometry(v.width, v.height, c_.resize_size, c_.size);
+    const double sx = double(v.width) / double(g.resized_w);
+    const double sy = double(v.height) / double(g.resized_h);
+    auto span = [](int64_t offset, int size, int64_t resized, double scale, int whole, int* at,
+                   int* len) {
+      const int64_t lo = std::max<int64_t>(offset, 0),
+                    hi = std::min<int64_t>(offset + size, resized);
+      *at = std::clamp(int(std::lround(double(lo) * scale)), 0, whole - 1);
+      *len = std::clamp(int(std::lround(double(hi - lo) * scale)), 1, whole - *at);
+    };
+    span(g.crop_left, c_.size, g.resized_w, sx, v.width, &c.x, &c.w);
+    span(g.crop_top, c_.size, g.resized_h, sy, v.height, &c.y, &c.h);
+    return c;
+  }
+
+  const ClipConfig c_;
+  const Schema schema_;
+};
+
+}  // namespace
+
+absl::Status ValidateClipOptions(const ClipOptions& clip) {
+  if (clip.clip_len < 1 || clip.clip_len > 1024) {
+    return InvalidOption("clip_len", "must be in [1, 1024]");
+  }
+  if (clip.frame_step < 1 || clip.frame_step > 1024) {
+    return InvalidOption("frame_step", "must be in [1, 1024]");
+  }
+  if (!(clip.fps >= 0 && clip.fps <= 10000)) {
+    return InvalidOption("fps", "must be 0 (frame_step) or a rate in (0, 10000]");
+  }
+  return absl::OkStatus();
+}
+
+const std::vector<std::string>& VideoExtensions() {
+  static const std::vector<std::string> kExtensions = {".mp4",  ".m4v", ".mov", ".mkv",
+                                                       ".webm", ".avi", ".mpg", ".mpeg",
+                                                       ".ts",   ".ogv", ".flv", ".3gp"};
+  return kExtensions;
+}
+
+absl::StatusOr<std::shared_ptr<SampleTransform>> MakeClipTransform(const ClipOptions& clip,
+                                                                   const LoaderOptions& o) {
+  if (absl::Status s = ValidateClipOptions(clip); !s.ok()) return s;
+  if (absl::Status s = ValidateOptions(o, OptionGroup::kImage); !s.ok()) return s;
+  if (!(o.scale().first > 0 && o.scale().first <= o.scale().second && o.scale().second <= 1.0)) {
+    return InvalidOption("scale", "must satisfy 0 < min <= max <= 1");
+  }
+  if (!(o.ratio().first > 0 && o.ratio().first <= o.ratio().second)) {
+    return InvalidOption("ratio", "must satisfy 0 < min <= max");
+  }
+  if (o.layout() != Layout::kNCHW) return InvalidOption("layout", "clips are [T, C, H, W]: NCHW");
+  if (o.dtype() != DType::kUint8) return InvalidOption("dtype", "clips are uint8");
+  if (o.transform() == Transform::kEvalFast) {
+    return InvalidOption("transform", "clips take 'train' or 'eval'");
+  }
+  ClipConfig c;
+  c.clip = clip;
+  c.train = o.transform() == Transform::kTrain;
+  c.size = o.size();
+  c.resize_size = o.resize_size();
+  c.scale = o.scale();
+  c.ratio = o.ratio();
+  c.flip = o.flip();
+  c.max_pixels = o.max_image_pixels();
+  return std::shared_ptr<SampleTransform>(std::make_shared<ClipTransform>(c));
+}
+
+}  // namespace feedline::video

@@ -1,0 +1,277 @@
+"""feedline.VideoLoader against PyAV (FFmpeg's libraries through Python, not written here):
+the frames of every clip are the frames PyAV decodes at the same presentation timestamps, for
+files with B-frames, a variable frame rate, an edit list and VP9; the same bytes for any worker
+count and across a resume; broken files are DataErrors naming them."""
+
+import fractions
+import os
+import shutil
+import subprocess
+import threading
+
+import numpy as np
+import pytest
+
+import feedline
+import util
+
+av = pytest.importorskip("av")
+torch = pytest.importorskip("torch")
+FFMPEG = shutil.which("ffmpeg")
+pytestmark = pytest.mark.skipif(FFMPEG is None, reason="ffmpeg (cmake/install-deps.sh) missing")
+
+# Both convert with swscale (bilinear) to planar GBR: feedline straight into the batch, PyAV's
+# to_ndarray(format="gbrp") into an array (in R, G, B order). Packed RGB24 would differ: swscale
+# takes another path for it (nearest chroma), up to 255 at sharp colour edges.
+TOLERANCE = 0
+
+
+def _ffmpeg(*args):
+    subprocess.run([FFMPEG, "-v", "error", "-y", *args], check=True)
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory):
+    """Test files made with the ffmpeg CLI: 'cfr' (H.264 with B-frames, 25 fps, 64x64), 'vfr'
+    (H.264 in Matroska, frames dropped irregularly: variable frame rate, 64x48), 'edit' (an MP4
+    whose edit list skips its first frames) and 'vp9' (WebM, 48x64)."""
+    d = tmp_path_factory.mktemp("videos")
+    src = ["-f", "lavfi", "-i"]
+    _ffmpeg(*src, "testsrc2=size=64x64:rate=25", "-t", "2", "-c:v", "libx264", "-bf", "2",
+            "-g", "12", "-pix_fmt", "yuv420p", str(d / "cfr.mp4"))
+    _ffmpeg(*src, "testsrc2=size=64x48:rate=30", "-t", "2", "-vf",
+            "select='not(mod(n\\,3))+eq(mod(n\\,7)\\,0)'", "-fps_mode", "vfr", "-c:v", "libx264",
+            "-bf", "2", "-pix_fmt", "yuv420p", str(d / "vfr.mkv"))
+    _ffmpeg("-ss", "0.3", "-i", str(d / "cfr.mp4"), "-c", "copy", str(d / "edit.mp4"))
+    _ffmpeg(*src, "testsrc2=size=48x64:rate=24", "-t", "1.5", "-c:v", "libvpx-vp9",
+            "-pix_fmt", "yuv420p", str(d / "vp9.webm"))
+    return d
+
+
+def _pyav(path):
+    """Every frame PyAV decodes: [(pts, HxWx3 uint8 RGB)], and the stream's clock."""
+    with av.open(str(path)) as c:
+        s = c.streams.video[0]
+        frames = [(f.pts, f.to_ndarray(format="gbrp")) for f in c.decode(video=0)]
+        info = dict(time_base=s.time_base, rate=s.average_rate or s.guessed_rate,
+                    start=s.start_time or 0, nb=s.frames,
+                    duration=(s.duration if s.duration else
+                              int(c.duration / 1e6 / s.time_base) if c.duration else 0))
+    return frames, info
+
+
+def _expected(frames, info, clip_len, frame_step, fps, train_start=None):
+    """The clip the documented rule gives: the middle start (eval) among the frames where the
+    clip fits, at the average rate; the frame at time t is the last with pts <= t."""
+    tb, rate = fractions.Fraction(info["time_base"]), fractions.Fraction(info["rate"])
+    n = int(info["duration"] * tb * rate)
+    if info["nb"]:
+        n = min(n, info["nb"]) if n > 0 else info["nb"]
+    n = max(n, 1)
+    span = (clip_len - 1) * frame_step if not fps else \
+        int(np.ceil((clip_len - 1) / fps * float(rate) - 1e-9))
+    room = n - 1 - span
+    k = (room // 2 if room > 0 else 0) if train_start is None else train_start
+
+    def pts_of(frames_offset):  # av_rescale_q: round to nearest
+        return info["start"] + round(fractions.Fraction(frames_offset) / rate / tb)
+    if fps:
+        t0 = pts_of(k)
+        targets = [t0 + round(i / fps / float(tb)) for i in range(clip_len)]
+    else:
+        targets = [pts_of(k + i * frame_step) for i in range(clip_len)]
+    out = []
+    for t in targets:
+        shown = [img for p, img in frames if p <= t]
+        out.append(shown[-1] if shown else frames[0][1])
+    return np.stack(out)  # [T, H, W, 3]
+
+
+def _clip_hwc(clips, b=0):
+    return clips[b].permute(0, 2, 3, 1).numpy()  # [T, H, W, 3]
+
+
+@pytest.mark.parametrize("name,size,clip_len,frame_step,fps", [
+    ("cfr.mp4", 64, 8, 3, None),
+    ("cfr.mp4", 64, 16, 1, None),
+    ("cfr.mp4", 64, 40, 2, None),   # longer than the video: the last frame repeats
+    ("vfr.mkv", 48, 10, 2, None),
+    ("vfr.mkv", 48, 12, 1, 12.5),   # by timestamps
+    ("edit.mp4", 64, 12, 2, None),
+    ("vp9.webm", 48, 10, 2, None),
+])
+def test_clip_frames_equal_pyav_frames_at_the_same_timestamps(videos, tmp_path, name, size,
+                                                              clip_len, frame_step, fps):
+    path = videos / name
+    frames, info = _pyav(path)
+    h, w = frames[0][1].shape[:2]
+    lst = tmp_path / "list.txt"
+    lst.write_text(f"{path} 3\n")
+    # Eval with resize_size = the shorter side and size = it: for square frames the crop is the
+    # whole frame, unscaled; otherwise the centre square.
+    loader = feedline.VideoLoader(str(lst), clip_len=clip_len, frame_step=frame_step, fps=fps,
+                                  batch_size=1, shuffle=False, transform="eval", size=size,
+                                  resize_size=min(h, w))
+    with util.deadline(60, "one clip"):
+        (clips, labels), = list(loader)
+    assert clips.dtype == torch.uint8 and tuple(clips.shape) == (1, clip_len, 3, size, size)
+    assert labels.tolist() == [3]
+    want = _expected(frames, info, clip_len, frame_step, fps)
+    top, left = (h - size) // 2, (w - size) // 2
+    want = want[:, top:top + size, left:left + size]
+    got = _clip_hwc(clips)
+    diff = np.abs(got.astype(int) - want.astype(int))
+    # Bit for bit, but at the edges of a crop (the centre square of a non-square frame):
+    # feedline converts only the crop, whose edge pixels swscale interpolates from inside it.
+    inner = diff[:, 1 if top else 0:size - 1 if top else size,
+                 1 if left else 0:size - 1 if left else size]
+    assert inner.max() <= TOLERANCE, (inner.max(), [int(d.max()) for d in inner])
+    # And each frame is nearer to its own PyAV frame than to any other (the tolerance is the
+    # conversion's, never a neighbouring frame's).
+    for t in range(clip_len):
+        errors = [np.abs(got[t].astype(int) -
+                         img[top:top + size, left:left + size].astype(int)).mean()
+                  for _, img in frames]
+        assert min(errors) == pytest.approx(np.abs(got[t].astype(int) - want[t].astype(int)).mean())
+
+
+def _folder(videos, tmp_path, copies=3):
+    root = tmp_path / "clips"
+    for c, names in enumerate([["cfr.mp4", "edit.mp4"], ["vfr.mkv", "vp9.webm"]]):
+        (root / f"class{c}").mkdir(parents=True)
+        for k in range(copies):
+            for n in names:
+                shutil.copy(videos / n, root / f"class{c}" / f"{k}_{n}")
+    return root
+
+
+def test_train_clips_are_the_same_for_any_worker_count_and_across_a_resume(videos, tmp_path):
+    root = _folder(videos, tmp_path)
+    args = dict(clip_len=6, frame_step=2, batch_size=4, size=32, seed=7, transform="train")
+
+    def run(workers, epochs=2, loader=None):
+        loader = loader or feedline.VideoLoader(str(root), workers=workers, **args)
+        return loader, [(c.clone(), l.clone()) for _ in range(epochs) for c, l in loader]
+    with util.deadline(120, "three runs"):
+        loader, one = run(1)
+        _, two = run(2)
+    assert loader.classes == ["class0", "class1"] and len(loader.samples) == 12
+    assert len(one) == 2 * 3
+    for (a, la), (b, lb) in zip(one, two):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    # Epochs differ (their starts, crops and flips are drawn anew), and so do clips.
+    assert not torch.equal(one[0][0], one[3][0])
+    # Resume after the first batch of epoch 1.
+    resumed = feedline.VideoLoader(str(root), workers=2, **args)
+    for _ in resumed:
+        pass
+    it = iter(resumed)
+    next(it)
+    state = resumed.state_dict()
+    del it
+    again = feedline.VideoLoader(str(root), workers=1, **args)
+    again.load_state_dict(state)
+    rest = [(c, l) for c, l in again]
+    assert len(rest) == 2
+    for (a, la), (b, lb) in zip(one[4:], rest):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_train_crops_and_flips_every_frame_of_a_clip_alike(videos, tmp_path):
+    """One crop box and one flip per clip: a clip of the same frame repeated (a 1-frame-step
+    clip of a still video) has identical frames; flipped clips mirror unflipped ones."""
+    still = tmp_path / "still"
+    (still / "a").mkdir(parents=True)
+    _ffmpeg("-f", "lavfi", "-i", "testsrc2=size=96x64:rate=10", "-frames:v", "1", "-c:v",
+            "libx264", "-pix_fmt", "yuv420p", str(tmp_path / "one.mp4"))
+    for k in range(8):
+        shutil.copy(tmp_path / "one.mp4", still / "a" / f"{k}.mp4")
+    loader = feedline.VideoLoader(str(still), clip_len=5, batch_size=8, size=24, seed=3,
+                                  shuffle=False)
+    (clips, _), = list(loader)
+    for b in range(8):
+        for t in range(1, 5):
+            assert torch.equal(clips[b, t], clips[b, 0])
+    flat = clips[:, 0].flatten(1)
+    assert len({tuple(x.tolist()) for x in flat}) > 1  # crops differ between clips
+
+
+def test_broken_files_are_data_errors_naming_them(videos, tmp_path):
+    root = tmp_path / "bad"
+    (root / "a").mkdir(parents=True)
+    good = (videos / "cfr.mp4").read_bytes()
+    cases = {
+        "truncated.mp4": good[: len(good) // 3],
+        "garbage.mp4": os.urandom(4000),
+        "empty.mp4": b"",
+        "text.mkv": b"not a video at all\n" * 50,
+    }
+    _ffmpeg("-f", "lavfi", "-i", "sine=frequency=440:duration=1", str(tmp_path / "audio.mkv"))
+    cases["audio_only.mkv"] = (tmp_path / "audio.mkv").read_bytes()
+    for name, data in cases.items():
+        (root / "a" / name).write_bytes(data)
+    shutil.copy(videos / "cfr.mp4", root / "a" / "zz_good.mp4")
+    for name in cases:
+        lst = tmp_path / f"{name}.txt"
+        lst.write_text(f"{root / 'a' / name} 0\n")
+        loader = feedline.VideoLoader(str(lst), clip_len=4, batch_size=1, transform="eval",
+                                      size=32)
+        with util.deadline(30, name), pytest.raises(feedline.DataError) as e:
+            list(loader)
+        assert name in str(e.value), str(e.value)
+        assert "video" in str(e.value)
+    skip = feedline.VideoLoader(str(root), clip_len=4, batch_size=2, size=32, on_error="skip",
+                                max_errors=100)
+    with util.deadline(60, "an epoch with on_error='skip'"), pytest.warns(RuntimeWarning):
+        n = sum(c.shape[0] for c, _ in skip)
+    assert n == len(cases) + 1
+    assert skip.stats()["error_count"] == len(cases)
+
+
+def test_arguments_are_checked_by_name(videos, tmp_path):
+    root = _folder(videos, tmp_path, copies=1)
+    for kwargs, name in [(dict(clip_len=0), "clip_len"), (dict(frame_step=0), "frame_step"),
+                         (dict(fps=-1), "fps"), (dict(transform="eval_fast"), "transform"),
+                         (dict(size=0), "size")]:
+        with pytest.raises(ValueError, match=name):
+            feedline.VideoLoader(str(root), **kwargs)
+    with pytest.raises(TypeError, match="clip_len"):
+        feedline.VideoLoader(str(root), clip_len="16")
+    with pytest.raises(FileNotFoundError):
+        feedline.VideoLoader(str(tmp_path / "nowhere"))
+    empty = tmp_path / "no_videos" / "a"
+    empty.mkdir(parents=True)
+    (empty / "x.jpg").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"\.mp4"):
+        feedline.VideoLoader(str(tmp_path / "no_videos"))
+
+
+def test_decoder_threads_never_call_into_python_through_ffmpeg_logging(videos, tmp_path):
+    """PyAV forwards FFmpeg's log messages to Python's logging, taking the GIL in whatever
+    thread logs. feedline's decoder threads log nothing there (their errors come back as
+    DataErrors): otherwise every swscale setup and every corrupt packet in a worker would take
+    the trainer's GIL, and a worker that asks for it while the interpreter exits aborts it."""
+    import logging
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("libav")
+    before = av.logging.get_level()
+    av.logging.set_level(av.logging.VERBOSE)
+    logger.addHandler(handler)
+    try:
+        with av.open(str(videos / "vp9.webm")) as c:  # PyAV itself still logs through Python
+            next(c.decode(video=0)).to_ndarray(format="gbrp")
+        root = _folder(videos, tmp_path, copies=1)
+        (root / "class0" / "cut.mp4").write_bytes((videos / "cfr.mp4").read_bytes()[:5000])
+        loader = feedline.VideoLoader(str(root), clip_len=4, batch_size=2, size=24,
+                                      on_error="skip", max_errors=10)
+        with util.deadline(60, "an epoch"), pytest.warns(RuntimeWarning):
+            for _ in loader:
+                pass
+        assert loader.stats()["error_count"] == 1
+        feedline_records = [r for r in records if r.thread != threading.main_thread().ident]
+        assert not feedline_records, [r.getMessage() for r in feedline_records]
+    finally:
+        logger.removeHandler(handler)
+        av.logging.set_level(before)
