@@ -7,6 +7,7 @@
 //   feedline-bench --tune-grid --json grid.json --plot grid.svg      # issue 4's table
 //   feedline-bench --compare-torch --json cmp.json --plot cmp.svg    # issue 5's table
 //   feedline-bench --compare-text --json text.json                   # text workloads
+//   feedline-bench --compare-video --json video.json                 # video clips
 //
 // A plain run consumes batches as fast as the loader delivers them (or with a simulated
 // training step, --consumer-ms), so the figures are the loader's ceiling. The first epoch
@@ -148,6 +149,12 @@ modes:
                         interleaved rounds: samples/s end to end, the step's CPU stretch,
                         waits per step and at epoch starts, loader CPU, peak PSS
   --hog                 with --e2e: another process keeps one core busy throughout
+  --compare-video       video clips (bench/video_compare.py) on a generated set (made once
+                        with FFmpeg: 120 short H.264 files panning over real photos, two
+                        resolutions, constant and variable frame rates): feedline.VideoLoader
+                        against torch's DataLoader with a PyAV dataset at each
+                        --torch-workers count (default 1,2,3) and the decode limit (FFmpeg
+                        decoding the clips' frames on one thread x cores): clips/s
   --dataset-variant overhead|cheap|computed|costly|all
                         which of --compare-dataset's variants to run (default all)
   --torch-workers LIST  the DataLoader worker counts to try, e.g. 1,2,4 (default: 1, 2,
@@ -188,6 +195,7 @@ struct BenchFlags {
   bool python_dataset = false;
   bool e2e = false;  // --e2e: the loaders inside a simulated training loop (e2e_compare.py)
   bool hog = false;  // --e2e --hog: another process busy on one core
+  bool compare_video = false;  // --compare-video: bench/video_compare.py
   std::string dataset_variant = "all";
   std::vector<int> torch_workers;  // empty: the default list
   std::string python;
@@ -236,8 +244,8 @@ constexpr absl::string_view kValueFlags[] = {
     "--json",     "--io-latency-ms", "--consumer-ms",   "--plot",    "--trace",
     "--source",   "--grid-seconds",  "--torch-workers", "--python",  "--dataset-variant"};
 constexpr absl::string_view kSwitches[] = {
-    "--quiet",        "--tune-grid",      "--compare-torch", "--compare-dataset",
-    "--compare-text", "--python-dataset", "--e2e",           "--hog"};
+    "--quiet",          "--tune-grid", "--compare-torch", "--compare-dataset", "--compare-text",
+    "--python-dataset", "--e2e",       "--hog",           "--compare-video"};
 
 // Accepts "--flag value" and "--flag=value".
 absl::StatusOr<BenchFlags> ParseFlags(int argc, char** argv) {
@@ -258,6 +266,7 @@ absl::StatusOr<BenchFlags> ParseFlags(int argc, char** argv) {
       if (arg == "--python-dataset") flags.python_dataset = true;
       if (arg == "--e2e") flags.e2e = true;
       if (arg == "--hog") flags.hog = true;
+      if (arg == "--compare-video") flags.compare_video = true;
       continue;
     }
     if (arg.substr(0, 2) != "--") {
@@ -383,16 +392,17 @@ absl::Status CheckCombinations(const BenchFlags& f) {
     return absl::OkStatus();
   };
   if (int(f.tune_grid) + int(f.compare_torch) + int(f.compare_dataset) + int(f.compare_text) +
-          int(f.python_dataset) + int(f.e2e) >
+          int(f.python_dataset) + int(f.e2e) + int(f.compare_video) >
       1) {
     return absl::InvalidArgumentError(
-        "--tune-grid, --compare-torch, --compare-dataset, --compare-text, --python-dataset and "
-        "--e2e are separate runs");
+        "--tune-grid, --compare-torch, --compare-dataset, --compare-text, --python-dataset, "
+        "--e2e and --compare-video are separate runs");
   }
   if (f.hog && !f.e2e) return absl::InvalidArgumentError("--hog applies to --e2e only");
-  if (f.compare_text || f.python_dataset || f.e2e) {
+  if (f.compare_text || f.python_dataset || f.e2e || f.compare_video) {
     const char* mode = f.compare_text     ? "--compare-text: "
                        : f.python_dataset ? "--python-dataset: "
+                       : f.compare_video  ? "--compare-video: "
                                           : "--e2e: ";
     for (const char* flag :
          {"--data", "--source", "--workers", "--prefetch", "--io-depth", "--transform", "--layout",
@@ -740,6 +750,31 @@ int RunPythonDatasetCompare(const BenchFlags& flags) {
   return Fail(absl::ErrnoToStatus(errno, absl::StrCat("cannot run ", args[0])));
 }
 
+// --compare-video runs bench/video_compare.py on the generated videos (see its docstring).
+int RunVideoCompare(const BenchFlags& flags) {
+  absl::StatusOr<std::string> python = FindPython(flags);
+  if (!python.ok()) return Fail(python.status());
+  absl::StatusOr<std::string> scripts = FindScriptDir();
+  if (!scripts.ok()) return Fail(scripts.status());
+  std::vector<std::string> args = {*python, (fs::path(*scripts) / "video_compare.py").string(),
+                                   "--data", DataSetDir("video-v1").string()};
+  if (flags.given.count("--epochs"))
+    args.insert(args.end(), {"--epochs", absl::StrCat(flags.epochs)});
+  if (!flags.torch_workers.empty()) {
+    args.insert(args.end(), {"--torch-workers", absl::StrJoin(flags.torch_workers, ",")});
+  }
+  if (!flags.json.empty()) args.insert(args.end(), {"--json", flags.json});
+  if (flags.quiet) args.push_back("--quiet");
+  const std::string path = FeedlinePythonPath();
+  if (!path.empty()) ::setenv("PYTHONPATH", path.c_str(), 1);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::fflush(nullptr);
+  ::execv(argv[0], argv.data());
+  return Fail(absl::ErrnoToStatus(errno, absl::StrCat("cannot run ", args[0])));
+}
+
 // --e2e runs bench/e2e_compare.py on the bundled images (see its docstring).
 int RunEndToEnd(const BenchFlags& flags) {
   absl::StatusOr<std::string> python = FindPython(flags);
@@ -982,6 +1017,7 @@ int main(int argc, char** argv) {
   if (flags.compare_text) return RunTextCompare(flags);
   if (flags.python_dataset) return RunPythonDatasetCompare(flags);
   if (flags.e2e) return RunEndToEnd(flags);
+  if (flags.compare_video) return RunVideoCompare(flags);
   std::string data = flags.data;
   if (flags.synthetic) {
     absl::StatusOr<std::string> tiny = EnsureTinyData();

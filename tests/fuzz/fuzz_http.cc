@@ -224,9 +224,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (st.ok() && (mode == 0 || mode == 5)) {
     FUZZ_CHECK(int64_t(out.size()) <= kMaxBody, absl::StrCat(out.size()));
   }
-  // Nothing read from a redirect to another scheme (file:///etc/passwd).
+  // Nothing read from a redirect to another scheme (file:///etc/passwd), unless the server
+  // itself sent those bytes.
   const std::string body(out.begin(), out.end());
-  FUZZ_CHECK(!absl::StrContains(body, "root:x:0:0"), "a file:// redirect was followed");
+  if (!absl::StrContains(response, "root:x:0:0")) {
+    FUZZ_CHECK(!absl::StrContains(body, "root:x:0:0"), "a file:// redirect was followed");
+  }
   // No secret in the message (unless the server itself wrote it into its reply).
   if (!absl::StrContains(response, "SECRET")) {
     FUZZ_CHECK(!absl::StrContains(st.message(), "SECRET"), std::string(st.message()));

@@ -275,3 +275,19 @@ def test_decoder_threads_never_call_into_python_through_ffmpeg_logging(videos, t
     finally:
         logger.removeHandler(handler)
         av.logging.set_level(before)
+
+
+def test_the_video_benchmark_runs(tmp_path):
+    """bench/video_compare.py (feedline-bench --compare-video) end to end on a few videos."""
+    import json
+    import sys
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "video_compare.py")
+    out = tmp_path / "video.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    subprocess.run([sys.executable, script, "--data", str(tmp_path / "videos"), "--videos", "4",
+                    "--epochs", "2", "--rounds", "1", "--torch-workers", "1", "--json", str(out),
+                    "--quiet"], check=True, env=env, timeout=300, capture_output=True)
+    result = json.loads(out.read_text())
+    assert set(result["clips_per_s"]) == {"feedline", "limit", "torch+pyav/1"}
+    assert all(v > 0 for v in result["clips_per_s"].values())
+    assert result["feedline_vs_decode_limit"] > 0
