@@ -13,8 +13,9 @@ class VideoLoader(_LoaderFace):
     clip_len), labels int64 [B].
 
     source: a folder with one sub-folder of videos per class (.mp4, .mkv, .webm, .avi, .mov,
-        ...; torchvision's ImageFolder order), or a list file of "path label" lines (paths or
-        http(s)/s3 URLs).
+        ...; torchvision's ImageFolder order), a list file of "path label" lines (paths or
+        http(s)/s3 URLs), or WebDataset shards (a .tar or a "{000..009}" pattern; a sample per
+        key: its member with a video extension, its .cls label).
     clip_len: frames per clip. frame_step: frames of the stream between two of the clip's
         frames; or fps: that many frames a second, taken by timestamps (right for
         variable-frame-rate files). The frame at time t is the one on screen then: the last
@@ -45,7 +46,7 @@ class VideoLoader(_LoaderFace):
                                        "a folder of videos or a list file"))
         if isinstance(source, bytes):
             source = os.fsdecode(source)
-        if not _is_url(source) and not os.path.exists(source):
+        if "{" not in source and not _is_url(source) and not os.path.exists(source):
             raise FileNotFoundError(f"source: {source}: no such file or directory")
         _check_type("clip_len", clip_len, int, "an int")
         _check_type("frame_step", frame_step, int, "an int")

@@ -1,4 +1,5 @@
 // The video built-in's one-call loader (feedline/video.h): files -> clips.
+#include "absl/strings/match.h"
 #include "feedline/files.h"
 #include "feedline/video.h"
 
@@ -11,8 +12,15 @@ absl::StatusOr<std::unique_ptr<Loader>> MakeVideoLoader(const ClipOptions& clip,
   if (options.source().empty() && options.shards().empty()) {
     return InvalidOption("source", "must not be empty");
   }
-  absl::StatusOr<std::shared_ptr<FileDataset>> files = FileDataset::Open(
-      options.source(), options.shards(), ReadLimitsOf(options), VideoExtensions());
+  // WebDataset shards (a .tar, a brace pattern, or shards given): a sample per key, its video
+  // the member with a video extension, its label the .cls member's.
+  const std::string& source = options.source();
+  const bool shards =
+      !options.shards().empty() || absl::EndsWith(source, ".tar") || absl::StrContains(source, "{");
+  absl::StatusOr<std::shared_ptr<FileDataset>> files =
+      shards
+          ? OpenWebDataset(source, options.shards(), ReadLimitsOf(options))
+          : FileDataset::Open(source, options.shards(), ReadLimitsOf(options), VideoExtensions());
   if (!files.ok()) return files.status();
   return Loader::Create(*std::move(files), *std::move(transform), std::move(options));
 }

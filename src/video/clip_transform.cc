@@ -5,7 +5,9 @@
 #include <memory>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/crop.h"
 #include "feedline/video.h"
 #include "video/clip_decoder.h"
@@ -47,8 +49,12 @@ class ClipTransform final : public SampleTransform {
   absl::Status Apply(const Record& record, const SampleContext& ctx, WorkerState* state,
                      SampleWriter& out) const override {
     auto* s = static_cast<State*>(state);
-    if (absl::Status st = s->decoder.Open(record.bytes.data(), record.bytes.size(), c_.max_pixels);
-        !st.ok()) {
+    const std::vector<uint8_t>* video = VideoBytes(record);
+    if (video == nullptr) {
+      return absl::DataLossError(absl::StrCat("video: the sample has no video member (one of ",
+                                              absl::StrJoin(VideoExtensions(), " "), ")"));
+    }
+    if (absl::Status st = s->decoder.Open(video->data(), video->size(), c_.max_pixels); !st.ok()) {
       return st;
     }
     const VideoInfo& v = s->decoder.info();
@@ -74,6 +80,17 @@ class ClipTransform final : public SampleTransform {
   }
 
  private:
+  // The file: a record's bytes, or a WebDataset sample's member with a video extension.
+  static const std::vector<uint8_t>* VideoBytes(const Record& record) {
+    if (record.members.empty()) return &record.bytes;
+    for (const Record::Member& m : record.members) {
+      for (const std::string& ext : VideoExtensions()) {
+        if (absl::EqualsIgnoreCase(m.name, absl::string_view(ext).substr(1))) return &m.bytes;
+      }
+    }
+    return nullptr;
+  }
+
   // The clip's timestamps: clip_len frames from a start drawn from (seed, epoch, index) among
   // the frames where the whole clip fits (train), or the middle one (eval).
   std::vector<int64_t> Targets(const VideoInfo& v, const SampleContext& ctx) const {

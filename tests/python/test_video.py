@@ -291,3 +291,32 @@ def test_the_video_benchmark_runs(tmp_path):
     assert set(result["clips_per_s"]) == {"feedline", "limit", "torch+pyav/1"}
     assert all(v > 0 for v in result["clips_per_s"].values())
     assert result["feedline_vs_decode_limit"] > 0
+
+
+def test_webdataset_shards_of_videos_give_the_clips_of_the_same_files(videos, tmp_path):
+    import io
+    import tarfile
+    files = [("cfr.mp4", 0), ("vp9.webm", 1), ("vfr.mkv", 1), ("edit.mp4", 0)]
+    lst = tmp_path / "list.txt"
+    lst.write_text("".join(f"{videos / n} {label}\n" for n, label in files))
+    for s in range(2):
+        with tarfile.open(tmp_path / f"v-{s:03d}.tar", "w") as t:
+            for k, (name, label) in enumerate(files[2 * s:2 * s + 2]):
+                ext = name.split(".")[1]
+                for member, data in [(f"s{k}.{ext}", (videos / name).read_bytes()),
+                                     (f"s{k}.json", b"{}"), (f"s{k}.cls", str(label).encode())]:
+                    info = tarfile.TarInfo(member)
+                    info.size = len(data)
+                    t.addfile(info, io.BytesIO(data))
+    args = dict(clip_len=5, frame_step=2, batch_size=4, shuffle=False, seed=1, size=32)
+    (a, la), = list(feedline.VideoLoader(str(tmp_path / "v-{000..001}.tar"), **args))
+    (b, lb), = list(feedline.VideoLoader(str(lst), **args))
+    assert la.tolist() == [0, 1, 1, 0]
+    assert torch.equal(la, lb) and torch.equal(a, b)
+    # A key without a video member is the sample's error, named.
+    with tarfile.open(tmp_path / "bad.tar", "w") as t:
+        info = tarfile.TarInfo("x.cls")
+        info.size = 1
+        t.addfile(info, io.BytesIO(b"0"))
+    with pytest.raises(feedline.DataError, match=r"bad\.tar.*no video member"):
+        list(feedline.VideoLoader(str(tmp_path / "bad.tar"), clip_len=2, batch_size=1))
