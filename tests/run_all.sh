@@ -56,7 +56,7 @@ if ! ctest --test-dir build-asan --output-on-failure 2>&1 | tee build-asan/ctest
     build-asan/ctest.log || true)
   tracer=$(grep -c "LeakSanitizer has encountered a fatal error" build-asan/ctest.log || true)
   if [[ $failed == "$tracer" ]] &&
-     ! grep -qE "ERROR: (Leak|Address)Sanitizer:|runtime error:|FAILED:|test cases:.*failed" \
+     ! grep -qE "ERROR: (Leak|Address)Sanitizer:|runtime error:|:[0-9]+: FAILED:|test cases:.*failed" \
        build-asan/ctest.log; then
     echo "== LeakSanitizer's tracer failed (not a finding): the failed tests once more"
     ctest --test-dir build-asan --output-on-failure --rerun-failed
