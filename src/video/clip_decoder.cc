@@ -13,6 +13,7 @@ extern "C" {
 #include <libavutil/avutil.h>
 #include <libavutil/log.h>
 #include <libavutil/mathematics.h>
+#include <libavutil/mem.h>
 }
 
 namespace feedline::video {
@@ -33,6 +34,13 @@ std::string AvError(int rc) {
 absl::Status Bad(absl::string_view what) {
   return absl::DataLossError(absl::StrCat("video: ", what));
 }
+
+// The largest block FFmpeg may allocate at once (av_max_alloc, for the process). A container's
+// header claims table sizes (an MP4 atom's sample count) that FFmpeg allocates before reading
+// them: a 3.8 KB file with one bit changed asked for 512 MB. No real file needs a block this
+// large (an 8K frame is 50 MB, the sample table of ten million frames 40 MB); past it the open
+// fails as the file's error.
+constexpr size_t kMaxFfmpegBlock = size_t{256} << 20;
 
 // Whether this thread decodes for feedline (a map worker, or any thread that made a
 // ClipDecoder).
@@ -103,6 +111,7 @@ absl::Status ClipDecoder::Open(const uint8_t* data, size_t size, int64_t max_pix
   // Each time: a library imported later (PyAV) may have put its own in place meanwhile.
   t_decoder_thread = true;
   av_log_set_callback(&Log);
+  av_max_alloc(kMaxFfmpegBlock);
   max_pixels_ = max_pixels;
   if (size == 0) return Bad("an empty file");
   input_ = Input{data, int64_t(size), 0};
