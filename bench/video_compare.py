@@ -68,6 +68,17 @@ def make_videos(root, count, quiet):
         print(f"made {count} videos in {time.time() - t0:.0f} s under {root}", file=sys.stderr)
 
 
+def clip_targets(stream, rng):
+    """The clip's timestamps in `stream`'s time base (feedline's rule: a start drawn among the
+    frames at the average rate where the whole clip fits)."""
+    rate = stream.average_rate
+    n = max(int(stream.duration * stream.time_base * rate), 1) if stream.duration else \
+        (stream.frames or 1)
+    room = n - 1 - (CLIP_LEN - 1) * FRAME_STEP
+    k = rng.randint(0, room) if room > 0 else 0
+    return [int((k + j * FRAME_STEP) / rate / stream.time_base) for j in range(CLIP_LEN)]
+
+
 class PyAVClips:
     """The peer: a map-style dataset that decodes one clip with PyAV (seek to the keyframe
     before the start, decode forward, RGB24 frames) and crops/flips/resizes it with torch."""
@@ -88,11 +99,7 @@ class PyAVClips:
         with av.open(self.files[i]) as c:
             s = c.streams.video[0]
             s.thread_type = "NONE"
-            rate = s.average_rate
-            n = max(int(s.duration * s.time_base * rate), 1) if s.duration else (s.frames or 1)
-            room = n - 1 - (CLIP_LEN - 1) * FRAME_STEP
-            k = rng.randint(0, room) if room > 0 else 0
-            targets = [int((k + j * FRAME_STEP) / rate / s.time_base) for j in range(CLIP_LEN)]
+            targets = clip_targets(s, rng)
             c.seek(targets[0], stream=s, backward=True)
             out, shown, t = [], None, 0
             for f in c.decode(s):
@@ -126,14 +133,10 @@ def decode_limit(root, epochs):
             with av.open(path) as c:
                 s = c.streams.video[0]
                 s.thread_type = "NONE"
-                rate = s.average_rate
-                n = max(int(s.duration * s.time_base * rate), 1) if s.duration else (s.frames or 1)
-                room = n - 1 - (CLIP_LEN - 1) * FRAME_STEP
-                k = rng.randint(0, room) if room > 0 else 0
-                last = int((k + (CLIP_LEN - 1) * FRAME_STEP) / rate / s.time_base)
-                c.seek(int(k / rate / s.time_base), stream=s, backward=True)
+                targets = clip_targets(s, rng)
+                c.seek(targets[0], stream=s, backward=True)
                 for f in c.decode(s):
-                    if f.pts >= last:
+                    if f.pts >= targets[-1]:
                         break
         best = max(best, len(files) / (time.perf_counter() - t0))
     return best * (os.cpu_count() or 1)

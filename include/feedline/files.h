@@ -108,6 +108,9 @@ class FileDataset : public Dataset {
   uint64_t fingerprint_;
 };
 
+// True when `source` names WebDataset shards (a brace pattern or a path ending in ".tar").
+bool LooksLikeShards(const std::string& source);
+
 // WebDataset shards with named members: a sample is a key and all of its members
 // (`record.members`, named by extension, in shard order: "jpg", "cls", "json", "txt", "npy",
 // ...); `record.label` is the `.cls` member's integer when the key has one, else -1;

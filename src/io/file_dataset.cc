@@ -40,8 +40,6 @@ std::string FileDataset::Describe(int64_t index) const {
 
 namespace {
 
-// Shards by path or URL: remote ones through the shard cache (io/shard_cache.h: a cached copy,
-// or range reads from the shard's catalog), named by their URLs in samples and messages.
 // The reads of a data set under `limits`: each within the read timeout, a body at most
 // max_record_bytes, the bodies in flight together at most in_flight_bytes.
 HttpOptions ReadOptions(const ReadLimits& limits) {
@@ -53,6 +51,8 @@ HttpOptions ReadOptions(const ReadLimits& limits) {
   return http;
 }
 
+// Shards by path or URL: remote ones through the shard cache (io/shard_cache.h: a cached copy,
+// or range reads from the shard's catalog), named by their URLs in samples and messages.
 absl::StatusOr<std::shared_ptr<TarDataset>> OpenShards(const std::vector<std::string>& paths,
                                                        const std::string& source,
                                                        TarDataset::Mode mode,

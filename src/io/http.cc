@@ -47,8 +47,8 @@ struct Sink {
   int64_t written = 0;
   bool too_big = false;
   int write_errno = 0;
-  // A body in memory counts toward the bytes all responses in flight hold (`held`), at most
-  // `max_held` (0: no bound); past it, `over_held`.
+  // A body in memory (not a download) counts toward the bytes all responses in flight hold
+  // (`held`, null: not counted), at most `max_held`; past it, `over_held`.
   std::atomic<int64_t>* held = nullptr;
   int64_t max_held = 0;
   bool over_held = false;
@@ -57,7 +57,7 @@ struct Sink {
 // Gives back what `sink` counted toward the responses in flight (an attempt that ends: its
 // bytes are then the caller's, or gone).
 void Release(Sink* sink) {
-  if (sink->held != nullptr && sink->fd < 0 && sink->written > 0) {
+  if (sink->held != nullptr && sink->written > 0) {
     sink->held->fetch_sub(sink->written, std::memory_order_relaxed);
   }
   sink->held = nullptr;
@@ -70,7 +70,7 @@ size_t Write(char* data, size_t size, size_t n, void* user) {
     sink->too_big = true;
     return 0;  // aborts the transfer
   }
-  if (sink->held != nullptr && sink->fd < 0 &&
+  if (sink->held != nullptr &&
       sink->held->fetch_add(int64_t(bytes), std::memory_order_relaxed) + int64_t(bytes) >
           sink->max_held) {
     sink->held->fetch_sub(int64_t(bytes), std::memory_order_relaxed);
@@ -336,7 +336,7 @@ void Attempt(FetchOp* op) {
   op->out->clear();
   Release(&op->sink);  // the last attempt's bytes (cleared above)
   op->sink = Sink{op->out, op->fd, op->o.max_bytes, op->curl};
-  if (op->counters != nullptr && op->o.max_held_bytes > 0) {
+  if (op->fd < 0 && op->counters != nullptr && op->o.max_held_bytes > 0) {
     op->sink.held = &op->counters->held;
     op->sink.max_held = op->o.max_held_bytes;
   }

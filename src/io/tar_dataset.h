@@ -35,9 +35,6 @@ absl::StatusOr<std::vector<std::string>> ExpandBraces(const std::string& pattern
 inline constexpr int64_t kMaxExpandedNames = 1'000'000;
 inline constexpr int64_t kMaxExpandedBytes = int64_t{256} << 20;
 
-// True when `source` names tar shards (a brace pattern or a path ending in ".tar").
-bool LooksLikeShards(const std::string& source);
-
 struct TarMember {
   std::string name;
   int64_t offset = 0;  // of the member's data in the file

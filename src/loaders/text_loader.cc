@@ -7,7 +7,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_replace.h"
 #include "feedline/files.h"
 #include "feedline/loader.h"
@@ -19,8 +18,7 @@ absl::StatusOr<std::shared_ptr<const Dataset>> OpenTextDocuments(const std::stri
                                                                  const std::string& field,
                                                                  double read_timeout_ms) {
   // WebDataset shards (a .tar or a brace pattern): one document per key.
-  const bool shards = absl::EndsWith(source, ".tar") || absl::StrContains(source, "{");
-  if (shards) {
+  if (LooksLikeShards(source)) {
     absl::StatusOr<std::shared_ptr<FileDataset>> w =
         OpenWebDataset(source, {}, ReadLimits{read_timeout_ms});
     if (!w.ok()) return w.status();

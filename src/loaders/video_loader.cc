@@ -1,5 +1,4 @@
 // The video built-in's one-call loader (feedline/video.h): files -> clips.
-#include "absl/strings/match.h"
 #include "feedline/files.h"
 #include "feedline/video.h"
 
@@ -15,8 +14,7 @@ absl::StatusOr<std::unique_ptr<Loader>> MakeVideoLoader(const ClipOptions& clip,
   // WebDataset shards (a .tar, a brace pattern, or shards given): a sample per key, its video
   // the member with a video extension, its label the .cls member's.
   const std::string& source = options.source();
-  const bool shards =
-      !options.shards().empty() || absl::EndsWith(source, ".tar") || absl::StrContains(source, "{");
+  const bool shards = !options.shards().empty() || LooksLikeShards(source);
   absl::StatusOr<std::shared_ptr<FileDataset>> files =
       shards
           ? OpenWebDataset(source, options.shards(), ReadLimitsOf(options))
