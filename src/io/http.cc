@@ -335,6 +335,17 @@ void Attempt(FetchOp* op) {
   }
   op->out->clear();
   Release(&op->sink);  // the last attempt's bytes (cleared above)
+  // Every attempt on a handle of its own (connections are the loop's, kept across handles):
+  // libcurl before 8.2 keeps a pointer to the last stored header through curl_easy_reset, and
+  // a reply whose first header line is a folded continuation then reads that freed header
+  // (found by fuzz_http; Debian 12 ships 7.88).
+  if (op->attempt > 1) {
+    HttpMulti::Get().GiveEasy(op->curl);
+    op->curl = HttpMulti::Get().TakeEasy();
+    if (op->curl == nullptr) {
+      return Finish(op, absl::InternalError(absl::StrCat(op->shown, ": curl_easy_init failed")));
+    }
+  }
   op->sink = Sink{op->out, op->fd, op->o.max_bytes, op->curl};
   if (op->fd < 0 && op->counters != nullptr && op->o.max_held_bytes > 0) {
     op->sink.held = &op->counters->held;
@@ -345,7 +356,6 @@ void Attempt(FetchOp* op) {
   }
   op->error[0] = '\0';
   CURL* curl = op->curl;
-  curl_easy_reset(curl);
   curl_easy_setopt(curl, CURLOPT_URL, op->target.c_str());
   if (op->headers != nullptr) curl_easy_setopt(curl, CURLOPT_HTTPHEADER, op->headers);
   if (op->head) curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);

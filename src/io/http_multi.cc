@@ -47,7 +47,6 @@ struct HttpMulti::State {
   std::vector<std::pair<CURL*, std::function<void(CURLcode)>>> pending;        // under mu
   std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers;  // under mu
   uint64_t timer_seq = 0;                                                      // under mu
-  std::vector<CURL*> easy_pool;                                                // under mu
 
   void Wake() {
     const uint64_t one = 1;
@@ -230,26 +229,8 @@ void HttpMulti::After(double seconds, std::function<void()> fn) {
   state_->Wake();
 }
 
-CURL* HttpMulti::TakeEasy() {
-  {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    if (!state_->easy_pool.empty()) {
-      CURL* easy = state_->easy_pool.back();
-      state_->easy_pool.pop_back();
-      curl_easy_reset(easy);
-      return easy;
-    }
-  }
-  return curl_easy_init();
-}
+CURL* HttpMulti::TakeEasy() { return curl_easy_init(); }
 
-void HttpMulti::GiveEasy(CURL* easy) {
-  std::lock_guard<std::mutex> lock(state_->mu);
-  if (state_->easy_pool.size() < 1024) {
-    state_->easy_pool.push_back(easy);
-  } else {
-    curl_easy_cleanup(easy);
-  }
-}
+void HttpMulti::GiveEasy(CURL* easy) { curl_easy_cleanup(easy); }
 
 }  // namespace feedline

@@ -37,7 +37,11 @@ class HttpMulti {
   // Runs `fn` on the loop's thread after `seconds` (retry back-offs: no thread sleeps).
   void After(double seconds, std::function<void()> fn);
 
-  // An easy handle from the pool (reset), or a new one; null if libcurl cannot make one.
+  // A new easy handle for one attempt, null if libcurl cannot make one; GiveEasy frees it.
+  // Handles are never reused: libcurl before 8.2 (Debian 12 has 7.88) keeps a pointer to the
+  // last response's stored header through curl_easy_reset, and a reply that starts its headers
+  // with a folded line then reads freed memory. Connections and the DNS cache belong to the
+  // loop's multi handle, so a fresh handle still reuses them.
   CURL* TakeEasy();
   void GiveEasy(CURL* easy);
 
