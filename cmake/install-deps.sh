@@ -14,7 +14,7 @@ PACKAGES=(
   catch2 pybind11-dev
   python3 python3-dev python3-numpy python3-pytest python3-pil
   python3-venv python3-pip python3-setuptools python3-wheel
-  python3-torch python3-torchvision libtorch-dev
+  python3-torch python3-torchvision libtorch-dev python3-distributed
   clang libclang-rt-14-dev
 )
 

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "bind_common.h"
 #include "feedline/error.h"
@@ -87,6 +88,17 @@ void BindEngine(py::module_& m) {
                e = l.StartEpoch();
              }
              return EpochHolder(e.release());
+           })
+      // Only these batches of an epoch (offload: the rest are made elsewhere).
+      .def("start_batches",
+           [](Loader& l, int64_t epoch, std::vector<int64_t> batches) {
+             absl::StatusOr<std::unique_ptr<Epoch>> e;
+             {
+               py::gil_scoped_release release;
+               e = l.StartBatches(epoch, std::move(batches));
+             }
+             if (!e.ok()) ThrowStatus(e.status(), false);
+             return EpochHolder(e->release());
            })
       .def("__len__", &Loader::num_batches)
       .def_property_readonly("num_samples", &Loader::num_samples)

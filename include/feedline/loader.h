@@ -100,6 +100,16 @@ class Loader {
 
   // Starts the next epoch (or the one chosen by set_epoch).
   std::unique_ptr<Epoch> StartEpoch();
+  // Makes only `batches` of epoch `epoch` (ascending batch numbers of this rank's epoch), each
+  // with the bytes it has in a whole epoch (augmentations and replacements are chosen by the
+  // sample's place in the epoch, not in this run): the returned Epoch hands them out in that
+  // order, Batch::index() the epoch's batch number. For making an epoch's batches in several
+  // places (offload: some here, some on other machines). It is not the loader's epoch: it moves
+  // neither next_epoch() nor the resume state, and no head start follows it; like any epoch it
+  // runs on the loader's workers, one at a time (drop or cancel it before starting another).
+  // kInvalidArgument for an empty, unordered or out-of-range list, a negative epoch, or a loader
+  // resumed on another layout whose first epoch this is.
+  absl::StatusOr<std::unique_ptr<Epoch>> StartBatches(int64_t epoch, std::vector<int64_t> batches);
 
   int64_t num_batches() const noexcept;     // batches per epoch for this rank: len(loader)
   int64_t num_samples() const noexcept;     // samples per epoch for this rank (padding included)

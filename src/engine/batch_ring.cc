@@ -49,7 +49,7 @@ void BatchRing::EnsureOpen(int64_t b) {
           " bytes (out of host memory); lower batch_size, prefetch or memory_budget"));
     }
     e.open_ns = NowNs();
-    e.count = std::min(core_->batch_size, core_->total_seq - k * core_->batch_size);
+    e.count = std::min(core_->batch_size, core_->run_seq - k * core_->batch_size);
     e.remaining.store(e.count, std::memory_order_relaxed);
     e.ready.store(false, std::memory_order_relaxed);
     {

@@ -6,6 +6,7 @@
 #ifndef FEEDLINE_SRC_ENGINE_EPOCH_CORE_H_
 #define FEEDLINE_SRC_ENGINE_EPOCH_CORE_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -40,16 +41,24 @@ inline std::vector<int64_t> RecordOrder(const Dataset& dataset, int64_t epoch,
 
 struct EpochCore {
   // `skip`: the positions of the epoch's order delivered before a resume on another layout
-  // (EpochOrder).
-  EpochCore(std::shared_ptr<LoaderShared> s, int64_t e, bool head_start = false, int64_t skip = 0)
+  // (EpochOrder). `selection`: only these batches of the epoch (ascending, checked by
+  // Loader::StartBatches), as batches 0, 1, ... of this run; empty: all of them.
+  EpochCore(std::shared_ptr<LoaderShared> s, int64_t e, bool head_start = false, int64_t skip = 0,
+            std::vector<int64_t> selection = {})
       : shared(std::move(s)),
         held(head_start),
         epoch(e),
         skip(skip),
         order(RecordOrder(*shared->dataset, e, EpochOrder(shared->sampler, e, skip))),
         batch_size(shared->options.batch_size()),
-        num_batches(BatchesPerRank(AfterSkip(shared->sampler, skip))),
-        total_seq(static_cast<int64_t>(order.size())) {}
+        selection(std::move(selection)),
+        num_batches(this->selection.empty() ? BatchesPerRank(AfterSkip(shared->sampler, skip))
+                                            : int64_t(this->selection.size())),
+        total_seq(static_cast<int64_t>(order.size())),
+        run_seq(this->selection.empty()
+                    ? total_seq
+                    : std::min(total_seq, (this->selection.back() + 1) * batch_size) -
+                          (this->selection.back() - (num_batches - 1)) * batch_size) {}
 
   const std::shared_ptr<LoaderShared> shared;
   // A sample's error, in the loader's stats() at once; a head start's are held until it is
@@ -85,8 +94,20 @@ struct EpochCore {
   const int64_t skip;
   const std::vector<int64_t> order;  // position in the epoch -> data set index
   const int64_t batch_size;
-  const int64_t num_batches;
-  const int64_t total_seq;  // samples in the epoch (after drop_last)
+  const std::vector<int64_t> selection;  // this run's batches of the epoch; empty: all
+  const int64_t num_batches;             // batches this run makes
+  const int64_t total_seq;               // samples in the epoch (after drop_last)
+  const int64_t run_seq;                 // samples this run makes: its positions 0..run_seq-1
+
+  // The epoch's batch for this run's batch `b`, and its position for this run's position `seq`
+  // (a selection's batches are this run's 0, 1, ...; only the epoch's last batch can be short,
+  // and it comes last). Sample choices (augmentations, replacements) use the epoch's position,
+  // so that a batch has the same bytes whichever run makes it.
+  int64_t Batch(int64_t b) const { return selection.empty() ? b : selection[size_t(b)]; }
+  int64_t Position(int64_t seq) const {
+    return selection.empty() ? seq
+                             : selection[size_t(seq / batch_size)] * batch_size + seq % batch_size;
+  }
 
   std::atomic<bool> cancelled{false};
   WakeWord wake;  // a new generation on any change readers/parked threads wait for
@@ -137,7 +158,7 @@ inline void ReadItem::Fill(const EpochCore& core, int64_t seq, int64_t end) {
   for (int k = 0; k < count; ++k) {
     ReadEntry& e = entries[size_t(k)];
     e.seq = seq + k;
-    e.sample = core.order[size_t(seq + k)];
+    e.sample = core.order[size_t(core.Position(seq + k))];
     e.attempt = 0;
   }
 }

@@ -14,11 +14,11 @@
 namespace feedline {
 
 EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t start_batch,
-                   bool head_start, int64_t skip)
-    : core_(std::move(shared), epoch, head_start, skip),
+                   bool head_start, int64_t skip, std::vector<int64_t> selection)
+    : core_(std::move(shared), epoch, head_start, skip, std::move(selection)),
       ring_(&core_, start_batch),
       replacement_(&core_),
-      read_(&core_, &ring_, &queues_, std::min(start_batch * core_.batch_size, core_.total_seq)),
+      read_(&core_, &ring_, &queues_, std::min(start_batch * core_.batch_size, core_.run_seq)),
       map_(&core_, &ring_, &queues_, &read_, &replacement_),
       tuning_(&core_, &ring_, &queues_, &read_,
               [this](const TunerSettings& from, const TunerSettings& to) {
@@ -31,7 +31,7 @@ EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t 
   LoaderShared& sh = *core_.shared;
   int64_t expected = 0;
   sh.counters.start_ns.compare_exchange_strong(expected, NowNs());
-  if (!head_start) {
+  if (!head_start && core_.selection.empty()) {
     std::lock_guard<std::mutex> lock(sh.epochs.mu);
     sh.epochs.active = this;
   }
@@ -180,7 +180,7 @@ absl::StatusOr<Batch> EpochRun::Next(const std::function<absl::Status()>& interr
   held_samples_ = batch.size_;
   MarkReturn();
   if (!taken.error.ok()) return taken.error;
-  batch.index_ = b;
+  batch.index_ = core_.Batch(b);
   batch.epoch_ = core_.epoch;
   if (sh.device_stage != nullptr) {
     absl::StatusOr<std::shared_ptr<internal::DeviceBatch>> on_device =

@@ -504,6 +504,34 @@ std::unique_ptr<Epoch> Loader::StartEpoch() {
       new Epoch(std::make_unique<EpochRun>(shared_, epoch, start, /*head_start=*/false, skip)));
 }
 
+absl::StatusOr<std::unique_ptr<Epoch>> Loader::StartBatches(int64_t epoch,
+                                                            std::vector<int64_t> batches) {
+  const int64_t n = num_batches();
+  if (epoch < 0) return absl::InvalidArgumentError(absl::StrCat("epoch ", epoch, " < 0"));
+  if (batches.empty()) return absl::InvalidArgumentError("no batches to make");
+  for (size_t i = 0; i < batches.size(); ++i) {
+    if (batches[i] < 0 || batches[i] >= n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch ", batches[i], " is not one of the epoch's ", n, " batches"));
+    }
+    if (i > 0 && batches[i] <= batches[i - 1]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batches must ascend: ", batches[i - 1], " then ", batches[i]));
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(shared_->epochs.mu);
+    if (shared_->epochs.next_skip != 0 && shared_->epochs.next_epoch == epoch) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("epoch ", epoch,
+                       " resumes a state saved on another layout: its batches are made "
+                       "where it is iterated"));
+    }
+  }
+  return std::unique_ptr<Epoch>(new Epoch(std::make_unique<EpochRun>(
+      shared_, epoch, /*start_batch=*/0, /*head_start=*/false, /*skip=*/0, std::move(batches))));
+}
+
 int64_t Loader::num_batches() const noexcept { return BatchesPerRank(shared_->sampler); }
 int64_t Loader::num_samples() const noexcept {
   const int64_t s = SamplesPerRank(shared_->sampler);

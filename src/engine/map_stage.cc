@@ -167,7 +167,8 @@ void MapStage::ProcessItem(ReadItem* item, SampleTransform::WorkerState* state,
       st = absl::Status(entry.status.code(), entry.status.message());
     } else {
       SampleWriter writer = sh.layout->Writer(slot, pos);
-      const SampleContext ctx(sh.options.seed(), core_->epoch, entry.sample, entry.seq);
+      const SampleContext ctx(sh.options.seed(), core_->epoch, entry.sample,
+                              core_->Position(entry.seq));
       st = SafeApply(*sh.transform, entry.record, ctx, state, writer);
       if (st.ok()) st = internal::SlotLayout::CheckWritten(writer);
     }
@@ -187,7 +188,8 @@ void MapStage::ProcessItem(ReadItem* item, SampleTransform::WorkerState* state,
         // Replace it by another sample of this epoch, chosen from (seed, epoch, position,
         // attempt) so the run stays reproducible. The read goes through the retry reader,
         // under the read timeout like every read.
-        const int64_t r = replacement_->Pick(entry.seq, entry.sample, &entry.attempt);
+        const int64_t r =
+            replacement_->Pick(core_->Position(entry.seq), entry.sample, &entry.attempt);
         if (r >= 0 && inline_reads) {  // no read stage: read the replacement here
           entry.sample = r;
           read_->ReadInline(&entry);

@@ -226,8 +226,8 @@ bool ReadStage::Claim(int64_t* seq_out, int64_t* end_out) {
   const int64_t chunk = std::max(1, core_->shared->tuning.chunk.load(std::memory_order_relaxed));
   int64_t seq = next_seq_.load(std::memory_order_relaxed), end = 0;
   do {
-    if (seq >= core_->total_seq) return false;
-    end = std::min({seq + chunk, (seq / bs + 1) * bs, core_->total_seq});
+    if (seq >= core_->run_seq) return false;
+    end = std::min({seq + chunk, (seq / bs + 1) * bs, core_->run_seq});
   } while (!next_seq_.compare_exchange_weak(seq, end, std::memory_order_relaxed));
   *seq_out = seq;
   *end_out = end;

@@ -1586,3 +1586,98 @@ TEST_CASE("a record's typed metadata reaches the transform, from the bytes cache
   REQUIRE(data->reads.load() == 24);  // the second epoch came from the cache, metadata included
   REQUIRE((*loader)->stats().error_count == 0);
 }
+
+namespace {
+
+// A batch's indices and every field's bytes.
+std::string BatchBytes(const Batch& b) {
+  std::string bytes(reinterpret_cast<const char*>(b.indices()), size_t(b.size()) * 8);
+  for (int f = 0; f < b.num_fields(); ++f) {
+    const TensorView v = b.field(f);
+    bytes.append(static_cast<const char*>(v.data), size_t(v.bytes()));
+  }
+  return bytes;
+}
+
+// Every batch of `epoch`, by batch number.
+std::map<int64_t, std::string> WholeEpoch(Loader& loader, int64_t epoch) {
+  loader.set_epoch(epoch);
+  std::map<int64_t, std::string> out;
+  auto e = loader.StartEpoch();
+  for (;;) {
+    absl::StatusOr<Batch> b = e->Next();
+    if (absl::IsOutOfRange(b.status())) break;
+    REQUIRE(b.ok());
+    out[b->index()] = BatchBytes(*b);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("StartBatches: some batches of an epoch, each with the bytes it has in the epoch",
+          "[engine]") {
+  // 103 samples in batches of 8: 13 batches, the last of 7.
+  auto docs = std::make_shared<Documents>(103);
+  auto transform = std::make_shared<DocTransform>();
+  auto loader = Make(docs, transform,
+                     LoaderOptions().batch_size(8).seed(5).workers(2).epoch_head_start(false));
+  const std::map<int64_t, std::string> whole = WholeEpoch(*loader, 2);
+  REQUIRE(whole.size() == 13);
+  for (const std::vector<int64_t>& pick : std::vector<std::vector<int64_t>>{
+           {0, 3, 4, 12}, {12}, {5}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}}) {
+    loader->set_epoch(7);  // StartBatches names its epoch; the loader's next one is untouched
+    absl::StatusOr<std::unique_ptr<feedline::Epoch>> e = loader->StartBatches(2, pick);
+    REQUIRE(e.ok());
+    REQUIRE((*e)->num_batches() == int64_t(pick.size()));
+    for (int64_t want : pick) {
+      absl::StatusOr<Batch> b = (*e)->Next();
+      REQUIRE(b.ok());
+      REQUIRE(b->index() == want);
+      REQUIRE(b->epoch() == 2);
+      CheckBatch(*b);
+      REQUIRE(BatchBytes(*b) == whole.at(want));
+    }
+    REQUIRE(absl::IsOutOfRange((*e)->Next().status()));
+    REQUIRE(loader->next_epoch() == 7);
+  }
+  // A run dropped half-way leaves no resume position: the next epoch starts at batch 0.
+  {
+    auto e = loader->StartBatches(2, {1, 2, 3});
+    REQUIRE(e.ok());
+    REQUIRE((*e)->Next().ok());
+  }
+  REQUIRE(loader->state().batches_done == 0);
+  // Refused, with the reason.
+  REQUIRE(absl::IsInvalidArgument(loader->StartBatches(2, {}).status()));
+  REQUIRE(absl::IsInvalidArgument(loader->StartBatches(2, {3, 3}).status()));
+  REQUIRE(absl::IsInvalidArgument(loader->StartBatches(2, {4, 1}).status()));
+  REQUIRE(absl::IsInvalidArgument(loader->StartBatches(2, {13}).status()));
+  REQUIRE(absl::IsInvalidArgument(loader->StartBatches(2, {-1}).status()));
+  REQUIRE(absl::IsInvalidArgument(loader->StartBatches(-1, {0}).status()));
+  REQUIRE(std::string(loader->StartBatches(2, {13}).status().message()) ==
+          "batch 13 is not one of the epoch's 13 batches");
+}
+
+TEST_CASE("StartBatches: a failed sample gets the replacement it gets in the whole epoch",
+          "[engine]") {
+  auto docs = std::make_shared<Documents>(40);
+  auto failing = std::make_shared<Failing>();
+  auto loader =
+      Make(docs, failing,
+           LoaderOptions().batch_size(4).seed(11).workers(2).epoch_head_start(false).on_error(
+               feedline::OnError::kSkip));
+  const std::map<int64_t, std::string> whole = WholeEpoch(*loader, 1);
+  REQUIRE(whole.size() == 10);
+  for (const std::vector<int64_t>& pick :
+       std::vector<std::vector<int64_t>>{{1, 2, 5, 9}, {0}, {3, 4, 6, 7, 8}}) {
+    auto e = loader->StartBatches(1, pick);
+    REQUIRE(e.ok());
+    for (int64_t want : pick) {
+      absl::StatusOr<Batch> b = (*e)->Next();
+      REQUIRE(b.ok());
+      REQUIRE(b->index() == want);
+      REQUIRE(BatchBytes(*b) == whole.at(want));
+    }
+  }
+}
