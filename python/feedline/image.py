@@ -6,6 +6,7 @@ import re
 from . import _feedline
 from ._epoch import _EpochIterator, _start_epoch
 from .mix import Mix, _Delivered
+from . import offload as _offloading
 from ._util import (_LoaderFace, _check_type, _default_seed, _engine_args, _is_url,
                     _options_doc, _pair, _parse_bytes, _parse_count, _resolve_cuda, _shown,
                     _timeout, _triple, _world)
@@ -77,6 +78,11 @@ class ImageLoader(_LoaderFace):
     epoch_head_start: once every batch of an epoch is made, start the next epoch's first
         batches, so that the next iter() does not wait; FEEDLINE_EPOCH_HEAD_START=0 turns it
         off.
+    offload: a distributed.Client or a Dask scheduler's address ("tcp://host:8786"): the
+        cluster's workers make part of each epoch's batches (each worker needs feedline and
+        read access to the source), this process the rest, in order, each batch once and with
+        the bytes a local run gives; stats()["offload"] says how many came from where. A
+        scheduler that goes away mid-epoch: the rest is made here, with a warning.
 
     Each iteration over the loader is one epoch; a new iteration cancels an unfinished one.
     """
@@ -90,7 +96,7 @@ class ImageLoader(_LoaderFace):
                  return_index=False, max_image_pixels=178956970, max_errors=None,
                  read_timeout=60.0, simulated_read_latency_ms=0.0, accept_corrupt=False,
                  exif_transpose=False, even_shards=True, worker_nice=19, epoch_head_start=True,
-                 max_record_bytes=268435456, num_workers=None, pin_memory=False):
+                 max_record_bytes=268435456, num_workers=None, pin_memory=False, offload=None):
         self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         if num_workers is not None:  # accepted, not obeyed: feedline sizes its threads
             _check_type("num_workers", num_workers, int, "an int")
@@ -138,6 +144,9 @@ class ImageLoader(_LoaderFace):
         _check_type("device", device, str, "'cpu' or 'cuda[:N]'")
         if device != "cpu" and re.fullmatch(r"cuda(:\d+)?", device) is None:
             raise ValueError(f"device: expected 'cpu' or 'cuda[:N]', got {device!r}")
+        if offload is not None and device != "cpu":
+            raise ValueError("offload: batches made on the cluster arrive in host memory; "
+                             "use device='cpu' (and .to(device) in the loop)")
         device = _resolve_cuda(device)
         mean = _triple("mean", mean)
         std = _triple("std", std)
@@ -185,6 +194,11 @@ class ImageLoader(_LoaderFace):
         self.drop_last = drop_last
         self.num_workers = num_workers
         self.pin_memory = pin_memory
+        self._offload = None
+        self._offload_at = None  # (epoch, next batch) while an offloading epoch runs
+        if offload is not None:
+            self._offload = _offloading.Offload(
+                offload, _offloading.image_spec(self._args, seed, rank, world_size))
 
     def __len__(self):
         """Batches per epoch for this rank."""
@@ -208,8 +222,25 @@ class ImageLoader(_LoaderFace):
 
     def __iter__(self):
         self._recheck_world()
+        if self._offload is not None and self._offload.active:
+            state = self._loader.state()
+            if state.get("skipped", 0) == 0:  # (a resume on another layout: made here)
+                epoch, start = state["epoch"], state["batches_done"]
+                self._loader.set_epoch(epoch + 1)
+                self._offload_at = (epoch, start)
+                return _offloading.Epoch(self, epoch, start, self._return_index)
         # The iterator holds the loader: `for x, y in ImageLoader(...)` must see every batch.
         return _EpochIterator(_start_epoch(self), self._return_index, self)
+
+    def state_dict(self):
+        state = _LoaderFace.state_dict(self)
+        if self._offload_at is not None:  # an offloading epoch's position is kept here
+            state["epoch"], state["batches_done"] = self._offload_at
+        return state
+
+    def load_state_dict(self, state, resplit=False):
+        _LoaderFace.load_state_dict(self, state, resplit)
+        self._offload_at = None
 
     @property
     def dataset(self):
@@ -258,6 +289,8 @@ class ImageLoader(_LoaderFace):
         s = _image_words(_LoaderFace.stats(self))
         if self._mix is not None:
             s["mix"] = self._mix_delivered.stats(self._mix)
+        if self._offload is not None:
+            s["offload"] = self._offload.stats()
         return s
 
     def __repr__(self):
@@ -266,6 +299,7 @@ class ImageLoader(_LoaderFace):
 
 
 ImageLoader.__doc__ += _options_doc(ImageLoader, groups=("engine", "image"))
+_offloading.FACES["image"] = ImageLoader  # what a cluster's worker makes batches with
 
 
 class _DatasetView:

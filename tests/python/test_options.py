@@ -33,7 +33,7 @@ FACE_DEFAULT = {
     "max_errors": None,      # declared 0: no limit
 }
 # ImageLoader arguments that are not loader options: torch's names, accepted; the face's own.
-FACE_ONLY = {"num_workers", "pin_memory", "return_index"}
+FACE_ONLY = {"num_workers", "pin_memory", "return_index", "offload"}
 
 
 def _declarations():

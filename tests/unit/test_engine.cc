@@ -974,8 +974,13 @@ TEST_CASE("epoch head start: the next epoch's first batch is ready when it is as
   const double without = first_waits(false), with = first_waits(true);
   INFO("first batch of epochs 1-3: " << without * 1e3 << " ms without a head start, " << with * 1e3
                                      << " ms with");
+  // The timing claim in the optimized build only: under the sanitizers (and beside other
+  // builds) the stages run several times slower and the margins go; the code path still runs
+  // there for the race and memory checks.
+#if !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
   REQUIRE(without > 0.010);  // the bubble is real here
   REQUIRE(with < 0.25 * without);
+#endif
 }
 
 namespace {

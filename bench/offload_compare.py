@@ -1,0 +1,138 @@
+"""Offload on one machine: a trainer whose node has run out of cores, helped by a Dask worker.
+
+The trainer's process is pinned to one core (os.sched_setaffinity: a node whose CPUs are all
+taken), and one Dask worker process, started with the `dask` command-line tools the way a
+cluster's are, is pinned to the other core (the remote CPU pool). Contenders, interleaved round
+by round, each an epoch of ImageLoader(train transform) on the bundled images:
+
+  local   the loader alone on the trainer's core;
+  hybrid  the same loader with offload=<the scheduler>: the worker makes part of each epoch;
+  remote  (for the data plane's cost) every batch from the worker: the trainer's CPU per
+          received batch, against its CPU per batch made locally.
+
+Run by `feedline-bench --offload` (or directly: offload_compare.py DATA [--rounds N]).
+Prints a table and, with --json, writes the figures.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_cluster(core):
+    """A scheduler and one single-threaded worker on 127.0.0.1, pinned to `core`, started as a
+    cluster's are (`dask scheduler`, `dask worker`); returns (address, processes)."""
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    env = dict(os.environ)
+    pin = ["taskset", "-c", str(core)] if shutil.which("taskset") else []
+    py = sys.executable
+    scheduler = subprocess.Popen(
+        pin + [py, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
+               str(port), "--dashboard-address", ":0", "--no-show"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen(
+        pin + [py, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1", "--nworkers",
+               "1", "--no-nanny", "--dashboard-address", ":0", "--host", "127.0.0.1"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return address, [worker, scheduler]
+
+
+def _epoch(loader):
+    """Images/s of one epoch and the trainer's CPU seconds (process time: every thread of this
+    process, the loader's included)."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    n = 0
+    for images, _ in loader:
+        n += images.shape[0]
+    return n / (time.perf_counter() - t0), time.process_time() - c0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("data", help="an ImageFolder (feedline-bench's bundled set)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--json", help="write the figures here")
+    a = p.parse_args()
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        sys.exit("offload_compare: needs two cores (one for the trainer, one for the worker)")
+    address, procs = _start_cluster(cores[1])
+    os.sched_setaffinity(0, {cores[0]})  # before any thread of this process starts
+    import distributed
+    import feedline
+    try:
+        client = distributed.Client(address, timeout=30, set_as_default=False)
+        client.wait_for_workers(1, timeout=60)
+        kw = dict(batch_size=a.batch_size, transform="train", seed=0)
+        local = feedline.ImageLoader(a.data, **kw)
+        hybrid = feedline.ImageLoader(a.data, offload=client, **kw)
+        remote = feedline.ImageLoader(a.data, offload=client, **kw)
+        batches = len(local)
+        for loader in (local, hybrid, remote):  # warm: threads, page cache, the worker's loader
+            _epoch(loader)
+        rows = {"local": [], "hybrid": [], "remote": []}
+        for r in range(a.rounds):
+            order = [("local", local), ("hybrid", hybrid), ("remote", remote)]
+            if r % 2:
+                order.reverse()
+            for name, loader in order:
+                if name == "remote":
+                    loader._offload.share, loader._offload.steal = 1.0, False
+                rows[name].append(_epoch(loader))
+        best = {k: max(v) for k, v in rows.items()}
+        ratio = [h[0] / l[0] for h, l in zip(rows["hybrid"], rows["local"])]
+        cpu_local = sum(c for _, c in rows["local"]) / (a.rounds * batches)
+        cpu_remote = sum(c for _, c in rows["remote"]) / (a.rounds * batches)
+        st = hybrid.stats()["offload"]
+        out = {
+            "images": batches * a.batch_size,
+            "batch_size": a.batch_size,
+            "rounds": a.rounds,
+            "local_images_per_s": [round(x, 1) for x, _ in rows["local"]],
+            "hybrid_images_per_s": [round(x, 1) for x, _ in rows["hybrid"]],
+            "hybrid_over_local": [round(x, 3) for x in ratio],
+            "trainer_cpu_ms_per_batch_local": round(1e3 * cpu_local, 2),
+            "trainer_cpu_ms_per_batch_received": round(1e3 * cpu_remote, 2),
+            "received_over_local_cpu": round(cpu_remote / cpu_local, 3),
+            "hybrid_remote_fraction": round(st["remote_fraction"], 3),
+            "hybrid_share": round(st["share"], 3),
+            "remote_latency_ms": round(st["remote_latency_ms"], 1),
+        }
+        print(f"offload on one machine: trainer on core {cores[0]}, one Dask worker on core "
+              f"{cores[1]}, {out['images']} images, batch {a.batch_size}, train transform")
+        for name in ("local", "hybrid", "remote"):
+            print(f"  {name:7s} " + "  ".join(f"{x:7.1f}" for x, _ in rows[name]) + " img/s")
+        print(f"  hybrid / local, per round: " + "  ".join(f"{x:.2f}x" for x in ratio)
+              + f"  (remote share {st['remote_fraction']:.2f})")
+        print(f"  trainer CPU per batch: {out['trainer_cpu_ms_per_batch_local']} ms made here, "
+              f"{out['trainer_cpu_ms_per_batch_received']} ms received "
+              f"({100 * out['received_over_local_cpu']:.1f}%)")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(out, f, indent=1)
+        client.close()
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+if __name__ == "__main__":
+    main()
