@@ -43,8 +43,10 @@ def image_spec(args, seed, rank, world_size):
     elif isinstance(source, (str, bytes, os.PathLike)):
         source = os.fsdecode(os.fspath(source))
         spec["source"] = source if _is_url(source) else os.path.abspath(source)
+    # On a worker the loader is the work: its decoder threads at the worker's own priority
+    # (below it, any other thread there, Dask's own included, would starve them).
     spec.update(seed=seed, rank=rank, world_size=world_size, device="cpu",
-                epoch_head_start=False)
+                epoch_head_start=False, worker_nice=0)
     return ("image", spec)
 
 
@@ -80,25 +82,30 @@ def _array(view):
 
 def make_batches(spec, epoch, batches):
     """Batches `batches` (ascending) of `epoch` of the loader `spec` describes, made in this
-    process: a list of (batch number, (images, labels, indices) numpy arrays, None), or
-    (batch number, None, message) for a batch whose sample failed (on_error="raise"; the
-    message names the file), so that the error reaches the trainer at that batch."""
+    process: (arrays, made, seconds) where `made` lists (batch number, None) for each batch made, its
+    images, labels and indices the next three of `arrays`, and (batch number, message) for a
+    batch whose sample failed (on_error="raise"; the message names the file), so that the error
+    reaches the trainer at that batch, and `seconds` the time it took (the cluster's rate, for
+    the share of the next epoch). (A flat list of arrays first: Dask then sends each as
+    its own frames, without pickling the pixels.)"""
+    t0 = time.perf_counter()
     loader = _producer(spec)
     run = loader._loader.start_batches(int(epoch), [int(b) for b in batches])
-    out = []
+    arrays, made = [], []
     try:
         for b in batches:
             try:
                 images, labels, indices, index = run.next()
             except _feedline.DataError as e:
-                out.append((b, None, str(e)))
+                made.append((b, str(e)))
                 continue
             if index != b:
                 raise RuntimeError(f"feedline offload: made batch {index} for batch {b}")
-            out.append((b, (_array(images), _array(labels), _array(indices)), None))
+            arrays += [_array(images), _array(labels), _array(indices)]
+            made.append((b, None))
     finally:
         run.cancel()
-    return out
+    return arrays, made, time.perf_counter() - t0
 
 
 def _connect(offload):
@@ -218,13 +225,13 @@ class Epoch:
         self._local = collections.deque(b for b in range(start, self._n) if b not in remote_set)
         self._run = None
         self._t0 = time.perf_counter()
-        self._remote_done_at = None
         self._remote_made = 0
         self._local_made = 0
         self._wait_remote = 0.0  # the consumer's time blocked on the cluster's batches
+        self._remote_busy = 0.0  # the workers' time making this epoch's batches
         self._stolen = False
         threads = self._off.remote_threads()
-        self._depth = max(2, 2 * threads)  # leases in flight
+        self._depth = 4 * threads + 2  # leases in flight
         self._straggler_s = 30.0
         self._start_local()
         self._submit()
@@ -306,10 +313,16 @@ class Epoch:
         latency = time.perf_counter() - submitted
         n = self._off.counts["remote"]
         self._off.latency_s += (latency - self._off.latency_s) / (n + 1)
-        for got_b, arrays, error in got:
-            self._results[got_b] = (arrays, error)
+        arrays, made, seconds = got
+        self._remote_busy += seconds
+        k = 0
+        for got_b, error in made:
+            if error is None:
+                self._results[got_b] = (arrays[k:k + 3], None)
+                k += 3
+            else:
+                self._results[got_b] = (None, error)
         self._remote_made += 1
-        self._remote_done_at = time.perf_counter()
         f.release()
         return self._results.pop(b)
 
@@ -365,25 +378,24 @@ class Epoch:
         return out if self._return_index else out[:2]
 
     def _ended(self):
-        """Tunes the next epoch's share from the rates the two sides made batches at: the
-        cluster was busy the whole epoch (its leases never ran out before the tail), the local
-        pipeline while the consumer was not blocked on the cluster's batches."""
+        """Tunes the next epoch's share from the rates the two sides made batches at. The side
+        the consumer waited for was busy all epoch: its rate is what it made over the epoch.
+        The other side's is what it made in the time it worked: the local pipeline's while the
+        consumer was not blocked on the cluster, the cluster's from its workers' task times
+        (an upper bound: Dask's own time between tasks is not in it)."""
         if not self._off.active:
             return
         elapsed = time.perf_counter() - self._t0
-        if elapsed <= 0 or self._remote_made + self._local_made < 4:
+        if elapsed <= 0 or self._remote_made == 0 or self._local_made == 0:
             return
-        remote_rate = self._remote_made / elapsed
         local_rate = self._local_made / max(1e-3, elapsed - self._wait_remote)
+        if self._wait_remote > 0.05 * elapsed:  # the cluster was the bottleneck
+            remote_rate = self._remote_made / elapsed
+        else:
+            threads = max(1, self._off.remote_threads())
+            remote_rate = self._remote_made / max(1e-3, self._remote_busy / threads)
         share = remote_rate / (remote_rate + local_rate)
-        # The cluster finished early (it could have made more): its rate is what it made in
-        # the time it worked.
-        if (not self._stolen and self._remote_done_at is not None and
-                self._remote_done_at - self._t0 < 0.95 * elapsed):
-            busy = max(1e-3, self._remote_done_at - self._t0)
-            share = max(share, min(0.95, (self._remote_made / busy) /
-                                   (self._remote_made / busy + local_rate)))
-        self._off.share = min(0.95, max(0.05, share))
+        self._off.share = min(0.95, max(0.05, 0.5 * (self._off.share + share)))
 
     def close(self):
         if self._run is not None:
