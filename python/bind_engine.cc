@@ -78,6 +78,19 @@ void BindEngine(py::module_& m) {
           "next_fields", [](Epoch& e, double timeout) { return NextFields(e, timeout); },
           py::arg("timeout") = 0.0);
 
+  // An epoch's batches shared between a loader's run and other makers (offload).
+  py::class_<BatchFeed, std::shared_ptr<BatchFeed>>(m, "BatchFeed")
+      .def(py::init<int64_t, int64_t>(), py::arg("first"), py::arg("end"))
+      .def(
+          "claim_remote",
+          [](BatchFeed& f, int64_t lead) { return f.Claim(BatchFeed::kRemote, lead); },
+          py::arg("lead") = 0)
+      // 0: nobody's yet, 1: the loader's run, 2: another maker's.
+      .def("owner", [](const BatchFeed& f, int64_t b) { return int(f.owner(b)); })
+      .def("close", &BatchFeed::Close)
+      .def_property_readonly("first", &BatchFeed::first)
+      .def_property_readonly("end", &BatchFeed::end);
+
   // Made by the faces' factories (image_loader, token_loader, text_loader, python_loader).
   py::class_<Loader, LoaderHolder>(m, "Loader")
       .def("start_epoch",
@@ -96,6 +109,17 @@ void BindEngine(py::module_& m) {
              {
                py::gil_scoped_release release;
                e = l.StartBatches(epoch, std::move(batches));
+             }
+             if (!e.ok()) ThrowStatus(e.status(), false);
+             return EpochHolder(e->release());
+           })
+      // The batches of `feed` that this run claims as it has room (offload).
+      .def("start_from_feed",
+           [](Loader& l, int64_t epoch, std::shared_ptr<BatchFeed> feed) {
+             absl::StatusOr<std::unique_ptr<Epoch>> e;
+             {
+               py::gil_scoped_release release;
+               e = l.StartFromFeed(epoch, std::move(feed));
              }
              if (!e.ok()) ThrowStatus(e.status(), false);
              return EpochHolder(e->release());

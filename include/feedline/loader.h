@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,35 @@ class Epoch {
   std::unique_ptr<EpochRun> run_;
 };
 
+// An epoch's batch numbers handed out in order, each to whoever asks first: a loader's run
+// (Loader::StartFromFeed(epoch, feed): its readers claim a batch as the prefetch bound admits it)
+// and other makers of the same epoch (offload: a cluster's workers), so that each makes what it
+// has room for and no batch is made twice. Thread-safe.
+class BatchFeed {
+ public:
+  enum Owner : int8_t { kNone = 0, kLocal = 1, kRemote = 2 };
+  // Batches [first, end) of an epoch; each a full batch (an epoch's short last batch is made
+  // another way: StartBatches(epoch, {last})).
+  BatchFeed(int64_t first, int64_t end);
+  // The lowest batch not yet claimed, now `who`'s; -1 when none is left (or after Close).
+  // With `lead` > 0: the first unclaimed batch at least `lead` past the lowest (else the last
+  // unclaimed one): a maker whose batches take long to arrive takes them from further ahead,
+  // and the lowest ones stay for the run, which claims them in order.
+  int64_t Claim(Owner who, int64_t lead = 0);
+  Owner owner(int64_t b) const;  // kNone outside [first, end) too
+  int64_t first() const noexcept { return first_; }
+  int64_t end() const noexcept { return end_; }
+  // No more claims: -1 from now on (a run whose feed closes makes what it claimed).
+  void Close();
+
+ private:
+  const int64_t first_, end_;
+  mutable std::mutex mu_;
+  int64_t next_;  // no batch below it is unclaimed
+  bool closed_ = false;
+  std::vector<int8_t> owners_;  // by batch - first_
+};
+
 class Loader {
  public:
   // The image built-in: scans `options.source()` (or `shards()`) and validates the options.
@@ -110,6 +140,12 @@ class Loader {
   // kInvalidArgument for an empty, unordered or out-of-range list, a negative epoch, or a loader
   // resumed on another layout whose first epoch this is.
   absl::StatusOr<std::unique_ptr<Epoch>> StartBatches(int64_t epoch, std::vector<int64_t> batches);
+  // The same for the batches of `feed` this run claims (BatchFeed::kLocal), in the order it
+  // claims them: the returned Epoch hands them out in that order until the feed is empty.
+  // Drop or cancel it once the batches it claimed are taken. kInvalidArgument as above, or for
+  // a feed beyond this rank's full batches.
+  absl::StatusOr<std::unique_ptr<Epoch>> StartFromFeed(int64_t epoch,
+                                                       std::shared_ptr<BatchFeed> feed);
 
   int64_t num_batches() const noexcept;     // batches per epoch for this rank: len(loader)
   int64_t num_samples() const noexcept;     // samples per epoch for this rank (padding included)

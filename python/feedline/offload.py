@@ -137,28 +137,34 @@ def _lost(e):
 
 class Offload:
     """One loader's link to a cluster: its client, the spec its workers make batches from, the
-    share of each epoch leased to them (tuned from epoch to epoch) and the figures."""
+    loader that remakes batches the cluster lost, and the figures."""
 
-    def __init__(self, offload, spec, local_cores=None):
+    def __init__(self, offload, spec):
         self.client, self._own_client = _connect(offload)
         self.spec = spec
         self.address = getattr(self.client.scheduler, "address", None) or str(offload)
         self.active = True
-        self.steal = True  # the tail of an epoch nobody leased yet is made here
-        remote = self.remote_threads()
-        if local_cores is None:
-            local_cores = max(1, len(os.sched_getaffinity(0)) - 1)  # one core is the trainer's
-        # The first epoch's share, by cores; then by the rates measured (Epoch._ended).
-        self.share = remote / (remote + local_cores) if remote > 0 else 0.0
+        self.local = True  # this process makes batches too (off: every batch remote, to measure)
         self.counts = collections.Counter()
         self.latency_s = 0.0  # mean from lease to batch received
+        self.step_s = 0.0  # the consumer's time per batch, smoothed
         self.bytes = 0
+        self._rescue = None
 
     def remote_threads(self):
         try:
             return sum(self.client.nthreads().values())
         except Exception:  # noqa: BLE001 (a scheduler that went: no remote threads)
             return 0
+
+    def rescue_loader(self):
+        """A loader of the same spec in this process (its own threads, at the trainer's
+        default priority) for batches the cluster lost while the loader's run holds its
+        workers; made at the first loss."""
+        if self._rescue is None:
+            face, args = self.spec
+            self._rescue = FACES[face](**dict(args, worker_nice=19))
+        return self._rescue
 
     def lose(self, why):
         """The cluster is gone: local production from now on, said once."""
@@ -169,12 +175,11 @@ class Offload:
 
     def stats(self):
         c = self.counts
-        made = c["local"] + c["remote"]
+        made = c["local"] + c["remote"] + c["remade"]
         return {
             "scheduler": self.address,
             "active": self.active,
             "remote_threads": self.remote_threads() if self.active else 0,
-            "share": self.share,
             "batches_local": c["local"],
             "batches_remote": c["remote"],
             "batches_remade": c["remade"],
@@ -191,22 +196,18 @@ class Offload:
                 pass
 
 
-def _remote_set(n, start, share):
-    """The batches of [start, n) leased to the cluster: `share` of them, spread evenly (a batch
-    is remote when its stride step crosses an integer), so that both sides work on every part
-    of the epoch and the consumer waits on neither for long."""
-    out = []
-    acc = 0.0
-    for b in range(start, n):
-        acc += share
-        if acc >= 1.0 - 1e-9:
-            acc -= 1.0
-            out.append(b)
-    return out
+_NOBODY, _LOCAL, _REMOTE = 0, 1, 2  # BatchFeed owners
 
 
 class Epoch:
-    """One epoch of an offloading loader: batches in order, each once, made here or remotely."""
+    """One epoch of an offloading loader: batches in order, each once, made here or remotely.
+
+    The epoch's full batches go through one BatchFeed: the loader's run claims the next one
+    whenever its prefetch bound has room, the cluster whenever fewer than `depth` of its
+    batches are in flight (from the consumer's thread and from each lease's completion), so
+    each side makes what it can and neither waits for a share set in advance. A short last
+    batch is made at its turn on its own. Batches the cluster lost are remade in this process.
+    """
 
     def __init__(self, owner, epoch, start, return_index):
         import torch
@@ -217,114 +218,127 @@ class Epoch:
         self._n = len(owner)
         self._next = start
         self._return_index = return_index
-        remote = _remote_set(self._n, start, self._off.share) if self._off.active else []
-        remote_set = set(remote)
-        self._pending = collections.deque(remote)  # leased to nobody yet
-        self._futures = {}  # batch -> (future, submitted at)
-        self._results = {}  # batch -> what make_batches gave for it
-        self._local = collections.deque(b for b in range(start, self._n) if b not in remote_set)
+        self._lock = threading.Lock()
+        self._futures = {}  # batch -> (future, submitted at), under _lock
+        self._running = set()  # keys of the futures not yet done, under _lock
+        self._lost = []     # leased batches the cluster lost, to be made here
+        self._rescue = None  # (epoch run, its batches in order) remaking lost batches
+        self._closed = False
+        full = min(self._n, owner._loader.num_samples // owner.batch_size)
+        self._full = max(start, full)
+        self._feed = _feedline.BatchFeed(start, self._full) if self._full > start else None
         self._run = None
-        self._t0 = time.perf_counter()
-        self._remote_made = 0
-        self._local_made = 0
-        self._wait_remote = 0.0  # the consumer's time blocked on the cluster's batches
-        self._remote_busy = 0.0  # the workers' time making this epoch's batches
-        self._stolen = False
-        threads = self._off.remote_threads()
-        self._depth = 4 * threads + 2  # leases in flight
-        self._straggler_s = 30.0
-        self._start_local()
-        self._submit()
+        if self._feed is not None and (self._off.local or not self._off.active):
+            self._run = owner._loader.start_from_feed(epoch, self._feed)
+        # Remote batches in flight: one running and one queued per worker thread.
+        self._depth = 2 * max(1, self._off.remote_threads()) + 1
+        self._last_t = time.perf_counter()
+        self._top_up()
 
-    # --- the local side -------------------------------------------------------------------
-    def _start_local(self):
-        if self._run is not None:
-            self._run.cancel()
-            self._run = None
-        if self._local:
-            self._run = self._owner._loader.start_batches(self._epoch, list(self._local))
-
-    def _make_here(self, batches):
-        """`batches` (leased, lost or stolen) join the local plan; the local run restarts with
-        what it had not yet delivered (its prefetched batches are made again: rare)."""
-        for b in batches:
-            self._futures.pop(b, None)
-        self._local = collections.deque(sorted(set(self._local) | set(batches)))
-        self._start_local()
-
-    # --- the remote side ------------------------------------------------------------------
-    def _submit(self):
-        if not self._off.active:
+    # --- the cluster's side: claims from the feed, leases, results ------------------------
+    def _top_up(self, _future=None):
+        """Leases the feed's next batches to the cluster while it has fewer than `depth` in
+        flight (also run by each lease's completion, on Dask's callback thread)."""
+        if self._feed is None or not self._off.active:
             return
-        in_flight = len(self._futures)
-        client = self._off.client
-        while self._pending and in_flight < self._depth:
-            b = self._pending.popleft()
-            try:
-                f = client.submit(make_batches, self._off.spec, self._epoch, [b], pure=False,
-                                  key=f"feedline-batch-{self._epoch}-{b}-{uuid.uuid4().hex}")
-            except Exception as e:  # noqa: BLE001 (a client that lost its scheduler)
-                self._pending.appendleft(b)
-                self._off.lose(f"cannot submit to the Dask scheduler at {self._off.address}: {e}")
-                self._make_here(list(self._pending) + list(self._futures))
-                self._pending.clear()
-                return
-            self._futures[b] = (f, time.perf_counter())
-            in_flight += 1
+        with self._lock:
+            if _future is not None:
+                self._running.discard(_future.key)
+            # In flight: `depth` running or queued on the workers; held: what came back and
+            # waits for its turn too (memory), at most the lead's worth more.
+            while (not self._closed and len(self._running) < self._depth and
+                   len(self._futures) < self._depth + self._lead() + 2):
+                b = self._feed.claim_remote(self._lead())
+                if b < 0:
+                    return
+                try:
+                    f = self._off.client.submit(
+                        make_batches, self._off.spec, self._epoch, [b], pure=False,
+                        key=f"feedline-batch-{self._epoch}-{b}-{uuid.uuid4().hex}")
+                except Exception as e:  # noqa: BLE001 (a client that lost its scheduler)
+                    self._lost.append(b)
+                    self._off.lose(f"cannot submit to the Dask scheduler at "
+                                   f"{self._off.address}: {e}")
+                    return
+                self._futures[b] = (f, time.perf_counter())
+                self._running.add(f.key)
+                f.add_done_callback(self._top_up)
 
-    def _steal_tail(self):
-        """The local plan is delivered: what nobody leased yet is made here."""
-        if self._off.steal and self._pending and (not self._local or
-                                                  self._local[0] > self._pending[0]):
-            self._stolen = True
-            batches = list(self._pending)
-            self._pending.clear()
-            self._make_here(batches)
+    def _lead(self):
+        """How far past the lowest unclaimed batch the cluster claims: the batches the consumer
+        takes while a lease is out (its latency over the time per batch), so that a leased
+        batch is back before the consumer needs it and the run keeps the batches just ahead."""
+        step = self._off.step_s
+        if self._run is None:  # nobody else claims the lowest batches
+            return 0
+        if self._off.latency_s <= 0 or step <= 0:
+            return self._depth
+        return int(self._off.latency_s / step) + 1
 
     def _take_remote(self, b):
-        """Batch b's result from the cluster, or None when it is to be made here instead."""
+        """Batch b's arrays from the cluster, or None when it is to be made here instead."""
         import distributed
-        f, submitted = self._futures[b]
+        with self._lock:
+            f, submitted = self._futures[b]
         while True:
             if self._off.client.status not in ("running", "connecting"):
                 self._off.lose(f"the Dask scheduler at {self._off.address} is gone "
                                f"(client {self._off.client.status})")
-                self._make_here([b] + list(self._pending) + list(self._futures))
-                self._pending.clear()
                 return None
             try:
                 got = f.result(timeout=0.25)
                 break
             except TimeoutError:
-                if time.perf_counter() - submitted > self._straggler_s:
-                    f.cancel()
-                    self._off.counts["remade"] += 1
-                    self._make_here([b])
+                if time.perf_counter() - submitted > _STRAGGLER_S:
                     return None
             except Exception as e:  # noqa: BLE001 (sorted below)
                 if _lost(e) or isinstance(e, distributed.TimeoutError):
-                    f.cancel()
-                    self._off.counts["remade"] += 1
-                    self._make_here([b])
                     return None
                 raise RuntimeError(f"feedline offload: the cluster could not make batch {b} of "
                                    f"epoch {self._epoch}: {type(e).__name__}: {e}") from e
-        del self._futures[b]
+        with self._lock:
+            self._futures.pop(b, None)
         latency = time.perf_counter() - submitted
         n = self._off.counts["remote"]
         self._off.latency_s += (latency - self._off.latency_s) / (n + 1)
-        arrays, made, seconds = got
-        self._remote_busy += seconds
-        k = 0
-        for got_b, error in made:
-            if error is None:
-                self._results[got_b] = (arrays[k:k + 3], None)
-                k += 3
-            else:
-                self._results[got_b] = (None, error)
-        self._remote_made += 1
+        arrays, made, _ = got
         f.release()
-        return self._results.pop(b)
+        (got_b, error), = made
+        return (None, error) if error is not None else (arrays, None)
+
+    def _remake(self, b):
+        """Batch b (the cluster's, lost; or the short last batch) made in this process: by the
+        loader itself once its run is over, else by the rescue loader, together with the other
+        lost batches still to come."""
+        with self._lock:
+            f = self._futures.pop(b, (None, 0))[0]
+            lost = sorted({b, *self._lost} | ({x for x in self._futures} if not
+                                              self._off.active else set()))
+            if not self._off.active:
+                for x in list(self._futures):
+                    _cancel(self._futures.pop(x)[0])
+            self._lost = []
+        _cancel(f)
+        if self._rescue is not None:
+            run, queue = self._rescue
+            lost = sorted(set(lost) | set(queue))
+            run.cancel()
+        loader = (self._owner._loader if self._run is None else
+                  self._off.rescue_loader()._loader)
+        queue = collections.deque(lost)
+        self._rescue = (loader.start_batches(self._epoch, list(lost)), queue)
+
+    def _from_rescue(self, b):
+        run, queue = self._rescue
+        if not queue or queue[0] != b:
+            self._remake(b)
+            run, queue = self._rescue
+        queue.popleft()
+        images, labels, indices, index = run.next()  # raises the batch's DataError
+        if not queue:
+            run.cancel()
+            self._rescue = None
+        return images, labels, indices
 
     # --- iteration ------------------------------------------------------------------------
     def __iter__(self):
@@ -337,80 +351,95 @@ class Epoch:
         b = self._next
         if b >= self._n:
             self.close()
-            self._ended()
             raise StopIteration
-        self._submit()
-        if b not in self._futures and (not self._local or self._local[0] != b):
-            self._steal_tail()  # the local plan ended early (its last batch raised, say)
-        got = None
-        if b in self._futures:
-            t0 = time.perf_counter()
-            got = self._take_remote(b)
-            self._wait_remote += time.perf_counter() - t0
-            self._submit()
-        if got is None:
-            if not self._local or self._local[0] != b:
-                raise RuntimeError(f"feedline offload: batch {b} has no maker (a bug)")
-            self._local.popleft()
-            self._next += 1
+        self._next += 1
+        now = time.perf_counter()  # the consumer's time per batch (smoothed), for _lead
+        self._off.step_s += 0.1 * (now - self._last_t - self._off.step_s)
+        self._last_t = now
+        self._owner._offload_at = (self._epoch, self._next) if self._next < self._n else None
+        self._top_up()
+        if b >= self._full:  # the short last batch: the feed's run has ended
+            if self._run is not None:
+                self._run.cancel()
+                self._run = None
+            views = self._local_views(self._remade(b), count="local")
+            return views if self._return_index else views[:2]
+        who = self._owner_of(b)
+        if who == _LOCAL:
             images, labels, indices, index = self._run.next()  # raises the batch's DataError
-            self._off.counts["local"] += 1
-            self._local_made += 1
-            if not self._local:
-                self._steal_tail()
-            out = (self._torch.from_dlpack(images), self._torch.from_dlpack(labels),
-                   self._torch.from_dlpack(indices))
+            if index != b:
+                raise RuntimeError(f"feedline offload: the run made batch {index} for {b}")
+            views = self._local_views((images, labels, indices), count="local")
+        elif self._rescue is not None and self._rescue[1] and self._rescue[1][0] == b:
+            views = self._local_views(self._from_rescue(b), count="remade")
         else:
-            self._next += 1
-            self._off.counts["remote"] += 1
-            arrays, error = got
-            if error is not None:
-                raise _feedline.DataError(error)
-            images, labels, indices = (self._torch.from_numpy(a) for a in arrays)
-            if self._owner._args.get("dtype") == "bfloat16":
-                images = images.view(self._torch.bfloat16)
-            self._off.bytes += sum(a.nbytes for a in arrays)
-            out = (images, labels, indices)
-        if self._next >= self._n:
-            self._owner._offload_at = None
-        else:
-            self._owner._offload_at = (self._epoch, self._next)
-        return out if self._return_index else out[:2]
+            got = self._take_remote(b)
+            if got is None:  # lost: made here
+                views = self._local_views(self._remade(b), count="remade")
+            else:
+                arrays, error = got
+                self._off.counts["remote"] += 1
+                if error is not None:
+                    raise _feedline.DataError(error)
+                images, labels, indices = (self._torch.from_numpy(a) for a in arrays)
+                if self._owner._args.get("dtype") == "bfloat16":
+                    images = images.view(self._torch.bfloat16)
+                self._off.bytes += sum(a.nbytes for a in arrays)
+                views = (images, labels, indices)
+        return views if self._return_index else views[:2]
 
-    def _ended(self):
-        """Tunes the next epoch's share from the rates the two sides made batches at. The side
-        the consumer waited for was busy all epoch: its rate is what it made over the epoch.
-        The other side's is what it made in the time it worked: the local pipeline's while the
-        consumer was not blocked on the cluster, the cluster's from its workers' task times
-        (an upper bound: Dask's own time between tasks is not in it)."""
-        if not self._off.active:
-            return
-        elapsed = time.perf_counter() - self._t0
-        if elapsed <= 0 or self._remote_made == 0 or self._local_made == 0:
-            return
-        local_rate = self._local_made / max(1e-3, elapsed - self._wait_remote)
-        if self._wait_remote > 0.05 * elapsed:  # the cluster was the bottleneck
-            remote_rate = self._remote_made / elapsed
-        else:
-            threads = max(1, self._off.remote_threads())
-            remote_rate = self._remote_made / max(1e-3, self._remote_busy / threads)
-        share = remote_rate / (remote_rate + local_rate)
-        self._off.share = min(0.95, max(0.05, 0.5 * (self._off.share + share)))
+    def _remade(self, b):
+        self._remake(b)
+        return self._from_rescue(b)
+
+    def _local_views(self, got, count):
+        self._off.counts[count] += 1
+        return tuple(self._torch.from_dlpack(v) for v in got)
+
+    def _owner_of(self, b):
+        """Who makes batch b: the loader's run or the cluster (b not yet claimed: the consumer
+        has taken everything claimed before it, so the run claims it as soon as its readers
+        get to it, or the cluster as a lease completes)."""
+        deadline = time.perf_counter() + 60.0
+        while True:
+            who = self._feed.owner(b)
+            if who != _NOBODY:
+                return who
+            if self._run is None and not self._off.active:
+                raise RuntimeError(f"feedline offload: batch {b} has no maker (a bug)")
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"feedline offload: batch {b} was claimed by nobody in 60 s")
+            time.sleep(0.0005)
 
     def close(self):
+        with self._lock:
+            self._closed = True
+            futures, self._futures = self._futures, {}
+        if self._feed is not None:
+            self._feed.close()
         if self._run is not None:
             self._run.cancel()
             self._run = None
-        for f, _ in self._futures.values():
-            try:
-                f.cancel()
-            except Exception:  # noqa: BLE001 (a client already closed)
-                pass
-        self._futures.clear()
-        self._pending.clear()
+        if self._rescue is not None:
+            self._rescue[0].cancel()
+            self._rescue = None
+        for f, _ in futures.values():
+            _cancel(f)
 
     def __del__(self):
         try:
             self.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+_STRAGGLER_S = 30.0  # a leased batch not back after this long is made here
+
+
+def _cancel(future):
+    if future is None:
+        return
+    try:
+        future.cancel()
+    except Exception:  # noqa: BLE001 (a client already closed: nothing to cancel)
+        pass

@@ -33,10 +33,19 @@ bool BatchRing::WaitAdmitted(int64_t b) {
   }
 }
 
-void BatchRing::EnsureOpen(int64_t b) {
+bool BatchRing::EnsureOpen(int64_t b) {
   std::lock_guard<std::mutex> lock(open_mu_);
   while (opened_ <= b) {
+    if (fed_out_) return false;
     const int64_t k = opened_;
+    if (core_->feed != nullptr) {  // this batch is the feed's next one, if any is left
+      const int64_t g = core_->feed->Claim(BatchFeed::kLocal);
+      if (g < 0) {
+        fed_out_ = true;
+        return false;
+      }
+      core_->claimed[size_t(k)] = g;
+    }
     InFlight& e = at(k);
     absl::Status error;
     try {
@@ -60,6 +69,7 @@ void BatchRing::EnsureOpen(int64_t b) {
     e.batch.store(k, std::memory_order_release);
     ++opened_;
   }
+  return true;
 }
 
 void BatchRing::Fail(InFlight& e, int64_t pos, const absl::Status& st) {

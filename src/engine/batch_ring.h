@@ -47,7 +47,8 @@ class BatchRing {
   // Waits until batch b is admitted or the epoch is cancelled; false when cancelled.
   bool WaitAdmitted(int64_t b);
   // Opens batches up to and including b (their slots and counts). b must be admitted.
-  void EnsureOpen(int64_t b);
+  // False when batch `b` will never open: a fed run (EpochCore::feed) whose feed ran out.
+  bool EnsureOpen(int64_t b);
   InFlight& at(int64_t b) { return inflight_[size_t(b % kMaxPrefetch)]; }
 
   // Records a failed sample (the first failed position's error is the batch's).
@@ -103,6 +104,7 @@ class BatchRing {
   std::atomic<int64_t> assembled_{0};  // batches complete
   std::mutex open_mu_;
   int64_t opened_ ABSL_GUARDED_BY(open_mu_);
+  bool fed_out_ ABSL_GUARDED_BY(open_mu_) = false;  // the feed had no batch for `opened_`
   std::unique_ptr<InFlight[]> inflight_;  // kMaxPrefetch entries, batch b at b % kMaxPrefetch
   std::mutex done_mu_;  // the consumer waits here for its batch; workers signal per batch
   std::condition_variable done_cv_;

@@ -19,6 +19,7 @@
 #include "core/sleep.h"
 #include "engine/loader_shared.h"
 #include "feedline/dataset.h"
+#include "feedline/loader.h"
 
 namespace feedline {
 
@@ -43,8 +44,9 @@ struct EpochCore {
   // `skip`: the positions of the epoch's order delivered before a resume on another layout
   // (EpochOrder). `selection`: only these batches of the epoch (ascending, checked by
   // Loader::StartBatches), as batches 0, 1, ... of this run; empty: all of them.
+  // `feed`: the batches this run claims from it, as batches 0, 1, ... of this run (each full).
   EpochCore(std::shared_ptr<LoaderShared> s, int64_t e, bool head_start = false, int64_t skip = 0,
-            std::vector<int64_t> selection = {})
+            std::vector<int64_t> selection = {}, std::shared_ptr<BatchFeed> feed = nullptr)
       : shared(std::move(s)),
         held(head_start),
         epoch(e),
@@ -52,10 +54,14 @@ struct EpochCore {
         order(RecordOrder(*shared->dataset, e, EpochOrder(shared->sampler, e, skip))),
         batch_size(shared->options.batch_size()),
         selection(std::move(selection)),
-        num_batches(this->selection.empty() ? BatchesPerRank(AfterSkip(shared->sampler, skip))
-                                            : int64_t(this->selection.size())),
+        feed(std::move(feed)),
+        claimed(this->feed != nullptr ? size_t(this->feed->end() - this->feed->first()) : 0, -1),
+        num_batches(this->feed != nullptr     ? int64_t(claimed.size())
+                    : this->selection.empty() ? BatchesPerRank(AfterSkip(shared->sampler, skip))
+                                              : int64_t(this->selection.size())),
         total_seq(static_cast<int64_t>(order.size())),
-        run_seq(this->selection.empty()
+        run_seq(this->feed != nullptr ? num_batches * batch_size
+                : this->selection.empty()
                     ? total_seq
                     : std::min(total_seq, (this->selection.back() + 1) * batch_size) -
                           (this->selection.back() - (num_batches - 1)) * batch_size) {}
@@ -95,6 +101,10 @@ struct EpochCore {
   const std::vector<int64_t> order;  // position in the epoch -> data set index
   const int64_t batch_size;
   const std::vector<int64_t> selection;  // this run's batches of the epoch; empty: all
+  // A run fed by a BatchFeed: the epoch's batch each of its batches claimed (written by
+  // BatchRing::EnsureOpen under its lock before any reader fills it; -1 before).
+  const std::shared_ptr<BatchFeed> feed;
+  std::vector<int64_t> claimed;
   const int64_t num_batches;             // batches this run makes
   const int64_t total_seq;               // samples in the epoch (after drop_last)
   const int64_t run_seq;                 // samples this run makes: its positions 0..run_seq-1
@@ -103,10 +113,13 @@ struct EpochCore {
   // (a selection's batches are this run's 0, 1, ...; only the epoch's last batch can be short,
   // and it comes last). Sample choices (augmentations, replacements) use the epoch's position,
   // so that a batch has the same bytes whichever run makes it.
-  int64_t Batch(int64_t b) const { return selection.empty() ? b : selection[size_t(b)]; }
+  int64_t Batch(int64_t b) const {
+    return feed != nullptr ? claimed[size_t(b)] : selection.empty() ? b : selection[size_t(b)];
+  }
   int64_t Position(int64_t seq) const {
-    return selection.empty() ? seq
-                             : selection[size_t(seq / batch_size)] * batch_size + seq % batch_size;
+    return feed == nullptr && selection.empty()
+               ? seq
+               : Batch(seq / batch_size) * batch_size + seq % batch_size;
   }
 
   std::atomic<bool> cancelled{false};

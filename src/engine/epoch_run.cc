@@ -14,8 +14,9 @@
 namespace feedline {
 
 EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t start_batch,
-                   bool head_start, int64_t skip, std::vector<int64_t> selection)
-    : core_(std::move(shared), epoch, head_start, skip, std::move(selection)),
+                   bool head_start, int64_t skip, std::vector<int64_t> selection,
+                   std::shared_ptr<BatchFeed> feed)
+    : core_(std::move(shared), epoch, head_start, skip, std::move(selection), std::move(feed)),
       ring_(&core_, start_batch),
       replacement_(&core_),
       read_(&core_, &ring_, &queues_, std::min(start_batch * core_.batch_size, core_.run_seq)),
@@ -31,7 +32,7 @@ EpochRun::EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t 
   LoaderShared& sh = *core_.shared;
   int64_t expected = 0;
   sh.counters.start_ns.compare_exchange_strong(expected, NowNs());
-  if (!head_start && core_.selection.empty()) {
+  if (!head_start && core_.selection.empty() && core_.feed == nullptr) {
     std::lock_guard<std::mutex> lock(sh.epochs.mu);
     sh.epochs.active = this;
   }

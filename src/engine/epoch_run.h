@@ -45,10 +45,12 @@ class EpochRun {
   // `head_start`: the next epoch, started before it is asked for (LoaderShared::head_start):
   // not the loader's active epoch, and no device copies, until Adopt().
   // `skip`: a resumed epoch's positions delivered on another layout (EpochOrder).
-  // `selection`: only these batches of the epoch (Loader::StartBatches): not the loader's active
-  // epoch either (no resume position, no head start after it).
+  // `selection`: only these batches of the epoch, or `feed`: those it hands this run
+  // (Loader::StartBatches): not the loader's active epoch either (no resume position, no head
+  // start after it).
   EpochRun(std::shared_ptr<LoaderShared> shared, int64_t epoch, int64_t start_batch,
-           bool head_start = false, int64_t skip = 0, std::vector<int64_t> selection = {});
+           bool head_start = false, int64_t skip = 0, std::vector<int64_t> selection = {},
+           std::shared_ptr<BatchFeed> feed = nullptr);
   ~EpochRun();
   // Batches whose device copy is queued before the consumer asks for them: the worker that
   // assembles batch j queues its copy at once when j <= consumed + kDeviceLookahead, and the

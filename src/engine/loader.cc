@@ -532,6 +532,67 @@ absl::StatusOr<std::unique_ptr<Epoch>> Loader::StartBatches(int64_t epoch,
       shared_, epoch, /*start_batch=*/0, /*head_start=*/false, /*skip=*/0, std::move(batches))));
 }
 
+absl::StatusOr<std::unique_ptr<Epoch>> Loader::StartFromFeed(int64_t epoch,
+                                                             std::shared_ptr<BatchFeed> feed) {
+  if (feed == nullptr) return absl::InvalidArgumentError("no feed");
+  if (epoch < 0) return absl::InvalidArgumentError(absl::StrCat("epoch ", epoch, " < 0"));
+  const int64_t full = num_samples() / shared_->options.batch_size();
+  if (feed->first() < 0 || feed->end() > full || feed->first() >= feed->end()) {
+    return absl::InvalidArgumentError(absl::StrCat("a feed of batches [", feed->first(), ", ",
+                                                   feed->end(), ") is not within the epoch's ",
+                                                   full, " full batches"));
+  }
+  {
+    std::lock_guard<std::mutex> lock(shared_->epochs.mu);
+    if (shared_->epochs.next_skip != 0 && shared_->epochs.next_epoch == epoch) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("epoch ", epoch,
+                       " resumes a state saved on another layout: its batches are made "
+                       "where it is iterated"));
+    }
+  }
+  return std::unique_ptr<Epoch>(
+      new Epoch(std::make_unique<EpochRun>(shared_, epoch, /*start_batch=*/0, /*head_start=*/false,
+                                           /*skip=*/0, std::vector<int64_t>{}, std::move(feed))));
+}
+
+BatchFeed::BatchFeed(int64_t first, int64_t end)
+    : first_(first),
+      end_(std::max(first, end)),
+      next_(first),
+      owners_(size_t(std::max<int64_t>(0, end - first)), kNone) {}
+
+int64_t BatchFeed::Claim(Owner who, int64_t lead) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto free = [&](int64_t b) { return owners_[size_t(b - first_)] == kNone; };
+  while (next_ < end_ && !free(next_)) ++next_;
+  if (closed_ || next_ >= end_) return -1;
+  int64_t b = next_;
+  if (lead > 0) {
+    const int64_t from = std::min(end_ - 1, next_ + lead);
+    b = -1;
+    for (int64_t k = from; k < end_ && b < 0; ++k) {
+      if (free(k)) b = k;
+    }
+    for (int64_t k = from - 1; k >= next_ && b < 0; --k) {
+      if (free(k)) b = k;
+    }
+  }
+  owners_[size_t(b - first_)] = int8_t(who);
+  return b;
+}
+
+BatchFeed::Owner BatchFeed::owner(int64_t b) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (b < first_ || b >= end_) return kNone;
+  return Owner(owners_[size_t(b - first_)]);
+}
+
+void BatchFeed::Close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  closed_ = true;
+}
+
 int64_t Loader::num_batches() const noexcept { return BatchesPerRank(shared_->sampler); }
 int64_t Loader::num_samples() const noexcept {
   const int64_t s = SamplesPerRank(shared_->sampler);

@@ -134,8 +134,10 @@ void MapStage::InlineLoop(int id, SampleTransform::WorkerState* state,
     int64_t seq = 0, end = 0;
     if (!read_->Claim(&seq, &end)) return;
     const int64_t t0 = NowNs();
-    if (!ring_->WaitAdmitted(seq / core_->batch_size)) return;
-    ring_->EnsureOpen(seq / core_->batch_size);
+    if (!ring_->WaitAdmitted(seq / core_->batch_size) ||
+        !ring_->EnsureOpen(seq / core_->batch_size)) {
+      return;
+    }
     const int64_t t1 = NowNs();
     sh.counters.map.AddWait(t1 - t0);
     item.Fill(*core_, seq, end);

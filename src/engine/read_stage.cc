@@ -248,8 +248,7 @@ void ReadStage::ReaderLoop(int id, std::shared_ptr<ReaderState> state) {
     if (!Claim(&seq, &end)) return;
     const int64_t t0 = NowNs();
     const int64_t b = seq / core_->batch_size;
-    if (!ring_->WaitAdmitted(b)) return;
-    ring_->EnsureOpen(b);
+    if (!ring_->WaitAdmitted(b) || !ring_->EnsureOpen(b)) return;
     // Reads in flight plus map lookahead: enough for every reader and worker to hold one.
     ReadItem* item = queues_->Acquire(sh.tuning.io_depth.load() + 2 * sh.tuning.workers.load());
     if (item == nullptr || core_->is_cancelled()) return;

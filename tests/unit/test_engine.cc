@@ -1648,19 +1648,19 @@ TEST_CASE("StartBatches: some batches of an epoch, each with the bytes it has in
   }
   // A run dropped half-way leaves no resume position: the next epoch starts at batch 0.
   {
-    auto e = loader->StartBatches(2, {1, 2, 3});
+    auto e = loader->StartBatches(2, std::vector<int64_t>{1, 2, 3});
     REQUIRE(e.ok());
     REQUIRE((*e)->Next().ok());
   }
   REQUIRE(loader->state().batches_done == 0);
   // Refused, with the reason.
-  REQUIRE(absl::IsInvalidArgument(loader->StartBatches(2, {}).status()));
-  REQUIRE(absl::IsInvalidArgument(loader->StartBatches(2, {3, 3}).status()));
-  REQUIRE(absl::IsInvalidArgument(loader->StartBatches(2, {4, 1}).status()));
-  REQUIRE(absl::IsInvalidArgument(loader->StartBatches(2, {13}).status()));
-  REQUIRE(absl::IsInvalidArgument(loader->StartBatches(2, {-1}).status()));
-  REQUIRE(absl::IsInvalidArgument(loader->StartBatches(-1, {0}).status()));
-  REQUIRE(std::string(loader->StartBatches(2, {13}).status().message()) ==
+  REQUIRE(absl::IsInvalidArgument(loader->StartBatches(2, std::vector<int64_t>{}).status()));
+  REQUIRE(absl::IsInvalidArgument(loader->StartBatches(2, std::vector<int64_t>{3, 3}).status()));
+  REQUIRE(absl::IsInvalidArgument(loader->StartBatches(2, std::vector<int64_t>{4, 1}).status()));
+  REQUIRE(absl::IsInvalidArgument(loader->StartBatches(2, std::vector<int64_t>{13}).status()));
+  REQUIRE(absl::IsInvalidArgument(loader->StartBatches(2, std::vector<int64_t>{-1}).status()));
+  REQUIRE(absl::IsInvalidArgument(loader->StartBatches(-1, std::vector<int64_t>{0}).status()));
+  REQUIRE(std::string(loader->StartBatches(2, std::vector<int64_t>{13}).status().message()) ==
           "batch 13 is not one of the epoch's 13 batches");
 }
 
@@ -1685,4 +1685,91 @@ TEST_CASE("StartBatches: a failed sample gets the replacement it gets in the who
       REQUIRE(BatchBytes(*b) == whole.at(want));
     }
   }
+}
+
+TEST_CASE("StartFromFeed: local and other makers share an epoch, each batch once", "[engine]") {
+  // 96 samples in batches of 8: 12 full batches. The run claims batches as its prefetch bound
+  // admits them; another thread (the "cluster") claims some too and makes them on a second
+  // loader. Together: every batch once, each with the bytes it has in the whole epoch.
+  auto docs = std::make_shared<Documents>(96);
+  auto transform = std::make_shared<DocTransform>();
+  const LoaderOptions o =
+      LoaderOptions().batch_size(8).seed(9).workers(2).prefetch(2).epoch_head_start(false);
+  auto loader = Make(docs, transform, o);
+  auto other = Make(docs, transform, o);
+  const std::map<int64_t, std::string> whole = WholeEpoch(*loader, 3);
+  for (int64_t first : {int64_t(0), int64_t(5)}) {
+    auto feed = std::make_shared<feedline::BatchFeed>(first, 12);
+    absl::StatusOr<std::unique_ptr<feedline::Epoch>> run = loader->StartFromFeed(3, feed);
+    REQUIRE(run.ok());
+    std::map<int64_t, std::string> remote;
+    bool remote_ok = true;  // (Catch2's REQUIRE is for the test's own thread)
+    std::thread cluster([&] {
+      for (;;) {
+        const int64_t b = feed->Claim(feedline::BatchFeed::kRemote);
+        if (b < 0) return;
+        auto e = other->StartBatches(3, std::vector<int64_t>{b});
+        absl::StatusOr<Batch> batch = e.ok() ? (*e)->Next() : absl::StatusOr<Batch>(e.status());
+        if (!batch.ok()) {
+          remote_ok = false;
+          return;
+        }
+        remote[b] = BatchBytes(*batch);
+        std::this_thread::sleep_for(std::chrono::milliseconds(3));
+      }
+    });
+    // The consumer, in the epoch's order: a local batch from the run, the others from the
+    // cluster (waited for).
+    cluster.join();  // (the "cluster" is done; the run holds what it claimed)
+    REQUIRE(remote_ok);
+    int64_t local = 0, last = -1;
+    for (int64_t b = first; b < 12; ++b) {
+      const auto who = feed->owner(b);
+      REQUIRE(who != feedline::BatchFeed::kNone);
+      if (who == feedline::BatchFeed::kLocal) {
+        absl::StatusOr<Batch> batch = (*run)->Next();
+        REQUIRE(batch.ok());
+        REQUIRE(batch->index() == b);
+        REQUIRE(b > last);
+        last = b;
+        REQUIRE(BatchBytes(*batch) == whole.at(b));
+        ++local;
+      } else {
+        REQUIRE(remote.at(b) == whole.at(b));
+      }
+    }
+    REQUIRE(local + int64_t(remote.size()) == 12 - first);
+    REQUIRE(local >= 1);
+    REQUIRE(feed->Claim(feedline::BatchFeed::kLocal) == -1);
+  }
+  // A maker that claims with a lead takes batches from further ahead; the run still claims
+  // the lowest unclaimed ones, in order.
+  {
+    using feedline::BatchFeed;
+    BatchFeed feed(0, 10);
+    REQUIRE(feed.Claim(BatchFeed::kRemote, 3) == 3);
+    REQUIRE(feed.Claim(BatchFeed::kLocal) == 0);
+    REQUIRE(feed.Claim(BatchFeed::kLocal) == 1);
+    REQUIRE(feed.Claim(BatchFeed::kRemote, 3) == 5);  // 2 is the lowest unclaimed
+    REQUIRE(feed.Claim(BatchFeed::kLocal) == 2);
+    REQUIRE(feed.Claim(BatchFeed::kLocal) == 4);  // past the cluster's 3
+    REQUIRE(feed.Claim(BatchFeed::kRemote, 100) == 9);
+    REQUIRE(feed.Claim(BatchFeed::kRemote, 2) == 8);
+    REQUIRE(feed.owner(3) == BatchFeed::kRemote);
+    REQUIRE(feed.owner(4) == BatchFeed::kLocal);
+    REQUIRE(feed.owner(6) == BatchFeed::kNone);
+    REQUIRE(feed.Claim(BatchFeed::kRemote, 5) == 7);  // nothing past 6 + 5: the last free
+    REQUIRE(feed.Claim(BatchFeed::kLocal) == 6);
+    REQUIRE(feed.Claim(BatchFeed::kLocal) == -1);
+    BatchFeed closed(0, 4);
+    closed.Close();
+    REQUIRE(closed.Claim(BatchFeed::kLocal) == -1);
+  }
+  // Refused: a feed past the full batches, an empty one.
+  REQUIRE(absl::IsInvalidArgument(
+      loader->StartFromFeed(0, std::make_shared<feedline::BatchFeed>(0, 13)).status()));
+  REQUIRE(absl::IsInvalidArgument(
+      loader->StartFromFeed(0, std::make_shared<feedline::BatchFeed>(4, 4)).status()));
+  REQUIRE(absl::IsInvalidArgument(
+      loader->StartFromFeed(0, std::shared_ptr<feedline::BatchFeed>()).status()));
 }
