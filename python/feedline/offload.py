@@ -146,7 +146,7 @@ class Offload:
         self.active = True
         self.local = True  # this process makes batches too (off: every batch remote, to measure)
         self.counts = collections.Counter()
-        self.latency_s = 0.0  # mean from lease to batch received
+        self.latency_s = 0.0  # from lease to done, averaged over the last ~20
         self.step_s = 0.0  # the consumer's time per batch, smoothed
         self.bytes = 0
         self._rescue = None
@@ -221,6 +221,7 @@ class Epoch:
         self._lock = threading.Lock()
         self._futures = {}  # batch -> (future, submitted at), under _lock
         self._running = set()  # keys of the futures not yet done, under _lock
+        self._submitted = {}  # key -> when it was submitted, until done (latency), under _lock
         self._lost = []     # leased batches the cluster lost, to be made here
         self._rescue = None  # (epoch run, its batches in order) remaking lost batches
         self._closed = False
@@ -242,8 +243,14 @@ class Epoch:
         if self._feed is None or not self._off.active:
             return
         with self._lock:
-            if _future is not None:
+            if _future is not None:  # a lease came back: its time from submission to done
                 self._running.discard(_future.key)
+                submitted = self._submitted.pop(_future.key, None)
+                if submitted is not None:
+                    n = self._off.counts["leases"]
+                    self._off.counts["leases"] += 1
+                    latency = time.perf_counter() - submitted
+                    self._off.latency_s += (latency - self._off.latency_s) / min(n + 1, 20)
             # In flight: `depth` running or queued on the workers; held: what came back and
             # waits for its turn too (memory), at most the lead's worth more.
             while (not self._closed and len(self._running) < self._depth and
@@ -262,6 +269,7 @@ class Epoch:
                     return
                 self._futures[b] = (f, time.perf_counter())
                 self._running.add(f.key)
+                self._submitted[f.key] = self._futures[b][1]
                 f.add_done_callback(self._top_up)
 
     def _lead(self):
@@ -279,6 +287,8 @@ class Epoch:
         """Batch b's arrays from the cluster, or None when it is to be made here instead."""
         import distributed
         with self._lock:
+            if b not in self._futures:  # never leased (its submission failed): made here
+                return None
             f, submitted = self._futures[b]
         while True:
             if self._off.client.status not in ("running", "connecting"):
@@ -298,9 +308,6 @@ class Epoch:
                                    f"epoch {self._epoch}: {type(e).__name__}: {e}") from e
         with self._lock:
             self._futures.pop(b, None)
-        latency = time.perf_counter() - submitted
-        n = self._off.counts["remote"]
-        self._off.latency_s += (latency - self._off.latency_s) / (n + 1)
         arrays, made, _ = got
         f.release()
         (got_b, error), = made
