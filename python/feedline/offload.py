@@ -82,13 +82,11 @@ def _array(view):
 
 def make_batches(spec, epoch, batches):
     """Batches `batches` (ascending) of `epoch` of the loader `spec` describes, made in this
-    process: (arrays, made, seconds) where `made` lists (batch number, None) for each batch made, its
+    process: (arrays, made) where `made` lists (batch number, None) for each batch made, its
     images, labels and indices the next three of `arrays`, and (batch number, message) for a
     batch whose sample failed (on_error="raise"; the message names the file), so that the error
-    reaches the trainer at that batch, and `seconds` the time it took (the cluster's rate, for
-    the share of the next epoch). (A flat list of arrays first: Dask then sends each as
+    reaches the trainer at that batch. (A flat list of arrays first: Dask then sends each as
     its own frames, without pickling the pixels.)"""
-    t0 = time.perf_counter()
     loader = _producer(spec)
     run = loader._loader.start_batches(int(epoch), [int(b) for b in batches])
     arrays, made = [], []
@@ -105,23 +103,23 @@ def make_batches(spec, epoch, batches):
             made.append((b, None))
     finally:
         run.cancel()
-    return arrays, made, time.perf_counter() - t0
+    return arrays, made
 
 
 def _connect(offload):
-    """(client, whether this loader made it) for a distributed.Client or a scheduler address."""
+    """A distributed.Client: the one given, or one connected to the scheduler address given."""
     try:
         import distributed
     except ImportError as e:
         raise ImportError("feedline offload needs Dask distributed (Debian: python3-distributed)"
                           ) from e
     if isinstance(offload, distributed.Client):
-        return offload, False
+        return offload
     if not isinstance(offload, str):
         raise TypeError(f"offload: expected a distributed.Client or a scheduler address, got "
                         f"{type(offload).__name__}")
     try:
-        return distributed.Client(offload, timeout=10, set_as_default=False), True
+        return distributed.Client(offload, timeout=10, set_as_default=False)
     except (OSError, TimeoutError) as e:
         raise ConnectionError(f"offload: cannot reach the Dask scheduler at {offload}: "
                               f"{e}") from None
@@ -140,7 +138,7 @@ class Offload:
     loader that remakes batches the cluster lost, and the figures."""
 
     def __init__(self, offload, spec):
-        self.client, self._own_client = _connect(offload)
+        self.client = _connect(offload)
         self.spec = spec
         self.address = getattr(self.client.scheduler, "address", None) or str(offload)
         self.active = True
@@ -187,13 +185,6 @@ class Offload:
             "remote_latency_ms": 1000.0 * self.latency_s,
             "bytes_received": self.bytes,
         }
-
-    def close(self):
-        if self._own_client:
-            try:
-                self.client.close(timeout=2)
-            except Exception:  # noqa: BLE001 (a scheduler already gone)
-                pass
 
 
 _NOBODY, _LOCAL, _REMOTE = 0, 1, 2  # BatchFeed owners
@@ -308,7 +299,7 @@ class Epoch:
                                    f"epoch {self._epoch}: {type(e).__name__}: {e}") from e
         with self._lock:
             self._futures.pop(b, None)
-        arrays, made, _ = got
+        arrays, made = got
         f.release()
         (got_b, error), = made
         return (None, error) if error is not None else (arrays, None)

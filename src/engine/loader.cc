@@ -504,6 +504,23 @@ std::unique_ptr<Epoch> Loader::StartEpoch() {
       new Epoch(std::make_unique<EpochRun>(shared_, epoch, start, /*head_start=*/false, skip)));
 }
 
+namespace {
+
+// A run of some of `epoch`'s batches (StartBatches, StartFromFeed) is refused for the epoch a
+// state saved on another layout resumes: its order starts past the positions delivered there.
+absl::Status ResumedElsewhere(LoaderShared& sh, int64_t epoch) {
+  std::lock_guard<std::mutex> lock(sh.epochs.mu);
+  if (sh.epochs.next_skip != 0 && sh.epochs.next_epoch == epoch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("epoch ", epoch,
+                     " resumes a state saved on another layout: its batches are made "
+                     "where it is iterated"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Epoch>> Loader::StartBatches(int64_t epoch,
                                                             std::vector<int64_t> batches) {
   const int64_t n = num_batches();
@@ -519,15 +536,7 @@ absl::StatusOr<std::unique_ptr<Epoch>> Loader::StartBatches(int64_t epoch,
           absl::StrCat("batches must ascend: ", batches[i - 1], " then ", batches[i]));
     }
   }
-  {
-    std::lock_guard<std::mutex> lock(shared_->epochs.mu);
-    if (shared_->epochs.next_skip != 0 && shared_->epochs.next_epoch == epoch) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("epoch ", epoch,
-                       " resumes a state saved on another layout: its batches are made "
-                       "where it is iterated"));
-    }
-  }
+  if (absl::Status st = ResumedElsewhere(*shared_, epoch); !st.ok()) return st;
   return std::unique_ptr<Epoch>(new Epoch(std::make_unique<EpochRun>(
       shared_, epoch, /*start_batch=*/0, /*head_start=*/false, /*skip=*/0, std::move(batches))));
 }
@@ -542,15 +551,7 @@ absl::StatusOr<std::unique_ptr<Epoch>> Loader::StartFromFeed(int64_t epoch,
                                                    feed->end(), ") is not within the epoch's ",
                                                    full, " full batches"));
   }
-  {
-    std::lock_guard<std::mutex> lock(shared_->epochs.mu);
-    if (shared_->epochs.next_skip != 0 && shared_->epochs.next_epoch == epoch) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("epoch ", epoch,
-                       " resumes a state saved on another layout: its batches are made "
-                       "where it is iterated"));
-    }
-  }
+  if (absl::Status st = ResumedElsewhere(*shared_, epoch); !st.ok()) return st;
   return std::unique_ptr<Epoch>(
       new Epoch(std::make_unique<EpochRun>(shared_, epoch, /*start_batch=*/0, /*head_start=*/false,
                                            /*skip=*/0, std::vector<int64_t>{}, std::move(feed))));
