@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 import pytest
 import torch
@@ -333,6 +334,39 @@ def test_missing_and_forbidden_urls_are_data_errors(served, tmp_path):
     errors = [x["path"] + ": " + x["cause"] for x in skip.stats()["errors"]]
     assert any("403" in m and "/secret/x.jpg" in m for m in errors), errors
     assert not any("hunter2" in m or "sig=abc" in m for m in errors), errors
+
+
+def test_skip_says_every_remote_sample_it_replaced(served, tmp_path, monkeypatch):
+    """on_error="skip" over remote faults: a 404 and a 403 (not retried) and an endpoint that
+    refuses every attempt until the retries run out. Each epoch keeps its full batches, and what
+    that costs is never silent: one warning per epoch naming the count and the first cause, each
+    failed URL in stats()["errors"], and exactly as many duplicates as failures."""
+    monkeypatch.setenv("FEEDLINE_EPOCH_HEAD_START", "0")  # errors counted per epoch
+    dead = _free_port()  # nobody listens there
+    entries = served["entries"]
+    bad = {2: f"{served['base']}/data/nope.jpg", 5: f"{served['base']}/secret/x.jpg",
+           7: f"http://127.0.0.1:{dead}/gone.jpg"}
+    lst = tmp_path / "l.txt"
+    lst.write_text("".join(f"{bad.get(i, served['base'] + '/' + p)} {lab}\n"
+                           for i, (p, lab) in enumerate(entries)))
+    loader = feedline.ImageLoader(str(lst), on_error="skip", max_errors=100, read_timeout=2,
+                                  **KW)
+    for epoch in range(2):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _, _, index = _epoch(loader)
+        said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+        assert len(said) == 1 and "3 sample(s) failed this epoch" in said[0], (epoch, said)
+        got = index.tolist()
+        assert len(got) == len(entries)  # full batches
+        assert not set(got) & set(bad), got  # no failed sample delivered
+        assert len(got) - len(set(got)) == len(bad)  # a duplicate per failure, no more
+        assert set(got) == set(range(len(entries))) - set(bad)  # nothing else lost
+    st = loader.stats()
+    assert st["error_count"] == 2 * len(bad)
+    paths = " ".join(e["path"] + ": " + e["cause"] for e in st["errors"])
+    for want in ("nope.jpg", "/secret/x.jpg", f"127.0.0.1:{dead}/gone.jpg"):
+        assert want in paths, paths
 
 
 def test_dead_endpoint_fails_in_seconds(tmp_path):
