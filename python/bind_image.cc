@@ -20,7 +20,9 @@ namespace {
 // The image built-in's data set is a FileDataset (classes, samples); empty for another.
 const FileList& FilesOf(const Dataset& d) {
   static const FileList* none = new FileList();
-  const auto* files = dynamic_cast<const FileDataset*>(&d);
+  const Dataset* p = &d;  // through wrappers (a video loader's several clips per file)
+  while (const auto* w = dynamic_cast<const DatasetWrapper*>(p)) p = &w->target();
+  const auto* files = dynamic_cast<const FileDataset*>(p);
   return files != nullptr ? files->files() : *none;
 }
 

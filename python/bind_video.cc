@@ -12,19 +12,31 @@ namespace feedline::python {
 void BindVideo(py::module_& m) {
   m.def(
       "video_loader",
-      [](int clip_len, int frame_step, double fps, py::kwargs kwargs) {
+      [](int clip_len, int frame_step, double fps, int clips_per_video,
+         const std::string& clip_starts, py::kwargs kwargs) {
         video::ClipOptions clip;
         clip.clip_len = clip_len;
         clip.frame_step = frame_step;
         clip.fps = fps;
+        clip.clips_per_video = clips_per_video;
+        if (clip_starts == "random") {
+          clip.starts = video::ClipStarts::kRandom;
+        } else if (clip_starts == "uniform") {
+          clip.starts = video::ClipStarts::kUniform;
+        } else if (!clip_starts.empty()) {
+          throw py::value_error("clip_starts: must be 'random', 'uniform' or None, got '" +
+                                clip_starts + "'");
+        }
         LoaderOptions o;
         SetOptions(kwargs, {OptionGroup::kEngine, OptionGroup::kImage}, &o);
         return LoaderHolder(
             Unlocked([&] { return video::MakeVideoLoader(clip, std::move(o)); }).release());
       },
-      py::arg("clip_len"), py::arg("frame_step"), py::arg("fps"),
+      py::arg("clip_len"), py::arg("frame_step"), py::arg("fps"), py::arg("clips_per_video"),
+      py::arg("clip_starts"),
       OptionsDocstring("The video built-in's loader (feedline.VideoLoader's engine): clip_len, "
-                       "frame_step, fps, then these keyword arguments, the declared options:",
+                       "frame_step, fps, clips_per_video, clip_starts ('' for the transform's "
+                       "default), then these keyword arguments, the declared options:",
                        {OptionGroup::kEngine, OptionGroup::kImage}));
   m.def(
       "video_extensions", [] { return video::VideoExtensions(); },

@@ -10,9 +10,10 @@
 // past the end repeats the last frame.
 //
 // Where a clip starts comes from (seed, epoch, index): for the train transform a frame drawn
-// uniformly among those where the whole clip fits; for eval the middle one. The crop is drawn
-// once per clip and applied to every frame (train: torchvision's RandomResizedCrop box and a
-// horizontal flip with p = 0.5; eval: the shorter side resized to `resize_size`, the centre
+// uniformly among those where the whole clip fits; for eval the middle one (with several clips
+// per video, ClipOptions::clips_per_video, spread evenly; ClipStarts chooses either way). The crop
+// is drawn once per clip and applied to every frame (train: torchvision's RandomResizedCrop box and
+// a horizontal flip with p = 0.5; eval: the shorter side resized to `resize_size`, the centre
 // `size` x `size`). Only what the clip needs is decoded: a seek to the keyframe at or before
 // its first frame, then forward to its last; frames between the sampled ones are decoded (the
 // codec needs them) but not converted. Each sampled frame is scaled and converted by swscale
@@ -31,18 +32,34 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "feedline/dataset.h"
 #include "feedline/loader.h"
 #include "feedline/options.h"
 #include "feedline/transform.h"
 
 namespace feedline::video {
 
+// Where a video's clips start: drawn from (seed, epoch, index) among the frames where the clip
+// fits, or spread evenly over them (clip k of K at (2k + 1) / 2K of the room: one clip is the
+// middle one). kAuto: random for the train transform, uniform for eval.
+enum class ClipStarts { kAuto, kRandom, kUniform };
+
 struct ClipOptions {
   int clip_len = 16;   // frames per clip, 1..1024
   int frame_step = 1;  // frames of the stream between two of the clip's, 1..1024
   double fps = 0;      // > 0: the clip's frames this many a second instead (by timestamps)
+  // Clips of each video per epoch, 1..1024: sample i is clip i % K of video i / K (ClipsOf), so
+  // an epoch has K samples per video, shuffled and split over the ranks like any others.
+  int clips_per_video = 1;
+  ClipStarts starts = ClipStarts::kAuto;
 };
 absl::Status ValidateClipOptions(const ClipOptions& clip);
+
+// The samples of `videos` with each record `clips_per_video` times: sample i reads record
+// i / K and is its clip i % K (the transform draws its start and crop from i, and spreads
+// uniform starts by i % K). Errors name the file and the clip. Reads are the videos' own
+// (asynchronous when theirs are); the fingerprint is theirs with K.
+std::shared_ptr<const Dataset> ClipsOf(std::shared_ptr<const Dataset> videos, int clips_per_video);
 
 // The file extensions of an ImageFolder-like folder of videos, lowercase, with the dot.
 const std::vector<std::string>& VideoExtensions();

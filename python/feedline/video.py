@@ -26,6 +26,11 @@ class VideoLoader(_LoaderFace):
         frames where it fits; one RandomResizedCrop box (scale, ratio) and flip for all of its
         frames) or "eval" (the middle clip; the shorter side resized to resize_size, the
         centre size x size).
+    clips_per_video: clips of each video an epoch (K): sample i is clip i % K of video i // K
+        (return_index gives i), shuffled and split over ranks like any sample; len() counts
+        clips. clip_starts: "random" (drawn per clip) or "uniform" (clip k at (2k + 1) / 2K of
+        the frames where a clip fits: the usual multi-clip evaluation); None: random for
+        train, uniform for eval.
     Only the frames a clip needs are decoded: a seek to the keyframe before its first frame,
     then forward to its last; the sampled frames are scaled and converted straight into the
     batch. A file FFmpeg cannot read, a corrupt packet, no video stream or frames larger than
@@ -33,7 +38,8 @@ class VideoLoader(_LoaderFace):
     shuffle/seed/rank/world_size/state_dict/stats and the engine's options as for ImageLoader.
     """
 
-    def __init__(self, source, clip_len=16, frame_step=1, fps=None, batch_size=8,
+    def __init__(self, source, clip_len=16, frame_step=1, fps=None, clips_per_video=1,
+                 clip_starts=None, batch_size=8,
                  shuffle=True, seed=None, drop_last=False, transform="train", size=112,
                  resize_size=128, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), flip=True,
                  workers="auto", prefetch="auto", io_depth="auto", memory_budget="auto",
@@ -54,6 +60,12 @@ class VideoLoader(_LoaderFace):
             _check_type("fps", fps, (int, float), "a number")
             if not fps > 0:
                 raise ValueError(f"fps: must be > 0 (or None: frame_step), got {fps!r}")
+        _check_type("clips_per_video", clips_per_video, int, "an int")
+        if clip_starts is not None:
+            _check_type("clip_starts", clip_starts, str, "'random', 'uniform' or None")
+            if clip_starts not in ("random", "uniform"):
+                raise ValueError("clip_starts: must be 'random', 'uniform' or None, got "
+                                 f"{clip_starts!r}")
         _check_type("transform", transform, str, "'train' or 'eval'")
         _check_type("size", size, int, "an int")
         _check_type("resize_size", resize_size, int, "an int")
@@ -65,7 +77,8 @@ class VideoLoader(_LoaderFace):
                               prefetch, memory_budget, on_error, max_errors)
         self._return_index = return_index
         self._loader = _feedline.video_loader(
-            clip_len, frame_step, 0.0 if fps is None else float(fps), source=source,
+            clip_len, frame_step, 0.0 if fps is None else float(fps), clips_per_video,
+            clip_starts or "", source=source,
             transform=transform, size=size, resize_size=resize_size, scale=_pair("scale", scale),
             ratio=_pair("ratio", ratio), flip=flip, io_depth=_parse_count("io_depth", io_depth),
             read_timeout_ms=1000.0 * _timeout(read_timeout), max_image_pixels=max_image_pixels,

@@ -20,7 +20,9 @@ absl::StatusOr<std::unique_ptr<Loader>> MakeVideoLoader(const ClipOptions& clip,
           ? OpenWebDataset(source, options.shards(), ReadLimitsOf(options))
           : FileDataset::Open(source, options.shards(), ReadLimitsOf(options), VideoExtensions());
   if (!files.ok()) return files.status();
-  return Loader::Create(*std::move(files), *std::move(transform), std::move(options));
+  // Several clips of each video: each record read as clips_per_video samples.
+  return Loader::Create(ClipsOf(*std::move(files), clip.clips_per_video), *std::move(transform),
+                        std::move(options));
 }
 
 }  // namespace feedline::video

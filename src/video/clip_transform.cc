@@ -24,6 +24,7 @@ namespace {
 struct ClipConfig {
   ClipOptions clip;
   bool train = true;
+  bool random_starts = true;
   int size = 112, resize_size = 128;
   std::pair<double, double> scale, ratio;
   bool flip = true;
@@ -92,7 +93,8 @@ class ClipTransform final : public SampleTransform {
   }
 
   // The clip's timestamps: clip_len frames from a start drawn from (seed, epoch, index) among
-  // the frames where the whole clip fits (train), or the middle one (eval).
+  // the frames where the whole clip fits (random starts), or clip k of K (the sample's index
+  // mod clips_per_video) at (2k + 1) / 2K of them (uniform: one clip is the middle one).
   std::vector<int64_t> Targets(const VideoInfo& v, const SampleContext& ctx) const {
     const AVRational tb{v.time_base_num, v.time_base_den};
     const AVRational period{v.fps_den, v.fps_num};  // one frame at the average rate
@@ -105,8 +107,14 @@ class ClipTransform final : public SampleTransform {
     const int64_t room = v.frames - 1 - span;  // the last start where the clip fits
     int64_t start = 0;
     if (room > 0) {
-      SampleRng rng(ctx.seed(), uint64_t(ctx.epoch()), uint64_t(ctx.index()), kRngClip);
-      start = c_.train ? int64_t(rng.Below(uint64_t(room) + 1)) : room / 2;
+      if (c_.random_starts) {
+        SampleRng rng(ctx.seed(), uint64_t(ctx.epoch()), uint64_t(ctx.index()), kRngClip);
+        start = int64_t(rng.Below(uint64_t(room) + 1));
+      } else {
+        const int64_t K = c_.clip.clips_per_video, k = ctx.index() % K;
+        start =
+            int64_t(static_cast<unsigned __int128>(room) * uint64_t(2 * k + 1) / uint64_t(2 * K));
+      }
     }
     std::vector<int64_t> t(static_cast<size_t>(n));
     const int64_t t0 = v.start_pts + av_rescale_q(start, period, tb);
@@ -165,6 +173,13 @@ absl::Status ValidateClipOptions(const ClipOptions& clip) {
   if (!(clip.fps >= 0 && clip.fps <= 10000)) {
     return InvalidOption("fps", "must be 0 (frame_step) or a rate in (0, 10000]");
   }
+  if (clip.clips_per_video < 1 || clip.clips_per_video > 1024) {
+    return InvalidOption("clips_per_video", "must be in [1, 1024]");
+  }
+  if (clip.starts != ClipStarts::kAuto && clip.starts != ClipStarts::kRandom &&
+      clip.starts != ClipStarts::kUniform) {
+    return InvalidOption("clip_starts", "must be random or uniform");
+  }
   return absl::OkStatus();
 }
 
@@ -193,6 +208,7 @@ absl::StatusOr<std::shared_ptr<SampleTransform>> MakeClipTransform(const ClipOpt
   ClipConfig c;
   c.clip = clip;
   c.train = o.transform() == Transform::kTrain;
+  c.random_starts = clip.starts == ClipStarts::kAuto ? c.train : clip.starts == ClipStarts::kRandom;
   c.size = o.size();
   c.resize_size = o.resize_size();
   c.scale = o.scale();

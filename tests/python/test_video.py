@@ -72,6 +72,8 @@ def _expected(frames, info, clip_len, frame_step, fps, train_start=None):
         int(np.ceil((clip_len - 1) / fps * float(rate) - 1e-9))
     room = n - 1 - span
     k = (room // 2 if room > 0 else 0) if train_start is None else train_start
+    if callable(train_start):  # the start from the room where a clip fits
+        k = train_start(max(room, 0))
 
     def pts_of(frames_offset):  # av_rescale_q: round to nearest
         return info["start"] + round(fractions.Fraction(frames_offset) / rate / tb)
@@ -194,6 +196,98 @@ def test_train_crops_and_flips_every_frame_of_a_clip_alike(videos, tmp_path):
             assert torch.equal(clips[b, t], clips[b, 0])
     flat = clips[:, 0].flatten(1)
     assert len({tuple(x.tolist()) for x in flat}) > 1  # crops differ between clips
+
+
+@pytest.mark.parametrize("name,clips", [("cfr.mp4", 3), ("vfr.mkv", 4), ("vp9.webm", 2)])
+def test_several_uniform_clips_per_video_are_pyavs_frames_at_their_places(videos, tmp_path,
+                                                                          name, clips):
+    """clips_per_video=K with eval: sample i is clip i % K of video i // K, clip k starting at
+    (2k + 1) / 2K of the frames where a clip fits (one clip: the middle one), each equal to
+    PyAV's frames at those timestamps; the labels are the video's."""
+    path = videos / name
+    frames, info = _pyav(path)
+    h, w = frames[0][1].shape[:2]
+    size = min(h, w)
+    lst = tmp_path / "list.txt"
+    lst.write_text(f"{path} 1\n{path} 2\n")
+    loader = feedline.VideoLoader(str(lst), clip_len=6, frame_step=2, clips_per_video=clips,
+                                  batch_size=clips, shuffle=False, transform="eval", size=size,
+                                  resize_size=size, return_index=True)
+    assert loader.num_samples == 2 * clips and len(loader) == 2
+    assert [p for p, _ in loader.samples] == [str(path)] * 2  # the videos, not their clips
+    with util.deadline(60, "the clips"):
+        batches = list(loader)
+    top, left = (h - size) // 2, (w - size) // 2
+    for v, (c, labels, index) in enumerate(batches):
+        assert labels.tolist() == [v + 1] * clips
+        assert index.tolist() == list(range(v * clips, (v + 1) * clips))
+        starts = set()
+        for k in range(clips):
+            want = _expected(frames, info, 6, 2, None,
+                             train_start=lambda room, k=k: room * (2 * k + 1) // (2 * clips))
+            want = want[:, top:top + size, left:left + size]
+            got = _clip_hwc(c, k)
+            assert np.abs(got.astype(int) - want.astype(int))[:, 1:-1, 1:-1].max() <= TOLERANCE
+            starts.add(got[0].tobytes())
+        assert len(starts) == clips  # K different places in the video
+    if h == w:  # train with uniform starts: the same places (a whole-frame crop, no flip here)
+        train = feedline.VideoLoader(str(lst), clip_len=6, frame_step=2, clips_per_video=clips,
+                                     clip_starts="uniform", batch_size=clips, shuffle=False,
+                                     transform="train", size=size, scale=(1.0, 1.0),
+                                     ratio=(1.0, 1.0), flip=False)
+        for (c, _, _), (t, _) in zip(batches, train):
+            assert torch.equal(c, t)
+
+
+def test_several_random_clips_per_video_are_drawn_apart_and_resume_exactly(videos, tmp_path):
+    """clips_per_video=K with train: K clips of every video each epoch, each its own start, crop
+    and flip; the same for any worker count, shuffled over the epoch, and resumed exactly;
+    clip_starts="uniform" with train keeps uniform starts and random crops."""
+    root = _folder(videos, tmp_path, copies=1)
+    args = dict(clip_len=4, frame_step=2, batch_size=4, size=32, seed=11, clips_per_video=3,
+                return_index=True)
+    one = feedline.VideoLoader(str(root), workers=1, **args)
+    two = feedline.VideoLoader(str(root), workers=2, **args)
+    assert one.num_samples == 12 and len(one) == 3
+    with util.deadline(120, "two epochs twice"):
+        a = [(c.clone(), i.clone()) for _ in range(2) for c, _, i in one]
+        b = [(c.clone(), i.clone()) for _ in range(2) for c, _, i in two]
+    for (ca, ia), (cb, ib) in zip(a, b):
+        assert torch.equal(ca, cb) and torch.equal(ia, ib)
+    first = torch.cat([i for _, i in a[:3]]).tolist()
+    assert sorted(first) == list(range(12)) and first != list(range(12))  # every clip, shuffled
+    clips = dict(zip(first, torch.cat([c for c, _ in a[:3]])))
+    for v in range(4):  # a video's three clips differ from one another
+        assert len({clips[v * 3 + k].numpy().tobytes() for k in range(3)}) == 3
+    # Resume after the first batch of epoch 1.
+    resumed = feedline.VideoLoader(str(root), workers=2, **args)
+    for _ in resumed:
+        pass
+    it = iter(resumed)
+    next(it)
+    state = resumed.state_dict()
+    del it
+    again = feedline.VideoLoader(str(root), workers=1, **args)
+    again.load_state_dict(state)
+    rest = [(c, i) for c, _, i in again]
+    assert len(rest) == 2
+    for (ca, ia), (cb, ib) in zip(a[4:], rest):
+        assert torch.equal(ca, cb) and torch.equal(ia, ib)
+    # A state of one clip per video does not resume three (another epoch layout).
+    with pytest.raises(ValueError):
+        feedline.VideoLoader(str(root), **dict(args, clips_per_video=1)).load_state_dict(state)
+    # Errors name the file and the clip.
+    bad = tmp_path / "bad" / "a"
+    bad.mkdir(parents=True)
+    (bad / "x.mp4").write_bytes(b"not a video")
+    with pytest.raises(feedline.DataError, match=r"x\.mp4 \(clip [12] of 2\)"):
+        list(feedline.VideoLoader(str(tmp_path / "bad"), clips_per_video=2, batch_size=2))
+    for kwargs, err in [(dict(clips_per_video=0), ValueError),
+                        (dict(clips_per_video=2000), ValueError),
+                        (dict(clip_starts="middle"), ValueError),
+                        (dict(clips_per_video=2.0), TypeError)]:
+        with pytest.raises(err, match=list(kwargs)[0]):
+            feedline.VideoLoader(str(root), **kwargs)
 
 
 def test_broken_files_are_data_errors_naming_them(videos, tmp_path):
