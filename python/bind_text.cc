@@ -68,6 +68,16 @@ py::dict PackedStateToDict(const text::PackedLoader::State& s) {
   d["window_rows"] = s.window_rows;
   d["mode"] = EnumName(text::PackMode(s.mode));
   d["version"] = 1;
+  if (s.holes_world > 0) {  // a resplit epoch: the saved layout's cursors, rank by rank
+    py::list documents, offsets;
+    for (const text::PackedLoader::Cursor& c : s.holes) {
+      documents.append(c.document);
+      offsets.append(c.offset);
+    }
+    d["resplit_from"] =
+        py::dict(py::arg("world_size") = s.holes_world, py::arg("skipped") = s.holes_base,
+                 py::arg("documents") = documents, py::arg("offsets") = offsets);
+  }
   return d;
 }
 
@@ -87,6 +97,39 @@ text::PackedLoader::State DictToPackedState(const py::dict& d) {
     StateValue(d, key, out);
   }
   s.mode = int(EnumFromPython<text::PackMode>("state_dict: 'mode'", d["mode"]));
+  if (d.contains("resplit_from")) {
+    if (!py::isinstance<py::dict>(d["resplit_from"])) {
+      throw py::type_error("state_dict: 'resplit_from' must be a dict");
+    }
+    const py::dict h = d["resplit_from"].cast<py::dict>();
+    for (const char* k : {"world_size", "skipped", "documents", "offsets"}) {
+      if (!h.contains(k)) {
+        throw py::value_error(absl::StrCat("state_dict: resplit_from: missing key '", k, "'"));
+      }
+    }
+    StateValue(h, "world_size", &s.holes_world);
+    StateValue(h, "skipped", &s.holes_base);
+    if (s.holes_world < 1 || s.holes_world > (int64_t{1} << 20)) {
+      throw py::value_error("state_dict: resplit_from: world_size must be in [1, 2^20]");
+    }
+    for (const char* k : {"documents", "offsets"}) {
+      if (!py::isinstance<py::list>(h[k]) || py::len(h[k]) != size_t(s.holes_world)) {
+        throw py::value_error(
+            absl::StrCat("state_dict: resplit_from: '", k, "' must be a list of world_size ints"));
+      }
+    }
+    const py::list documents = h["documents"], offsets = h["offsets"];
+    s.holes.resize(size_t(s.holes_world));
+    for (size_t r = 0; r < s.holes.size(); ++r) {
+      for (auto [item, out] :
+           {std::pair{documents[r], &s.holes[r].document}, {offsets[r], &s.holes[r].offset}}) {
+        if (!py::isinstance<py::int_>(item) || py::isinstance<py::bool_>(item)) {
+          throw py::type_error("state_dict: resplit_from: cursors must be ints");
+        }
+        *out = item.cast<int64_t>();
+      }
+    }
+  }
   return s;
 }
 
@@ -266,9 +309,30 @@ void BindText(py::module_& m) {
       .def_property_readonly("next_epoch", &text::PackedLoader::next_epoch)
       .def("state", [](const text::PackedLoader& l) { return PackedStateToDict(l.state()); })
       .def("load_state",
-           [](text::PackedLoader& l, const py::dict& d, bool resplit) {
-             if (resplit) throw py::value_error("resplit: not supported for packed rows");
-             absl::Status st = l.LoadState(DictToPackedState(d));
+           [](text::PackedLoader& l, const py::object& d, bool resplit) {
+             // resplit: the states of every rank of the saved layout (a list), or one state
+             // when that layout had one rank.
+             absl::Status st;
+             if (resplit) {
+               std::vector<text::PackedLoader::State> states;
+               if (py::isinstance<py::dict>(d)) {
+                 states.push_back(DictToPackedState(d.cast<py::dict>()));
+               } else {
+                 for (const py::handle h : d) {
+                   if (!py::isinstance<py::dict>(h)) {
+                     throw py::type_error("state_dict: each rank's state must be a dict");
+                   }
+                   states.push_back(DictToPackedState(h.cast<py::dict>()));
+                 }
+               }
+               st = l.Resplit(states);
+             } else {
+               if (!py::isinstance<py::dict>(d)) {
+                 throw py::type_error(
+                     "state_dict: a dict (a list of every rank's states only with resplit=True)");
+               }
+               st = l.LoadState(DictToPackedState(d.cast<py::dict>()));
+             }
              if (!st.ok()) ThrowStatus(st, false);
            })
       .def("save_trace",

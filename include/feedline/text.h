@@ -300,6 +300,9 @@ class PackedLoader {
   // Where the packer is: the document loader's state (epoch, seed, layout) plus the row cursor
   // — kConcat: the next document's position in the epoch and the tokens of it already packed;
   // kBestFit: the window and its rows already yielded. A few hundred bytes.
+  struct Cursor {
+    int64_t document = 0, offset = 0;
+  };
   struct State {
     Loader::State documents;
     int64_t batches_done = 0;
@@ -307,11 +310,28 @@ class PackedLoader {
     int64_t offset = 0;    // kConcat: tokens of it packed; kBestFit: rows of the window yielded
     int64_t seq_len = 0, batch_size = 0, window_rows = 0;
     int mode = 0;
+    // After a resume on another world size (Resplit), for the rest of that epoch: the saved
+    // layout's ranks' cursors, rank by rank, over the positions after `holes_base` of the
+    // epoch's order (what they had delivered lies among this layout's positions too: the
+    // packer steps over it, and starts a document one of them had begun at its offset).
+    // holes_world 0: none.
+    int64_t holes_world = 0;
+    int64_t holes_base = 0;
+    std::vector<Cursor> holes;
   };
   State state() const;
   // kInvalidArgument for a state of other packing options or of another document loader (as
   // Loader::LoadState).
   absl::Status LoadState(const State& state);
+  // Exact elastic resume (kConcat): `states` are the states of every rank of a saved layout
+  // (any world size; one each, any order), saved at the same epoch. The next epoch goes on on
+  // this loader's layout: the documents no saved rank had packed — and the rest of each one a
+  // saved rank was inside, from its offset — are dealt over this layout's ranks as a whole
+  // epoch's would be, each token once, none that was packed again; the next epochs are this
+  // layout's own. kInvalidArgument for other packing options or data, a missing or repeated
+  // rank, states of different epochs, a state that was itself resplit in the same epoch, and
+  // kBestFit / kBucket (a saved rank's rows of its current window are not known from its state).
+  absl::Status Resplit(const std::vector<State>& states);
 
   struct Shared;  // the implementation's (src/text/packing.cc)
 

@@ -203,10 +203,20 @@ class _LoaderFace:
         """The next iteration resumes exactly where `state` was taken: the same batches (indices
         and pixels) as the uninterrupted run, whatever the worker count or prefetch depth.
         A state of another data set, seed or batch layout raises ValueError; one of another
-        world size too, unless resplit=True (the position is then carried over in samples)."""
-        if not isinstance(state, dict):
-            raise TypeError(f"state: expected the dict from state_dict(), got {type(state).__name__}")
+        world size too, unless resplit=True (the position is then carried over in samples).
+        Packed rows (pack="concat") resplit from the states of every rank of the saved layout:
+        pass the list of them (what each rank's state_dict() gave), on every new rank."""
         _check_type("resplit", resplit, bool, "a bool")
+        packed = getattr(self, "pack", None) is not None
+        if resplit and packed and isinstance(state, (list, tuple)):
+            if not all(isinstance(s, dict) for s in state):
+                raise TypeError("state: a list of the dicts each rank's state_dict() gave")
+            self._loader.load_state(list(state), True)
+            return
+        if not isinstance(state, dict):
+            raise TypeError(f"state: expected the dict from state_dict(), got {type(state).__name__}"
+                            + (" (a list of every rank's states: packed rows with resplit=True)"
+                               if isinstance(state, (list, tuple)) else ""))
         self._loader.load_state(state, resplit)
 
     def stats(self):

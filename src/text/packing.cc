@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -28,6 +29,25 @@ struct Doc {
   std::vector<int64_t> tokens;
   int64_t position = -1;  // in this rank's epoch order
   int64_t index = -1;     // the data set's
+  int64_t start = 0;      // tokens a rank of a saved layout had packed (Holes)
+};
+
+// After a resume on another world size (PackedLoader::Resplit): what the saved layout's ranks
+// had packed, found from their cursors. This rank's position p is the epoch's position
+// `first + p * stride` after the saved layout's base, which the saved layout had given to its
+// rank g % world as that rank's position g / world.
+struct Holes {
+  int64_t world = 0;  // the saved layout's world size; 0: no holes
+  std::vector<PackedLoader::Cursor> cursors;
+  int64_t first = 0, stride = 1;
+  // -1: packed before the resume; else the tokens of the document to start at.
+  int64_t StartOf(int64_t position) const {
+    if (world == 0) return 0;
+    const int64_t g = first + position * stride;
+    const PackedLoader::Cursor& c = cursors[size_t(g % world)];
+    const int64_t j = g / world;
+    return j < c.document ? -1 : j == c.document ? c.offset : 0;
+  }
 };
 
 // A run of one document's tokens in a row.
@@ -47,11 +67,12 @@ struct Row {
 class DocStream {
  public:
   DocStream(std::unique_ptr<Epoch> epoch, int64_t docs_per_batch, int64_t skip_before,
-            std::atomic<int64_t>* empty)
+            std::atomic<int64_t>* empty, Holes holes)
       : epoch_(std::move(epoch)),
         per_batch_(docs_per_batch),
         skip_before_(skip_before),
-        empty_(empty) {}
+        empty_(empty),
+        holes_(std::move(holes)) {}
 
   // True and the next document; false at the end of the epoch; a document batch's error (the
   // batch is then gone: the next call goes on with the next one). A document without tokens
@@ -64,6 +85,8 @@ class DocStream {
         const int64_t i = in_batch_++;
         const int64_t position = batch_.index() * per_batch_ + i;
         if (position < skip_before_) continue;
+        const int64_t start = holes_.StartOf(position);
+        if (start < 0) continue;  // packed by a rank of the saved layout
         const int64_t a = ids_.offsets[i], b = ids_.offsets[i + 1];
         if (b <= a) {
           empty_->fetch_add(1, std::memory_order_relaxed);
@@ -79,6 +102,7 @@ class DocStream {
         }
         doc->position = position;
         doc->index = batch_.indices()[i];
+        doc->start = start;
         return true;
       }
       if (ended_) return false;
@@ -104,6 +128,7 @@ class DocStream {
   const int64_t per_batch_;
   const int64_t skip_before_;
   std::atomic<int64_t>* const empty_;
+  const Holes holes_;
   Batch batch_;
   TensorView ids_;
   int64_t in_batch_ = 0;
@@ -141,6 +166,12 @@ struct PackedLoader::Shared {
   int64_t run_id = 0;
   bool active = false, finished = false;
   int64_t epoch = 0, batches_done = 0, document = 0, offset = 0;
+  // The epoch in progress's holes (a resplit resume's: State::holes_*), for state().
+  int64_t holes_world = 0, holes_base = 0;
+  std::vector<PackedLoader::Cursor> holes;
+  // Its documents' positions skipped before a resume on another layout (the document loader's
+  // own state may already be past the epoch: its last batch is read ahead of the packer).
+  int64_t skipped = 0;
   // What LoadState left for the next StartEpoch (when it starts that epoch).
   bool has_resume = false;
   State resume;
@@ -177,13 +208,25 @@ struct PackedEpoch::Run {
   int64_t window_skip = 0;  // rows of the first window already yielded (resume)
 
   Run(std::shared_ptr<PackedLoader::Shared> s, int64_t id, int64_t e, std::unique_ptr<Epoch> inner,
-      int64_t skip_before)
+      int64_t skip_before, Holes holes)
       : sh(std::move(s)),
         run_id(id),
         epoch(e),
-        docs(std::move(inner), sh->docs_per_batch, skip_before, &sh->empty) {}
+        docs(std::move(inner), sh->docs_per_batch, skip_before, &sh->empty, std::move(holes)) {}
 
   using Interrupt = std::function<absl::Status()>;
+
+  // A saved layout's rank was `offset` tokens into document `position` (of this rank's order),
+  // which has fewer now: the data or the tokenizer changed since.
+  absl::Status Changed(int64_t position, int64_t offset) {
+    has_cur = false;
+    fatal = absl::FailedPreconditionError(absl::StrCat(
+        "load_state_dict: a saved rank's position is token ", offset, " of document ", position,
+        " of this rank's epoch, which has fewer tokens now (the data or the tokenizer changed "
+        "since the state was saved)"));
+    docs.Cancel();
+    return fatal;
+  }
 
   // kConcat: fills `row` (kept across calls that fail); OK with row.ids empty at the end.
   absl::Status NextConcatRow(const Interrupt& in, absl::Duration poll) {
@@ -198,7 +241,8 @@ struct PackedEpoch::Run {
           break;
         }
         has_cur = true;
-        off = 0;
+        off = cur.start;
+        if (off > 0 && off >= int64_t(cur.tokens.size())) return Changed(cur.position, off);
         if (resume_off > 0 && cur.position >= resume_doc) {
           // The saved offset must lie inside the document it points into: a state saved before
           // the tokenizer or the data changed (same fingerprint, other token counts) is refused.
@@ -241,9 +285,10 @@ struct PackedEpoch::Run {
       if (!got.ok()) return got.status();  // the row waits, complete, for the next call
       if (*got) {
         has_cur = true;
-        off = 0;
+        off = cur.start;
+        if (off > 0 && off >= int64_t(cur.tokens.size())) return Changed(cur.position, off);
         sh->docs.fetch_add(1, std::memory_order_relaxed);
-        after = cur.tokens[0];
+        after = cur.tokens[size_t(off)];
       } else {
         stream_end = true;
         has_cur = false;
@@ -619,10 +664,24 @@ std::unique_ptr<PackedEpoch> PackedLoader::StartEpoch() {
     sh.batches_done = resuming ? resume.batches_done : 0;
     sh.document = resuming ? resume.document : 0;
     sh.offset = resuming ? resume.offset : 0;
+    sh.holes_world = resuming ? resume.holes_world : 0;
+    sh.holes_base = resuming ? resume.holes_base : 0;
+    sh.holes = resuming ? resume.holes : std::vector<Cursor>();
+    sh.skipped = resuming ? resume.documents.skipped : 0;
+  }
+  Holes holes;
+  if (resuming && resume.holes_world > 0) {
+    // This rank's position p is the epoch's position skipped + rank + p * world_size (the
+    // sampler deals what follows `skipped` round the ranks: even_shards is off for packing).
+    const Loader::State here = sh.documents->state();
+    holes.world = resume.holes_world;
+    holes.cursors = resume.holes;
+    holes.first = resume.documents.skipped - resume.holes_base + here.rank;
+    holes.stride = here.world_size;
   }
   std::unique_ptr<Epoch> inner = sh.documents->StartEpoch();
   auto run = std::make_unique<PackedEpoch::Run>(shared_, id, epoch, std::move(inner),
-                                                resuming ? resume.document : 0);
+                                                resuming ? resume.document : 0, std::move(holes));
   if (resuming) {
     run->batches_done = resume.batches_done;
     if (sh.o.mode == PackMode::kConcat) {
@@ -681,16 +740,171 @@ PackedLoader::State PackedLoader::state() const {
     st.batches_done = sh.resume.batches_done;
     st.document = sh.resume.document;
     st.offset = sh.resume.offset;
+    st.holes_world = sh.resume.holes_world;
+    st.holes_base = sh.resume.holes_base;
+    st.holes = sh.resume.holes;
   } else if (sh.active && !sh.finished) {
     st.documents.epoch = sh.epoch;
+    st.documents.skipped = sh.skipped;
     st.batches_done = sh.batches_done;
     st.document = sh.document;
     st.offset = sh.offset;
+    st.holes_world = sh.holes_world;
+    st.holes_base = sh.holes_base;
+    st.holes = sh.holes;
   } else {  // before the first epoch, or after one (or a set_epoch): the next from its start
     st.documents.epoch = sh.documents->next_epoch();
+    st.documents.skipped = 0;
   }
   st.documents.batches_done = st.document / sh.docs_per_batch;
   return st;
+}
+
+namespace {
+
+// The documents a rank of a layout has in an epoch of `left` documents (after those skipped):
+// positions rank, rank + world, ... (packing splits documents without repeats).
+int64_t DocsOfRank(int64_t left, int64_t world, int64_t rank) {
+  return left > rank ? (left - rank - 1) / world + 1 : 0;
+}
+
+// A state's holes (a resplit resume's saved layout) are consistent with it.
+absl::Status CheckHoles(const PackedLoader::State& st, PackMode mode) {
+  if (st.holes_world == 0 && st.holes_base == 0 && st.holes.empty()) return absl::OkStatus();
+  auto bad = [](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("state_dict: resplit_from: ", what));
+  };
+  if (mode != PackMode::kConcat) return bad("a resplit position is for pack='concat' only");
+  if (st.holes_world < 1 || st.holes_world > (int64_t{1} << 20) ||
+      int64_t(st.holes.size()) != st.holes_world) {
+    return bad("one cursor per rank of the saved layout is needed");
+  }
+  if (st.holes_base < 0 || st.holes_base > st.documents.skipped) {
+    return bad("base must lie in [0, skipped]");
+  }
+  const int64_t left = st.documents.dataset_size - st.holes_base;
+  for (int64_t r = 0; r < st.holes_world; ++r) {
+    const PackedLoader::Cursor& c = st.holes[size_t(r)];
+    if (c.document < 0 || c.offset < 0 || c.document > DocsOfRank(left, st.holes_world, r) ||
+        (c.document == DocsOfRank(left, st.holes_world, r) && c.offset != 0)) {
+      return bad(absl::StrCat("rank ", r, "'s cursor (document ", c.document, ", offset ", c.offset,
+                              ") lies outside its documents"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status PackedLoader::Resplit(const std::vector<State>& states) {
+  Shared& sh = *shared_;
+  auto bad = [](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("load_state_dict(resplit=True): ", what));
+  };
+  if (sh.o.mode != PackMode::kConcat) {
+    return bad(
+        "exact for pack='concat' only: a best-fit or bucketed rank's state names the window it "
+        "was in and how many of its rows it had given, not which documents those rows held");
+  }
+  if (states.empty()) return bad("no state given");
+  const int64_t W = states[0].documents.world_size;
+  if (W < 1 || int64_t(states.size()) != W) {
+    return bad(absl::StrCat("the states of every rank of the saved layout are needed (",
+                            states.size(), " given, world_size ", W,
+                            "): save state_dict() on each rank"));
+  }
+  std::vector<const State*> by_rank(size_t(W), nullptr);
+  const Loader::State mine = sh.documents->state();
+  // A rank whose rows of epoch E ran out before the others' saves the start of epoch E + 1: it
+  // had packed all of E's documents. E is the earliest epoch among the states.
+  int64_t E = states[0].documents.epoch;
+  for (const State& st : states) E = std::min(E, st.documents.epoch);
+  auto finished = [E](const State& st) {
+    return E < std::numeric_limits<int64_t>::max() && st.documents.epoch == E + 1 &&
+           st.document == 0 && st.offset == 0 && st.batches_done == 0 &&
+           st.documents.skipped == 0 && st.holes_world == 0;
+  };
+  const State* in_epoch = nullptr;  // a state inside epoch E, for its skipped prefix
+  for (const State& st : states) {
+    if (st.documents.epoch == E) in_epoch = &st;
+  }
+  for (const State& st : states) {
+    const Loader::State& d = st.documents;
+    if (st.mode != int(sh.o.mode) || st.seq_len != sh.o.seq_len ||
+        st.window_rows != sh.o.window_rows) {
+      return bad("a state of other packing options (mode, seq_len, window_rows)");
+    }
+    if (d.world_size != W || d.rank < 0 || d.rank >= W || by_rank[size_t(d.rank)] != nullptr) {
+      return bad(absl::StrCat("rank ", d.rank, " of world_size ", d.world_size,
+                              ": each rank of the saved layout once, all of one world size"));
+    }
+    by_rank[size_t(d.rank)] = &st;
+    if (d.dataset_size != mine.dataset_size || d.dataset_fingerprint != mine.dataset_fingerprint ||
+        d.shuffle != mine.shuffle || d.seed != mine.seed) {
+      return bad("a state of another data set, seed or shuffle setting");
+    }
+    if (finished(st)) continue;  // the start of the next epoch: epoch E packed whole
+    if (d.epoch != E || d.skipped != in_epoch->documents.skipped ||
+        d.batch_size != in_epoch->documents.batch_size) {
+      return bad("states of different epochs or runs (epoch, skipped, batch_size differ)");
+    }
+    if (st.holes_world != 0) {
+      return bad(
+          "the saved epoch was itself resumed on another world size: resplit once an "
+          "epoch (or resume it on the layout that saved it)");
+    }
+    if (d.epoch < 0 || d.skipped < 0 || d.skipped > d.dataset_size || d.batch_size < 1) {
+      return bad("an invalid saved position (epoch, skipped or batch_size)");
+    }
+    const int64_t left = d.dataset_size - d.skipped;
+    const int64_t have = DocsOfRank(left, W, d.rank);
+    if (st.document < 0 || st.offset < 0 || st.document > have ||
+        (st.document == have && st.offset != 0) || d.batches_done != st.document / d.batch_size) {
+      return bad(absl::StrCat("rank ", d.rank, "'s position (document ", st.document, ", offset ",
+                              st.offset, ") lies outside its ", have, " documents"));
+    }
+  }
+  const State& first = *in_epoch;
+  const int64_t base = first.documents.skipped;
+  const int64_t left = first.documents.dataset_size - base;
+  // The first position of the epoch's order (after base) that some saved rank had not packed
+  // whole: everything before it is done, and this layout's ranks deal the rest.
+  int64_t from = left;
+  State holes;
+  holes.holes_world = W;
+  holes.holes_base = base;
+  holes.holes.resize(size_t(W));
+  for (int64_t r = 0; r < W; ++r) {
+    const State& st = *by_rank[size_t(r)];
+    holes.holes[size_t(r)] =
+        finished(st) ? Cursor{DocsOfRank(left, W, r), 0} : Cursor{st.document, st.offset};
+    if (holes.holes[size_t(r)].document < DocsOfRank(left, W, r)) {
+      from = std::min(from, holes.holes[size_t(r)].document * W + r);
+    }
+  }
+  Loader::State d = mine;
+  d.epoch = first.documents.epoch;
+  d.batches_done = 0;
+  d.skipped = base + from;
+  State next;
+  next.seq_len = sh.o.seq_len;
+  next.batch_size = sh.o.batch_size;
+  next.window_rows = sh.o.window_rows;
+  next.mode = int(sh.o.mode);
+  if (from >= left) {  // every document was packed: the next epoch, from its start
+    d.epoch = first.documents.epoch + 1;
+    d.skipped = 0;
+  } else {
+    next.holes_world = holes.holes_world;
+    next.holes_base = holes.holes_base;
+    next.holes = std::move(holes.holes);
+  }
+  if (absl::Status s = sh.documents->LoadState(d); !s.ok()) return s;
+  next.documents = d;
+  std::lock_guard<std::mutex> lock(sh.mu);
+  sh.resume = std::move(next);
+  sh.has_resume = true;
+  return absl::OkStatus();
 }
 
 absl::Status PackedLoader::LoadState(const State& st) {
@@ -707,6 +921,7 @@ absl::Status PackedLoader::LoadState(const State& st) {
       st.documents.batches_done != st.document / sh.docs_per_batch) {
     return absl::InvalidArgumentError("state_dict: an inconsistent packing position");
   }
+  if (absl::Status s = CheckHoles(st, sh.o.mode); !s.ok()) return s;
   if (absl::Status s = sh.documents->LoadState(st.documents); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(sh.mu);
   sh.resume = st;

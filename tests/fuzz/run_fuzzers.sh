@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SECS=${1:-${FEEDLINE_FUZZ_SECONDS:-60}}
-TARGETS=${FEEDLINE_FUZZ_TARGETS:-"decode tar list_file word_cache redact catalog brace state tokens text_lines s3 wire http video"}
+TARGETS=${FEEDLINE_FUZZ_TARGETS:-"decode tar list_file word_cache redact catalog brace state tokens resplit text_lines s3 wire http video"}
 JOBS=${JOBS:-$(nproc)}
 B=build-fuzz
 W=$B/fuzz   # seeds, working corpora, artifacts, logs
@@ -31,7 +31,7 @@ cmake --build "$B" -j"$JOBS" --target "${targets[@]}"
 echo "== seed corpora"
 rm -rf "$W/seeds"
 mkdir -p "$W/seeds/decode" "$W/seeds/tar" "$W/seeds/list_file"
-for t in word_cache redact catalog brace state tokens text_lines s3 wire http video; do  # their seeds: their regressions
+for t in word_cache redact catalog brace state tokens resplit text_lines s3 wire http video; do  # their seeds: their regressions
   mkdir -p "$W/seeds/$t"
   cp tests/fuzz/regressions/$t/* "$W/seeds/$t/"
 done
