@@ -291,6 +291,10 @@ class ImageLoader(_LoaderFace):
             s["mix"] = self._mix_delivered.stats(self._mix)
         if self._offload is not None:
             s["offload"] = self._offload.stats()
+            # Samples the cluster's loaders (and the rescue loader) replaced count as this
+            # loader's: error_count and errors cover every batch it delivered.
+            s["error_count"] = s.get("error_count", 0) + self._offload.error_count
+            s["errors"] = (list(s.get("errors", [])) + self._offload.errors)[-256:]
         return s
 
     def __repr__(self):

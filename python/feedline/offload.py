@@ -22,10 +22,12 @@ import uuid
 import warnings
 
 from . import _feedline
+from ._epoch import _warn_replaced
 from ._util import _is_url
 
 _PRODUCERS = collections.OrderedDict()  # spec key -> loader, on a Dask worker (LRU)
 _PRODUCERS_LOCK = threading.Lock()
+_REPORTED = {}  # spec key -> {(epoch, sample)} of the errors already returned, under the lock
 _MAX_PRODUCERS = 4
 FACES = {}  # face name -> loader class (each face's module adds itself)
 
@@ -51,13 +53,14 @@ def image_spec(args, seed, rank, world_size):
 
 
 def _producer(spec):
-    """This process's loader for `spec` (kept warm for the next task of the same spec)."""
+    """This process's loader for `spec` (kept warm for the next task of the same spec), and
+    the spec's key."""
     key = hashlib.sha256(pickle.dumps(spec)).hexdigest()
     with _PRODUCERS_LOCK:
         loader = _PRODUCERS.get(key)
         if loader is not None:
             _PRODUCERS.move_to_end(key)
-            return loader
+            return key, loader
     face, args = spec
     if face not in FACES:
         raise ValueError(f"feedline offload: no producer for {face!r} loaders")
@@ -65,8 +68,24 @@ def _producer(spec):
     with _PRODUCERS_LOCK:
         _PRODUCERS[key] = loader
         while len(_PRODUCERS) > _MAX_PRODUCERS:
-            _PRODUCERS.popitem(last=False)
-    return loader
+            gone, _ = _PRODUCERS.popitem(last=False)
+            _REPORTED.pop(gone, None)
+    return key, loader
+
+
+def _new_errors(key, loader, epoch):
+    """The samples of `epoch` that failed in this process's loader and were not returned
+    yet (with on_error="skip" the batch holds their replacements: the trainer counts them
+    and says so). Tasks of one spec share the loader, so each error goes back once, with
+    whichever of them ends first after it."""
+    errors = [e for e in loader.stats().get("errors", []) if e.get("epoch") == epoch]
+    with _PRODUCERS_LOCK:
+        seen = _REPORTED.setdefault(key, set())
+        new = [e for e in errors if (e["epoch"], e["sample"]) not in seen]
+        seen.update((e["epoch"], e["sample"]) for e in new)
+        if len(seen) > 4096:  # older epochs' are done with
+            _REPORTED[key] = {x for x in seen if x[0] >= epoch}
+    return new
 
 
 def _array(view):
@@ -82,12 +101,13 @@ def _array(view):
 
 def make_batches(spec, epoch, batches):
     """Batches `batches` (ascending) of `epoch` of the loader `spec` describes, made in this
-    process: (arrays, made) where `made` lists (batch number, None) for each batch made, its
-    images, labels and indices the next three of `arrays`, and (batch number, message) for a
+    process: (arrays, made, errors) where `made` lists (batch number, None) for each batch made,
+    its images, labels and indices the next three of `arrays`, and (batch number, message) for a
     batch whose sample failed (on_error="raise"; the message names the file), so that the error
-    reaches the trainer at that batch. (A flat list of arrays first: Dask then sends each as
-    its own frames, without pickling the pixels.)"""
-    loader = _producer(spec)
+    reaches the trainer at that batch; `errors` are the epoch's samples this process's loader
+    replaced (on_error="skip", stats()["errors"] entries) not returned before. (A flat list of
+    arrays first: Dask then sends each as its own frames, without pickling the pixels.)"""
+    key, loader = _producer(spec)
     run = loader._loader.start_batches(int(epoch), [int(b) for b in batches])
     arrays, made = [], []
     try:
@@ -103,7 +123,7 @@ def make_batches(spec, epoch, batches):
             made.append((b, None))
     finally:
         run.cancel()
-    return arrays, made
+    return arrays, made, _new_errors(key, loader, int(epoch))
 
 
 def _connect(offload):
@@ -148,6 +168,11 @@ class Offload:
         self.step_s = 0.0  # the consumer's time per batch, smoothed
         self.bytes = 0
         self._rescue = None
+        # Samples the cluster's loaders and the rescue loader replaced (on_error="skip"): the
+        # trainer's stats() and per-epoch warning count them with its own.
+        self.errors = []
+        self.error_count = 0
+        self._rescue_counted = 0  # of the rescue loader's errors, those already in `errors`
 
     def remote_threads(self):
         try:
@@ -163,6 +188,21 @@ class Offload:
             face, args = self.spec
             self._rescue = FACES[face](**dict(args, worker_nice=19))
         return self._rescue
+
+    def add_errors(self, errors):
+        self.error_count += len(errors)
+        self.errors = (self.errors + list(errors))[-256:]
+
+    def collect_rescue_errors(self):
+        """The rescue loader's errors since the last call, into `errors`."""
+        if self._rescue is None:
+            return
+        st = self._rescue.stats()
+        n = st.get("error_count", 0) - self._rescue_counted
+        if n > 0:
+            self._rescue_counted += n
+            self.error_count += n
+            self.errors = (self.errors + st.get("errors", [])[-n:])[-256:]
 
     def lose(self, why):
         """The cluster is gone: local production from now on, said once."""
@@ -188,6 +228,11 @@ class Offload:
 
 
 _NOBODY, _LOCAL, _REMOTE = 0, 1, 2  # BatchFeed owners
+
+
+def _own_errors(owner):
+    """The samples that failed in the loader's own engine (not the cluster's)."""
+    return owner._loader.stats().get("error_count", 0)
 
 
 class Epoch:
@@ -216,6 +261,10 @@ class Epoch:
         self._lost = []     # leased batches the cluster lost, to be made here
         self._rescue = None  # (epoch run, its batches in order) remaking lost batches
         self._closed = False
+        # Replaced samples (on_error="skip"): the loader's own count at the start, and what the
+        # cluster and the rescue loader report, for the epoch's one warning.
+        self._errors_at_start = _own_errors(owner)
+        self._remote_errors = []
         full = min(self._n, owner._loader.num_samples // owner.batch_size)
         self._full = max(start, full)
         self._feed = _feedline.BatchFeed(start, self._full) if self._full > start else None
@@ -299,8 +348,10 @@ class Epoch:
                                    f"epoch {self._epoch}: {type(e).__name__}: {e}") from e
         with self._lock:
             self._futures.pop(b, None)
-        arrays, made = got
+        arrays, made, errors = got
         f.release()
+        self._off.add_errors(errors)
+        self._remote_errors += errors
         (got_b, error), = made
         return (None, error) if error is not None else (arrays, None)
 
@@ -349,6 +400,7 @@ class Epoch:
         b = self._next
         if b >= self._n:
             self.close()
+            self._ended()
             raise StopIteration
         self._next += 1
         now = time.perf_counter()  # the consumer's time per batch (smoothed), for _lead
@@ -385,6 +437,20 @@ class Epoch:
                 self._off.bytes += sum(a.nbytes for a in arrays)
                 views = (images, labels, indices)
         return views if self._return_index else views[:2]
+
+    def _ended(self):
+        """The epoch is over: one warning for the samples replaced here, by the rescue loader
+        and on the cluster, as a local epoch says it."""
+        if getattr(self, "_said", False):
+            return
+        self._said = True
+        before = self._off.error_count
+        self._off.collect_rescue_errors()
+        rescued = self._off.error_count - before
+        local = _own_errors(self._owner) - self._errors_at_start
+        st = self._owner.stats()  # the loader's and the cluster's errors together
+        n = local + len(self._remote_errors) + rescued
+        _warn_replaced(self._owner, {"error_count": n, "errors": st.get("errors", [])[-n:]}, 0)
 
     def _remade(self, b):
         self._remake(b)

@@ -72,8 +72,21 @@ def test_train_float32_and_skip_same_as_local(image_folder, tmp_path, cluster):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         local = _epoch(feedline.ImageLoader(str(root), return_index=True, **kw))
-        remote = _epoch(feedline.ImageLoader(str(root), return_index=True, offload=client, **kw))
-    _same(remote, local)
+    off = feedline.ImageLoader(str(root), return_index=True, offload=client, **kw)
+    for epoch in range(2):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            remote = _epoch(off)
+        if epoch == 0:
+            _same(remote, local)
+        # Whichever side replaced them, the epoch says it once, with the count, and stats()
+        # lists both files (the cluster's replacements count as the loader's).
+        said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+        assert len(said) == 1 and "2 sample(s) failed this epoch" in said[0], said
+        st = off.stats()
+        assert st["error_count"] == 2 * (epoch + 1), st["error_count"]
+        named = " ".join(e["path"] for e in st["errors"])
+        assert all(p.name in named for p in files[:2]), named
 
 
 def test_a_data_error_reaches_its_batch(image_folder, tmp_path, cluster):
