@@ -10,7 +10,7 @@ PACKAGES=(
   libopencv-imgproc-dev libopencv-core-dev libspng-dev libwebp-dev libgif-dev libtiff-dev
   libsentencepiece-dev sentencepiece python3-sentencepiece nlohmann-json3-dev
   libcurl4-openssl-dev libxxhash-dev nginx-light
-  libavformat-dev libavcodec-dev libswscale-dev libavutil-dev ffmpeg python3-av libnginx-mod-http-echo curl openssl
+  libavformat-dev libavcodec-dev libswscale-dev libswresample-dev libavutil-dev ffmpeg python3-av libnginx-mod-http-echo curl openssl
   catch2 pybind11-dev
   python3 python3-dev python3-numpy python3-pytest python3-pil
   python3-venv python3-pip python3-setuptools python3-wheel

@@ -52,7 +52,18 @@ struct ClipOptions {
   // an epoch has K samples per video, shuffled and split over the ranks like any others.
   int clips_per_video = 1;
   ClipStarts starts = ClipStarts::kAuto;
+  // > 0: the clip's audio too, resampled to this many samples a second (8000..192000), as
+  // "audio" float32 [audio_channels, S] (sample j: the file's audio at t0 + j / audio_rate, t0
+  // the clip's first frame's time) and "audio_samples" int64 (how many of the S hold the
+  // file's audio; the rest are 0: a file without audio, or a clip past the audio's end).
+  // S = audio_rate * audio_seconds; audio_seconds 0: the clip's span, clip_len / fps (with
+  // frame_step the span depends on each file's frame rate, so audio_seconds must be given).
+  int audio_rate = 0;
+  int audio_channels = 1;  // 1 (mono) or 2 (stereo): FFmpeg's rematrixing
+  double audio_seconds = 0;
 };
+// The samples of a clip's audio field, per channel (0 without audio).
+int64_t AudioSamples(const ClipOptions& clip);
 absl::Status ValidateClipOptions(const ClipOptions& clip);
 
 // The samples of `videos` with each record `clips_per_video` times: sample i reads record

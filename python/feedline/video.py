@@ -31,6 +31,14 @@ class VideoLoader(_LoaderFace):
         clips. clip_starts: "random" (drawn per clip) or "uniform" (clip k at (2k + 1) / 2K of
         the frames where a clip fits: the usual multi-clip evaluation); None: random for
         train, uniform for eval.
+    audio_rate: also the clip's audio, resampled to this many samples a second by FFmpeg
+        (libswresample), audio_channels 1 (mono) or 2: batches are then dicts {"clips",
+        "audio" float32 [B, audio_channels, S], "audio_samples" int64 [B] (how many of the S
+        hold the file's audio: the rest are 0, for a file without audio or a clip past its
+        end), "label"} (+ "index"). Sample j is the audio at the clip's first frame's time plus
+        j / audio_rate; S = audio_rate * audio_seconds, audio_seconds by default the clip's
+        span clip_len / fps (with frame_step, give audio_seconds: the span depends on each
+        file's frame rate).
     Only the frames a clip needs are decoded: a seek to the keyframe before its first frame,
     then forward to its last; the sampled frames are scaled and converted straight into the
     batch. A file FFmpeg cannot read, a corrupt packet, no video stream or frames larger than
@@ -39,7 +47,8 @@ class VideoLoader(_LoaderFace):
     """
 
     def __init__(self, source, clip_len=16, frame_step=1, fps=None, clips_per_video=1,
-                 clip_starts=None, batch_size=8,
+                 clip_starts=None, audio_rate=None, audio_channels=1, audio_seconds=None,
+                 batch_size=8,
                  shuffle=True, seed=None, drop_last=False, transform="train", size=112,
                  resize_size=128, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), flip=True,
                  workers="auto", prefetch="auto", io_depth="auto", memory_budget="auto",
@@ -66,6 +75,13 @@ class VideoLoader(_LoaderFace):
             if clip_starts not in ("random", "uniform"):
                 raise ValueError("clip_starts: must be 'random', 'uniform' or None, got "
                                  f"{clip_starts!r}")
+        if audio_rate is not None:
+            _check_type("audio_rate", audio_rate, int, "an int (samples a second) or None")
+        _check_type("audio_channels", audio_channels, int, "1 or 2")
+        if audio_seconds is not None:
+            _check_type("audio_seconds", audio_seconds, (int, float), "seconds, or None")
+            if not audio_seconds > 0:
+                raise ValueError(f"audio_seconds: must be > 0 (or None), got {audio_seconds!r}")
         _check_type("transform", transform, str, "'train' or 'eval'")
         _check_type("size", size, int, "an int")
         _check_type("resize_size", resize_size, int, "an int")
@@ -76,9 +92,11 @@ class VideoLoader(_LoaderFace):
         engine = _engine_args(batch_size, shuffle, seed, drop_last, rank, world_size, workers,
                               prefetch, memory_budget, on_error, max_errors)
         self._return_index = return_index
+        self.audio_rate = audio_rate
         self._loader = _feedline.video_loader(
             clip_len, frame_step, 0.0 if fps is None else float(fps), clips_per_video,
-            clip_starts or "", source=source,
+            clip_starts or "", 0 if audio_rate is None else audio_rate, audio_channels,
+            0.0 if audio_seconds is None else float(audio_seconds), source=source,
             transform=transform, size=size, resize_size=resize_size, scale=_pair("scale", scale),
             ratio=_pair("ratio", ratio), flip=flip, io_depth=_parse_count("io_depth", io_depth),
             read_timeout_ms=1000.0 * _timeout(read_timeout), max_image_pixels=max_image_pixels,
@@ -98,7 +116,8 @@ class VideoLoader(_LoaderFace):
         return len(self._loader)
 
     def __iter__(self):
-        return _ClipIterator(_start_epoch(self), self._return_index, self)
+        return _ClipIterator(_start_epoch(self), self._return_index, self,
+                             self.audio_rate is not None)
 
     @property
     def num_samples(self):
@@ -121,10 +140,19 @@ class VideoLoader(_LoaderFace):
 
 
 class _ClipIterator(_FieldsIterator):
-    """One epoch: (clips, labels) or, with return_index, (clips, labels, indices)."""
+    """One epoch: (clips, labels) or, with return_index, (clips, labels, indices); with audio,
+    the batch's dict."""
+
+    def __init__(self, epoch, return_index, owner, as_dict):
+        super().__init__(epoch, return_index, owner)
+        self._as_dict = as_dict
 
     def __next__(self):
         out = super().__next__()
+        if self._as_dict:
+            if not self._return_index:
+                out.pop("index", None)
+            return out
         if self._return_index:
             return out["clips"], out["label"], out["index"]
         return out["clips"], out["label"]

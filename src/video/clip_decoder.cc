@@ -25,12 +25,6 @@ constexpr int kIoBuffer = 64 << 10;
 // 30 frames a second).
 constexpr int64_t kMaxFramesDecoded = 18000;
 
-std::string AvError(int rc) {
-  char text[AV_ERROR_MAX_STRING_SIZE] = {0};
-  av_strerror(rc, text, sizeof(text));
-  return text;
-}
-
 absl::Status Bad(absl::string_view what) {
   return absl::DataLossError(absl::StrCat("video: ", what));
 }
@@ -59,6 +53,44 @@ void Log(void* avcl, int level, const char* fmt, va_list args) {
 
 }  // namespace
 
+std::string AvError(int rc) {
+  char text[AV_ERROR_MAX_STRING_SIZE] = {0};
+  av_strerror(rc, text, sizeof(text));
+  return text;
+}
+
+absl::Status OpenMemoryFormat(MemoryInput* input, AVFormatContext** format, AVIOContext** io) {
+  // Each time: a library imported later (PyAV) may have put its own in place meanwhile.
+  t_decoder_thread = true;
+  av_log_set_callback(&Log);
+  av_max_alloc(kMaxFfmpegBlock);
+  auto* buffer = static_cast<uint8_t*>(av_malloc(kIoBuffer));
+  if (buffer == nullptr) return absl::ResourceExhaustedError("video: out of memory");
+  *io = avio_alloc_context(buffer, kIoBuffer, 0, input, &MemoryInput::Read, nullptr,
+                           &MemoryInput::Seek);
+  if (*io == nullptr) {
+    av_free(buffer);
+    return absl::ResourceExhaustedError("video: out of memory");
+  }
+  *format = avformat_alloc_context();
+  if (*format == nullptr) return absl::ResourceExhaustedError("video: out of memory");
+  (*format)->pb = *io;
+  (*format)->flags |= AVFMT_FLAG_CUSTOM_IO;
+  if (int rc = avformat_open_input(format, nullptr, nullptr, nullptr); rc < 0) {
+    // *format is freed by a failed open.
+    return Bad(absl::StrCat("not a video container FFmpeg can read (", AvError(rc), ")"));
+  }
+  return absl::OkStatus();
+}
+
+void CloseMemoryFormat(AVFormatContext** format, AVIOContext** io) {
+  if (*format != nullptr) avformat_close_input(format);
+  if (*io != nullptr) {
+    av_freep(&(*io)->buffer);
+    avio_context_free(io);
+  }
+}
+
 ClipDecoder::ClipDecoder() { t_decoder_thread = true; }
 ClipDecoder::~ClipDecoder() {
   Close();
@@ -69,17 +101,13 @@ ClipDecoder::~ClipDecoder() {
 
 void ClipDecoder::Close() {
   avcodec_free_context(&codec_);
-  if (format_ != nullptr) avformat_close_input(&format_);
-  if (io_ != nullptr) {
-    av_freep(&io_->buffer);
-    avio_context_free(&io_);
-  }
+  CloseMemoryFormat(&format_, &io_);
   stream_ = -1;
   info_ = VideoInfo();
 }
 
-int ClipDecoder::ReadInput(void* opaque, uint8_t* buf, int n) {
-  auto* in = static_cast<Input*>(opaque);
+int MemoryInput::Read(void* opaque, uint8_t* buf, int n) {
+  auto* in = static_cast<MemoryInput*>(opaque);
   const int64_t left = in->size - in->pos;
   if (left <= 0 || n <= 0) return AVERROR_EOF;
   const int k = int(std::min<int64_t>(n, left));
@@ -88,8 +116,8 @@ int ClipDecoder::ReadInput(void* opaque, uint8_t* buf, int n) {
   return k;
 }
 
-int64_t ClipDecoder::SeekInput(void* opaque, int64_t offset, int whence) {
-  auto* in = static_cast<Input*>(opaque);
+int64_t MemoryInput::Seek(void* opaque, int64_t offset, int whence) {
+  auto* in = static_cast<MemoryInput*>(opaque);
   whence &= ~AVSEEK_FORCE;
   if (whence == AVSEEK_SIZE) return in->size;
   const int64_t base = whence == SEEK_SET   ? 0
@@ -108,28 +136,10 @@ int64_t ClipDecoder::SeekInput(void* opaque, int64_t offset, int whence) {
 
 absl::Status ClipDecoder::Open(const uint8_t* data, size_t size, int64_t max_pixels) {
   Close();
-  // Each time: a library imported later (PyAV) may have put its own in place meanwhile.
-  t_decoder_thread = true;
-  av_log_set_callback(&Log);
-  av_max_alloc(kMaxFfmpegBlock);
   max_pixels_ = max_pixels;
   if (size == 0) return Bad("an empty file");
-  input_ = Input{data, int64_t(size), 0};
-  auto* buffer = static_cast<uint8_t*>(av_malloc(kIoBuffer));
-  if (buffer == nullptr) return absl::ResourceExhaustedError("video: out of memory");
-  io_ = avio_alloc_context(buffer, kIoBuffer, 0, &input_, &ReadInput, nullptr, &SeekInput);
-  if (io_ == nullptr) {
-    av_free(buffer);
-    return absl::ResourceExhaustedError("video: out of memory");
-  }
-  format_ = avformat_alloc_context();
-  if (format_ == nullptr) return absl::ResourceExhaustedError("video: out of memory");
-  format_->pb = io_;
-  format_->flags |= AVFMT_FLAG_CUSTOM_IO;
-  if (int rc = avformat_open_input(&format_, nullptr, nullptr, nullptr); rc < 0) {
-    // format_ is freed by a failed open.
-    return Bad(absl::StrCat("not a video container FFmpeg can read (", AvError(rc), ")"));
-  }
+  input_ = MemoryInput{data, int64_t(size), 0};
+  if (absl::Status s = OpenMemoryFormat(&input_, &format_, &io_); !s.ok()) return s;
   const AVCodec* codec = nullptr;
   stream_ = av_find_best_stream(format_, AVMEDIA_TYPE_VIDEO, -1, -1, &codec, 0);
   if (stream_ < 0) {
@@ -218,7 +228,7 @@ absl::Status ClipDecoder::Decode(const std::vector<int64_t>& targets,
   if (st.ok() && retry) {
     // From the start: opened afresh (a demuxer's state after a seek that missed — MPEG-TS
     // positions by bytes — is not the start), then every frame in order.
-    const Input input = input_;
+    const MemoryInput input = input_;
     if (st = Open(input.data, size_t(input.size), max_pixels_); st.ok()) {
       st = DecodeFrom(true, targets, emit, &retry);
     }

@@ -24,6 +24,23 @@ struct AVPacket;
 
 namespace feedline::video {
 
+// A file held in memory, read by libavformat through a custom AVIOContext (Read and Seek are
+// its callbacks, `this` their opaque pointer). Also used by the audio decoder.
+struct MemoryInput {
+  const uint8_t* data = nullptr;
+  int64_t size = 0, pos = 0;
+  static int Read(void* opaque, uint8_t* buf, int n);
+  static int64_t Seek(void* opaque, int64_t offset, int whence);
+};
+
+// libavformat over `input` (which must outlive it): the context and its I/O, or an error
+// (kDataLoss: not a container FFmpeg reads). The caller closes both (CloseMemoryFormat).
+absl::Status OpenMemoryFormat(MemoryInput* input, AVFormatContext** format, AVIOContext** io);
+void CloseMemoryFormat(AVFormatContext** format, AVIOContext** io);
+
+// FFmpeg's error text for a return code.
+std::string AvError(int rc);
+
 // What a clip is drawn from: the video stream's size, clock and length.
 struct VideoInfo {
   int width = 0, height = 0;
@@ -58,20 +75,13 @@ class ClipDecoder {
   void Close();
 
  private:
-  struct Input {
-    const uint8_t* data = nullptr;
-    int64_t size = 0, pos = 0;
-  };
   // One pass from the keyframe at or before the first target, or (from_start) from the file as
   // just opened; `retry` set when the seek failed, landed after the first target, or where
   // nothing decodes.
   absl::Status DecodeFrom(bool from_start, const std::vector<int64_t>& targets,
                           const std::function<absl::Status(size_t, const AVFrame*)>& emit,
                           bool* retry);
-  static int ReadInput(void* opaque, uint8_t* buf, int n);
-  static int64_t SeekInput(void* opaque, int64_t offset, int whence);
-
-  Input input_;
+  MemoryInput input_;
   AVFormatContext* format_ = nullptr;
   AVIOContext* io_ = nullptr;
   AVCodecContext* codec_ = nullptr;

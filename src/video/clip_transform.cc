@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "core/crop.h"
 #include "feedline/video.h"
+#include "video/audio_decoder.h"
 #include "video/clip_decoder.h"
 #include "video/frame_convert.h"
 
@@ -33,10 +34,7 @@ struct ClipConfig {
 
 class ClipTransform final : public SampleTransform {
  public:
-  explicit ClipTransform(ClipConfig c)
-      : c_(c),
-        schema_({Field("clips", DType::kUint8, {c.clip.clip_len, 3, c.size, c.size}),
-                 Field("label", DType::kInt64, {})}) {}
+  explicit ClipTransform(ClipConfig c) : c_(c), audio_(AudioSamples(c.clip)), schema_(Fields(c)) {}
 
   const Schema& schema() const override { return schema_; }
   bool ReadsOptions(OptionGroup group) const override { return group == OptionGroup::kImage; }
@@ -44,6 +42,7 @@ class ClipTransform final : public SampleTransform {
   struct State : WorkerState {
     ClipDecoder decoder;
     FrameConverter convert;
+    AudioDecoder audio;
   };
   std::unique_ptr<WorkerState> NewWorkerState() const override { return std::make_unique<State>(); }
 
@@ -58,7 +57,7 @@ class ClipTransform final : public SampleTransform {
     if (absl::Status st = s->decoder.Open(video->data(), video->size(), c_.max_pixels); !st.ok()) {
       return st;
     }
-    const VideoInfo& v = s->decoder.info();
+    const VideoInfo v = s->decoder.info();  // (Decode may reopen the file)
     const std::vector<int64_t> targets = Targets(v, ctx);
     const Crop crop = CropOf(v, ctx);
     uint8_t* clip = out.Fixed<uint8_t>(0);
@@ -77,6 +76,14 @@ class ClipTransform final : public SampleTransform {
     s->decoder.Close();
     if (!st.ok()) return st;
     *out.Fixed<int64_t>(1) = record.label;
+    if (audio_ > 0) {  // from the clip's first frame's time, on the container's clock
+      const double t0 = double(targets.front()) * v.time_base_num / v.time_base_den;
+      absl::StatusOr<int64_t> got =
+          s->audio.Decode(video->data(), video->size(), t0, audio_, c_.clip.audio_rate,
+                          c_.clip.audio_channels, out.Fixed<float>(2));
+      if (!got.ok()) return got.status();
+      *out.Fixed<int64_t>(3) = *got;
+    }
     return absl::OkStatus();
   }
 
@@ -157,7 +164,18 @@ class ClipTransform final : public SampleTransform {
     return c;
   }
 
+  static Schema Fields(const ClipConfig& c) {
+    std::vector<Field> f = {Field("clips", DType::kUint8, {c.clip.clip_len, 3, c.size, c.size}),
+                            Field("label", DType::kInt64, {})};
+    if (c.clip.audio_rate > 0) {
+      f.push_back(Field("audio", DType::kFloat32, {c.clip.audio_channels, AudioSamples(c.clip)}));
+      f.push_back(Field("audio_samples", DType::kInt64, {}));
+    }
+    return Schema(std::move(f));
+  }
+
   const ClipConfig c_;
+  const int64_t audio_;  // samples of the audio field per channel (0: none)
   const Schema schema_;
 };
 
@@ -176,11 +194,35 @@ absl::Status ValidateClipOptions(const ClipOptions& clip) {
   if (clip.clips_per_video < 1 || clip.clips_per_video > 1024) {
     return InvalidOption("clips_per_video", "must be in [1, 1024]");
   }
+  if (clip.audio_rate != 0) {
+    if (clip.audio_rate < 8000 || clip.audio_rate > 192000) {
+      return InvalidOption("audio_rate", "must be 0 (no audio) or in [8000, 192000]");
+    }
+    if (clip.audio_channels != 1 && clip.audio_channels != 2) {
+      return InvalidOption("audio_channels", "must be 1 (mono) or 2 (stereo)");
+    }
+    if (!(clip.audio_seconds >= 0 && clip.audio_seconds <= 600)) {
+      return InvalidOption("audio_seconds", "must be 0 (the clip's span) or in (0, 600]");
+    }
+    if (clip.audio_seconds == 0 && clip.fps <= 0) {
+      return InvalidOption("audio_seconds",
+                           "must be given with frame_step (the clip's span then depends on each "
+                           "file's frame rate), or set fps");
+    }
+  }
   if (clip.starts != ClipStarts::kAuto && clip.starts != ClipStarts::kRandom &&
       clip.starts != ClipStarts::kUniform) {
     return InvalidOption("clip_starts", "must be random or uniform");
   }
   return absl::OkStatus();
+}
+
+int64_t AudioSamples(const ClipOptions& clip) {
+  if (clip.audio_rate <= 0) return 0;
+  const double seconds = clip.audio_seconds > 0 ? clip.audio_seconds
+                         : clip.fps > 0         ? double(clip.clip_len) / clip.fps
+                                                : 0;
+  return std::max<int64_t>(1, std::llround(seconds * clip.audio_rate));
 }
 
 const std::vector<std::string>& VideoExtensions() {

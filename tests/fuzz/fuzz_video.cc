@@ -1,9 +1,10 @@
 // libFuzzer target: the video built-in's container, decode and conversion path (ClipDecoder and
-// FrameConverter, src/video) on any bytes as a video file. Which frames and crop are asked for
+// FrameConverter, src/video), and the clip's audio (AudioDecoder: its stream decoded and
+// resampled) on any bytes as a video file. Which frames and crop are asked for
 // comes from a hash of the input (the seeds stay valid videos). Properties: no crash, leak or
 // hang; an opened file has a positive size within the pixel bound, a time base, a frame rate
 // and at least one frame; a clip that decodes calls back exactly once per target, in order, and
-// every frame converts.
+// every frame converts; the audio fills at most the samples asked for, zeros elsewhere.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "fuzz_util.h"
+#include "video/audio_decoder.h"
 #include "video/clip_decoder.h"
 #include "video/frame_convert.h"
 
@@ -23,6 +25,7 @@ extern "C" {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static auto* decoder = new feedline::video::ClipDecoder();
   static auto* convert = new feedline::video::FrameConverter();
+  static auto* audio = new feedline::video::AudioDecoder();
   constexpr int64_t kMaxPixels = int64_t{4} << 20;  // as the image decoders' fuzz bound
   feedline::fuzz::InputHash hash(data, size);
   const bool verbose = std::getenv("FEEDLINE_FUZZ_VERBOSE") != nullptr;
@@ -67,5 +70,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (st.ok()) FUZZ_CHECK(next == size_t(n), absl::StrCat(next, " of ", n));
   decoder->Close();
+  // The audio of the same span: any rate and layout the built-in takes.
+  const int rates[] = {8000, 16000, 22050, 44100, 48000};
+  const int rate = rates[hash.Range(0, 4)], channels = hash.Range(1, 2);
+  const int64_t samples = hash.Range(1, 4000);
+  std::vector<float> sound(size_t(channels) * size_t(samples), 1.0f);
+  const double t0 = double(targets.front()) * v.time_base_num / v.time_base_den;
+  absl::StatusOr<int64_t> got =
+      audio->Decode(data, size, t0, samples, rate, channels, sound.data());
+  if (verbose) std::fprintf(stderr, "audio: %s\n", got.status().ToString().c_str());
+  if (got.ok()) {
+    FUZZ_CHECK(*got >= 0 && *got <= samples, absl::StrCat(*got, " of ", samples));
+    if (*got == 0) {
+      for (float x : sound) FUZZ_CHECK(x == 0.0f, "audio without a stream is not silence");
+    }
+  } else {
+    FUZZ_CHECK(absl::IsDataLoss(got.status()) || absl::IsResourceExhausted(got.status()),
+               got.status().ToString());
+  }
   return 0;
 }

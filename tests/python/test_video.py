@@ -290,6 +290,109 @@ def test_several_random_clips_per_video_are_drawn_apart_and_resume_exactly(video
             feedline.VideoLoader(str(root), **kwargs)
 
 
+@pytest.fixture(scope="module")
+def with_audio(tmp_path_factory):
+    """'av.mp4': H.264 + AAC, stereo at 44.1 kHz, 25 fps, 3 s; 'av.webm': VP9 + Opus, mono at
+    48 kHz, 30 fps, 3 s. The sound is a chirp (no period: a clip's audio matches the stream at
+    one place only)."""
+    d = tmp_path_factory.mktemp("audio")
+    src = ["-f", "lavfi", "-i"]
+    chirp = "0.4*sin(2*PI*(150+300*t)*t)"
+    _ffmpeg(*src, "testsrc2=size=64x64:rate=25", *src,
+            f"aevalsrc={chirp}|0.3*sin(2*PI*(900-200*t)*t):s=44100", "-t", "3",
+            "-c:v", "libx264", "-pix_fmt", "yuv420p", "-c:a", "aac", str(d / "av.mp4"))
+    _ffmpeg(*src, "testsrc2=size=64x64:rate=30", *src, f"aevalsrc={chirp}:s=48000", "-t", "3",
+            "-c:v", "libvpx-vp9", "-c:a", "libopus", str(d / "av.webm"))
+    return d
+
+
+def _pyav_audio(path, rate, channels):
+    """The whole audio stream decoded and resampled by PyAV (FFmpeg's aresample), back to back:
+    (the first sample's index on the file's clock, from its timestamp; [C, N])."""
+    with av.open(str(path)) as c:
+        res = av.AudioResampler(format="fltp", layout="mono" if channels == 1 else "stereo",
+                                rate=rate)
+        out = [o for f in c.decode(audio=0) for o in res.resample(f)] + res.resample(None)
+    first = round(out[0].pts * out[0].time_base * rate)
+    return first, np.concatenate([o.to_ndarray() for o in out], axis=1)
+
+
+@pytest.mark.parametrize("name,rate,channels,exact", [
+    ("av.mp4", 44100, 2, True), ("av.mp4", 16000, 1, True),
+    ("av.webm", 48000, 1, False), ("av.webm", 22050, 2, False)])
+def test_clip_audio_is_pyavs_resampled_audio_at_the_clips_time(with_audio, tmp_path, name, rate,
+                                                               channels, exact):
+    """audio_rate: each clip's audio is the file's audio from the clip's start time, resampled
+    as FFmpeg resamples the whole stream (PyAV's AudioResampler). AAC in MP4 (timestamps in
+    samples, the frames' times the clip's): at the first frame's time exactly, equal to 1e-4 (AAC's
+    noise substitution draws from a generator that a seek restarts: decoded from the file's start
+    the samples are bit for bit the same). Opus in WebM (timestamps in milliseconds; the clip's
+    start lies within its first frame's time on screen): there, to a millisecond, equal to 1e-3
+    (Opus converges after a seek; PyAV's own seek differs by as much) at the stream's rate;
+    resampled, the sample grid is anchored at a millisecond timestamp, so it may sit up to half
+    a millisecond off the whole stream's: 2e-2 there."""
+    path = with_audio / name
+    frames, info = _pyav(path)
+    first, ref = _pyav_audio(path, rate, channels)
+    lst = tmp_path / "list.txt"
+    lst.write_text(f"{path} 4\n")
+    clips, fps, clip_len = 3, 8.0, 8
+    loader = feedline.VideoLoader(str(lst), clip_len=clip_len, fps=fps, clips_per_video=clips,
+                                  transform="eval", size=64, resize_size=64, batch_size=clips,
+                                  shuffle=False, audio_rate=rate, audio_channels=channels)
+    with util.deadline(60, "the clips"):
+        b, = list(loader)
+    n = round(clip_len / fps * rate)
+    assert set(b) == {"clips", "audio", "audio_samples", "label"}
+    assert tuple(b["audio"].shape) == (clips, channels, n) and b["audio"].dtype == torch.float32
+    assert b["audio_samples"].tolist() == [n] * clips and b["label"].tolist() == [4] * clips
+    tb = fractions.Fraction(info["time_base"])
+    for k in range(clips):
+        # The clip's first frame (constant frame rate: its time is the clip's start), found
+        # among PyAV's frames (the frames themselves are checked above).
+        f0 = _clip_hwc(b["clips"], k)[0].astype(int)
+        pts = min(frames, key=lambda pf: np.abs(pf[1].astype(int) - f0).mean())[0]
+        at = round(pts * tb * rate) - first
+        got = b["audio"][k].numpy()
+        ms, frame = rate // 1000 + 1, round(rate / float(info["rate"]))
+        window = range(0, 1) if exact else range(-ms, frame + ms)
+        diff = {d: np.abs(got - ref[:, at + d:at + d + n]).max()
+                for d in window if at + d >= 0 and at + d + n <= ref.shape[1]}
+        best = min(diff, key=diff.get)
+        tolerance = 1e-4 if exact else 1e-3 if rate == 48000 else 2e-2
+        assert diff[best] <= tolerance, (k, best, diff[best])
+        # At its place: a sample's shift would differ by far more.
+        assert np.abs(got - ref[:, at + best + 1:at + best + 1 + n]).max() > 1e-2, k
+
+
+def test_clip_audio_without_a_stream_or_past_its_end_is_silence_counted(with_audio, videos,
+                                                                        tmp_path):
+    lst = tmp_path / "list.txt"
+    lst.write_text(f"{videos / 'cfr.mp4'} 0\n{with_audio / 'av.mp4'} 1\n")
+    # 40 frames at 8 a second: a 5 s clip of a 2 s and a 3 s file, from their first frames.
+    loader = feedline.VideoLoader(str(lst), clip_len=40, fps=8.0, transform="eval", size=32,
+                                  resize_size=32, batch_size=2, shuffle=False, audio_rate=8000)
+    b, = list(loader)
+    n = 5 * 8000
+    assert b["audio"].shape == (2, 1, n)
+    assert b["audio_samples"][0] == 0 and not b["audio"][0].any()  # no audio stream
+    have = int(b["audio_samples"][1])
+    assert 2.8 * 8000 < have < 3.1 * 8000  # the file's 3 s of audio
+    assert b["audio"][1, :, :have].abs().max() > 0.05 and not b["audio"][1, :, have + 100:].any()
+    # With frame_step the clip's span depends on each file's rate: audio_seconds is needed.
+    with pytest.raises(ValueError, match="audio_seconds"):
+        feedline.VideoLoader(str(lst), clip_len=8, frame_step=2, audio_rate=8000)
+    ok = feedline.VideoLoader(str(lst), clip_len=8, frame_step=2, audio_rate=8000,
+                              audio_seconds=0.5, batch_size=2, shuffle=False, transform="eval",
+                              size=32, resize_size=32)
+    assert next(iter(ok))["audio"].shape == (2, 1, 4000)
+    for kwargs, name in [(dict(audio_rate=100), "audio_rate"),
+                         (dict(audio_rate=8000, audio_channels=3), "audio_channels"),
+                         (dict(audio_rate=8000, audio_seconds=-1.0), "audio_seconds")]:
+        with pytest.raises(ValueError, match=name):
+            feedline.VideoLoader(str(lst), fps=8.0, **kwargs)
+
+
 def test_broken_files_are_data_errors_naming_them(videos, tmp_path):
     root = tmp_path / "bad"
     (root / "a").mkdir(parents=True)
