@@ -275,6 +275,84 @@ void BindText(py::module_& m) {
       py::arg("window_rows"), py::arg("split_long"), py::arg("mask_boundaries"),
       py::arg("doc_batch"), py::arg("batch_size"), py::arg("drop_last"), py::arg("pad_id"));
 
+  // Mixtures of token files (feedline.Mix as a TokenLoader's source): (loader, the Mix, for
+  // stats()["mix"]). Windows, or packed documents (every file with its index).
+  m.def(
+      "token_mix_loader",
+      [](const std::vector<std::string>& paths, const std::vector<double>& weights,
+         const std::string& end, int64_t samples_per_epoch, const py::str& dtype, int64_t seq_len,
+         int64_t vocab_size, const py::kwargs& engine) {
+        LoaderOptions o = EngineOptions(engine);
+        const MixOptions mo = MixOptionsOf(o.seed(), end, samples_per_epoch, o.shuffle());
+        std::vector<text::TokenFileOptions> files;
+        for (const std::string& path : paths) {
+          text::TokenFileOptions t;
+          t.path = path;
+          t.dtype = EnumFromPython<text::TokenDType>("dtype", dtype);
+          t.seq_len = seq_len;
+          t.vocab_size = vocab_size;
+          files.push_back(std::move(t));
+        }
+        std::shared_ptr<Mix> mix;
+        std::unique_ptr<Loader> loader = Unlocked([&]() -> absl::StatusOr<std::unique_ptr<Loader>> {
+          absl::StatusOr<text::TokenMix> tm =
+              text::MixTokenWindows(std::move(files), weights, mo, o.read_timeout_ms());
+          if (!tm.ok()) return tm.status();
+          mix = tm->mix;
+          return Loader::Create(tm->mix, tm->transform, std::move(o));
+        });
+        return py::make_tuple(LoaderHolder(loader.release()), mix);
+      },
+      py::arg("paths"), py::arg("weights"), py::arg("end"), py::arg("samples_per_epoch"),
+      py::arg("dtype"), py::arg("seq_len"), py::arg("vocab_size"));
+  m.def(
+      "packed_token_mix_loader",
+      [](const std::vector<std::string>& paths, const std::vector<std::string>& indexes,
+         const std::vector<double>& weights, const std::string& end, int64_t samples_per_epoch,
+         const py::str& dtype, int64_t vocab_size, int64_t max_length, int64_t eos_id,
+         const py::str& pack, int64_t seq_len, int64_t window_rows, bool split_long,
+         bool mask_boundaries, int64_t doc_batch, int64_t batch_size, bool drop_last,
+         int64_t pad_id, const py::kwargs& engine) {
+        if (indexes.size() != paths.size()) throw py::value_error("index: one per source");
+        text::PackOptions p = PackOptionsOf(pack, seq_len, window_rows, split_long, mask_boundaries,
+                                            batch_size, drop_last);
+        p.pad_id = pad_id;
+        LoaderOptions o = EngineOptions(engine).batch_size(doc_batch).drop_last(false);
+        // Each document on one rank only (feedline/text.h: ranks agree on the steps instead).
+        if (p.mode != text::PackMode::kBucket) o.even_shards(false);
+        const MixOptions mo = MixOptionsOf(o.seed(), end, samples_per_epoch, o.shuffle());
+        std::vector<text::TokenDocumentOptions> files;
+        for (size_t k = 0; k < paths.size(); ++k) {
+          text::TokenDocumentOptions t;
+          t.path = paths[k];
+          t.index_path = indexes[k];
+          t.dtype = EnumFromPython<text::TokenDType>("dtype", dtype);
+          t.vocab_size = vocab_size;
+          t.max_length = max_length;
+          t.eos_id = eos_id;
+          files.push_back(std::move(t));
+        }
+        std::shared_ptr<Mix> mix;
+        std::unique_ptr<text::PackedLoader> loader =
+            Unlocked([&]() -> absl::StatusOr<std::unique_ptr<text::PackedLoader>> {
+              absl::StatusOr<text::TokenMix> tm =
+                  text::MixTokenDocuments(std::move(files), weights, mo, o.read_timeout_ms());
+              if (!tm.ok()) return tm.status();
+              mix = tm->mix;
+              p.cut = tm->cut;
+              absl::StatusOr<std::unique_ptr<Loader>> docs =
+                  Loader::Create(tm->mix, tm->transform, std::move(o));
+              if (!docs.ok()) return docs.status();
+              return text::PackedLoader::Create(*std::move(docs), std::move(p));
+            });
+        return py::make_tuple(py::cast(std::move(loader)), mix);
+      },
+      py::arg("paths"), py::arg("indexes"), py::arg("weights"), py::arg("end"),
+      py::arg("samples_per_epoch"), py::arg("dtype"), py::arg("vocab_size"), py::arg("max_length"),
+      py::arg("eos_id"), py::arg("pack"), py::arg("seq_len"), py::arg("window_rows"),
+      py::arg("split_long"), py::arg("mask_boundaries"), py::arg("doc_batch"),
+      py::arg("batch_size"), py::arg("drop_last"), py::arg("pad_id"));
+
   py::class_<text::PackedEpoch, PackedEpochHolder>(m, "PackedEpoch")
       .def_property_readonly("epoch", &text::PackedEpoch::epoch)
       .def("__len__",

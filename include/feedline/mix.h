@@ -36,6 +36,7 @@
 
 #include "absl/status/statusor.h"
 #include "feedline/dataset.h"
+#include "feedline/transform.h"
 
 namespace feedline {
 
@@ -93,6 +94,17 @@ class Mix final : public Dataset {
   uint64_t fingerprint_ = 0;
   mutable std::unique_ptr<std::atomic<int64_t>[]> reads_;
 };
+
+// A transform that gives each record of `mix` to its own source's transform: a record of
+// source s is made by transforms[s] with SampleContext::index() the source's own record index
+// (a token file's window, say) and, for s > 0, a seed of its own (so that two sources' records
+// of the same index draw apart). Sources may then differ in how their records become samples
+// — a token file each, images at other options — as long as every schema is the same field
+// for field (kInvalidArgument naming the first that differs; also for a count of transforms
+// other than the sources'). Worker states, counters and the other properties are the sources'
+// transforms' together.
+absl::StatusOr<std::shared_ptr<SampleTransform>> PerSourceTransform(
+    std::shared_ptr<const Mix> mix, std::vector<std::shared_ptr<const SampleTransform>> transforms);
 
 }  // namespace feedline
 

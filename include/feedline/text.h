@@ -37,6 +37,7 @@
 #include "feedline/batch.h"
 #include "feedline/dataset.h"
 #include "feedline/loader.h"
+#include "feedline/mix.h"
 #include "feedline/options.h"
 #include "feedline/transform.h"
 
@@ -379,6 +380,22 @@ absl::StatusOr<std::unique_ptr<Loader>> MakeTokenLoader(TokenFileOptions tokens,
 absl::StatusOr<std::unique_ptr<PackedLoader>> MakePackedTokenLoader(TokenDocumentOptions docs,
                                                                     PackOptions pack,
                                                                     LoaderOptions options);
+// Several token files as one source in set proportions (feedline/mix.h): a Mix over their
+// windows (or documents) with each file's own transform (PerSourceTransform; paths may be
+// URLs, fetched as above). Every file of a mixture has the loader's seq_len (windows) or
+// max_length (documents); their dtypes and vocabularies may differ. For documents the cuts of
+// every file are counted in one CutCounter (the first file's docs.cut, made when null).
+struct TokenMix {
+  std::shared_ptr<Mix> mix;
+  std::shared_ptr<SampleTransform> transform;
+  std::shared_ptr<CutCounter> cut;  // documents only
+};
+absl::StatusOr<TokenMix> MixTokenWindows(std::vector<TokenFileOptions> files,
+                                         const std::vector<double>& weights, const MixOptions& mix,
+                                         double read_timeout_ms);
+absl::StatusOr<TokenMix> MixTokenDocuments(std::vector<TokenDocumentOptions> files,
+                                           const std::vector<double>& weights,
+                                           const MixOptions& mix, double read_timeout_ms);
 // A SentencePiece model by path or URL (a URL's local copy is loaded, fetched within
 // `read_timeout_ms`; messages name the URL).
 absl::StatusOr<std::shared_ptr<const Tokenizer>> LoadSentencePieceFrom(

@@ -1,9 +1,8 @@
 """Offload: an epoch's batches made partly here and partly on a Dask cluster.
 
-A batch's bytes depend only on (the loader's spec, epoch, batch number): the sample order, each
-sample's augmentation draws and a failed sample's replacement all come from them, never from
-the thread or machine that makes it. So any machine can make batch k of epoch e, a lost batch
-is made again elsewhere with the same bytes, and the resume state is the loader's own.
+A batch's bytes depend only on (the loader's spec, epoch, batch number), never on the thread or
+machine that makes it: any machine can make batch k of epoch e, a lost batch is made again
+elsewhere with the same bytes, and the resume state is the loader's own.
 
 The trainer's process keeps its pipeline and makes the batches it has cores for
 (``Loader.start_batches``); the cluster's workers each keep a loader per spec (threads, caches
@@ -74,10 +73,8 @@ def _producer(spec):
 
 
 def _new_errors(key, loader, epoch):
-    """The samples of `epoch` that failed in this process's loader and were not returned
-    yet (with on_error="skip" the batch holds their replacements: the trainer counts them
-    and says so). Tasks of one spec share the loader, so each error goes back once, with
-    whichever of them ends first after it."""
+    """The samples of `epoch` that failed in this process's loader and were not returned yet
+    (tasks of one spec share the loader: each goes back once, with the first task to end)."""
     errors = [e for e in loader.stats().get("errors", []) if e.get("epoch") == epoch]
     with _PRODUCERS_LOCK:
         seen = _REPORTED.setdefault(key, set())
@@ -168,8 +165,7 @@ class Offload:
         self.step_s = 0.0  # the consumer's time per batch, smoothed
         self.bytes = 0
         self._rescue = None
-        # Samples the cluster's loaders and the rescue loader replaced (on_error="skip"): the
-        # trainer's stats() and per-epoch warning count them with its own.
+        # Samples the cluster and the rescue loader replaced (on_error="skip"), for stats().
         self.errors = []
         self.error_count = 0
         self._rescue_counted = 0  # of the rescue loader's errors, those already in `errors`
@@ -189,20 +185,16 @@ class Offload:
             self._rescue = FACES[face](**dict(args, worker_nice=19))
         return self._rescue
 
-    def add_errors(self, errors):
-        self.error_count += len(errors)
+    def add_errors(self, errors, count=None):
+        self.error_count += len(errors) if count is None else count
         self.errors = (self.errors + list(errors))[-256:]
 
     def collect_rescue_errors(self):
         """The rescue loader's errors since the last call, into `errors`."""
-        if self._rescue is None:
-            return
-        st = self._rescue.stats()
-        n = st.get("error_count", 0) - self._rescue_counted
-        if n > 0:
+        st = self._rescue.stats() if self._rescue is not None else {}
+        if (n := st.get("error_count", 0) - self._rescue_counted) > 0:
             self._rescue_counted += n
-            self.error_count += n
-            self.errors = (self.errors + st.get("errors", [])[-n:])[-256:]
+            self.add_errors(st.get("errors", [])[-n:], n)
 
     def lose(self, why):
         """The cluster is gone: local production from now on, said once."""
@@ -261,8 +253,7 @@ class Epoch:
         self._lost = []     # leased batches the cluster lost, to be made here
         self._rescue = None  # (epoch run, its batches in order) remaking lost batches
         self._closed = False
-        # Replaced samples (on_error="skip"): the loader's own count at the start, and what the
-        # cluster and the rescue loader report, for the epoch's one warning.
+        # Replaced samples (on_error="skip"), for the epoch's one warning.
         self._errors_at_start = _own_errors(owner)
         self._remote_errors = []
         full = min(self._n, owner._loader.num_samples // owner.batch_size)
@@ -440,7 +431,7 @@ class Epoch:
 
     def _ended(self):
         """The epoch is over: one warning for the samples replaced here, by the rescue loader
-        and on the cluster, as a local epoch says it."""
+        and on the cluster."""
         if getattr(self, "_said", False):
             return
         self._said = True

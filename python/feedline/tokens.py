@@ -6,6 +6,7 @@ from . import _feedline
 from ._epoch import _FieldsIterator, _start_epoch
 from ._ranks import _agreement
 from ._util import _LoaderFace, _check_type, _engine_args, _is_url, _options_doc, _shown
+from .mix import Mix, _Delivered
 
 
 class TokenLoader(_LoaderFace):
@@ -33,6 +34,12 @@ class TokenLoader(_LoaderFace):
     path and index may be http(s):// or s3:// URLs: downloaded once into feedline's cache
     (FEEDLINE_CACHE_DIR, within FEEDLINE_SHARD_CACHE_BYTES) and memory-mapped from there;
     errors name the URL.
+
+    path may be a feedline.Mix of token files (windows, or with index= a list of their indexes
+    in the same order, packed documents, packed across the files): each epoch draws from them
+    in its proportions, the same for any worker count and resumable, as ImageLoader's
+    mixtures; the files share dtype and seq_len. stats()["mix"] gives each file's samples per
+    epoch, read and (windows) delivered with their share.
     """
 
     def __init__(self, path, seq_len, batch_size=32, dtype="uint16", shuffle=True, seed=0,
@@ -41,10 +48,19 @@ class TokenLoader(_LoaderFace):
                  return_index=False, index=None, pack=None, window_rows=128, split_long=True,
                  mask_boundaries=True, eos_id=None, pad_id=0, max_length=65536,
                  process_group=None):
-        path = os.fsdecode(os.fspath(_check_type("path", path, (str, bytes, os.PathLike),
-                                                 "a path")))
-        if not _is_url(path) and not os.path.exists(path):
-            raise FileNotFoundError(f"path: {path}: no such file")
+        mix = path if isinstance(path, Mix) else None
+        if mix is None:
+            path = os.fsdecode(os.fspath(_check_type("path", path, (str, bytes, os.PathLike),
+                                                     "a path or a feedline.Mix")))
+            paths = [path]
+        else:
+            if any(not isinstance(p, str) for p in mix.sources):
+                raise TypeError("path: a token mixture's sources are paths or URLs of token "
+                                "files (not lists of shards)")
+            paths = list(mix.sources)
+        for p in paths:
+            if not _is_url(p) and not os.path.exists(p):
+                raise FileNotFoundError(f"path: {p}: no such file")
         _check_type("seq_len", seq_len, int, "an int")
         if seq_len < 1:
             raise ValueError(f"seq_len: must be >= 1, got {seq_len}")
@@ -62,16 +78,33 @@ class TokenLoader(_LoaderFace):
         engine = _engine_args(batch_size, shuffle, seed, drop_last, rank, world_size, workers,
                               prefetch, memory_budget, on_error, max_errors)
         self.pack = pack
-        if pack is None:
+        self._mix, self._mix_dataset, self._mix_delivered = mix, None, None
+        if pack is None and mix is not None:
+            self._loader, self._mix_dataset = _feedline.token_mix_loader(
+                paths=paths, weights=mix.weights, end=mix.end,
+                samples_per_epoch=mix.samples_per_epoch or 0, dtype=dtype, seq_len=seq_len,
+                vocab_size=vocab_size or 0, **engine)
+            self._mix_delivered = _Delivered(self._mix_dataset)  # windows: counted as delivered
+        elif pack is None:
             self._loader = _feedline.token_loader(path=path, dtype=dtype, seq_len=seq_len,
                                                   vocab_size=vocab_size or 0, **engine)
         else:
             if pack not in ("concat", "bestfit"):
                 raise ValueError(f"pack: expected 'concat' or 'bestfit', got {pack!r}")
-            index = os.fsdecode(os.fspath(_check_type("index", index, (str, bytes, os.PathLike),
-                                                      "a path")))
-            if not _is_url(index) and not os.path.exists(index):
-                raise FileNotFoundError(f"index: {index}: no such file")
+            if mix is not None:
+                _check_type("index", index, (list, tuple), "a list of index paths, one per source")
+                if len(index) != len(paths):
+                    raise ValueError(f"index: {len(index)} indexes for {len(paths)} sources")
+                indexes = [os.fsdecode(os.fspath(_check_type(
+                    f"index[{k}]", x, (str, bytes, os.PathLike), "a path")))
+                    for k, x in enumerate(index)]
+            else:
+                indexes = [os.fsdecode(os.fspath(_check_type(
+                    "index", index, (str, bytes, os.PathLike), "a path")))]
+            for x in indexes:
+                if not _is_url(x) and not os.path.exists(x):
+                    raise FileNotFoundError(f"index: {x}: no such file")
+            index = indexes[0] if mix is None else indexes
             for name, v in (("window_rows", window_rows), ("max_length", max_length),
                             ("pad_id", pad_id)):
                 _check_type(name, v, int, "an int")
@@ -82,11 +115,17 @@ class TokenLoader(_LoaderFace):
             for name, v in (("split_long", split_long), ("mask_boundaries", mask_boundaries)):
                 _check_type(name, v, bool, "a bool")
             engine["doc_batch"] = 64
-            self._loader = _feedline.packed_token_loader(
-                path=path, dtype=dtype, index=index, vocab_size=vocab_size or 0,
-                max_length=max_length, eos_id=-1 if eos_id is None else eos_id, pack=pack,
-                seq_len=seq_len, window_rows=window_rows, split_long=split_long,
-                mask_boundaries=mask_boundaries, pad_id=pad_id, **engine)
+            packing = dict(dtype=dtype, vocab_size=vocab_size or 0, max_length=max_length,
+                           eos_id=-1 if eos_id is None else eos_id, pack=pack, seq_len=seq_len,
+                           window_rows=window_rows, split_long=split_long,
+                           mask_boundaries=mask_boundaries, pad_id=pad_id)
+            if mix is not None:
+                self._loader, self._mix_dataset = _feedline.packed_token_mix_loader(
+                    paths=paths, indexes=index, weights=mix.weights, end=mix.end,
+                    samples_per_epoch=mix.samples_per_epoch or 0, **packing, **engine)
+            else:
+                self._loader = _feedline.packed_token_loader(path=path, index=index, **packing,
+                                                             **engine)
         self.path = path
         self.seq_len = seq_len
         self.max_length = max_length
@@ -114,9 +153,19 @@ class TokenLoader(_LoaderFace):
         """Windows per epoch for this rank."""
         return self._loader.num_samples
 
+    def stats(self):
+        """As ImageLoader.stats(); with a mixture, "mix": each file's weight, samples per epoch,
+        reads, and for windows the samples delivered and their share."""
+        s = _LoaderFace.stats(self)
+        if self._mix is not None:
+            counter = self._mix_delivered or _Delivered(self._mix_dataset)
+            s["mix"] = counter.stats(self._mix, delivered=self._mix_delivered is not None)
+        return s
+
     def __repr__(self):
         shape = f"batches={len(self)}" if self.pack is None else f"pack={self.pack!r}"
-        return (f"feedline.TokenLoader({_shown(self.path)!r}, seq_len={self.seq_len}, "
+        path = self.path if self._mix is None else f"Mix of {len(self._mix.sources)}"
+        return (f"feedline.TokenLoader({_shown(path)!r}, seq_len={self.seq_len}, "
                 f"batch_size={self.batch_size}, {shape}, workers={self.workers})")
 
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <utility>
 
@@ -171,6 +172,138 @@ std::string Mix::Describe(int64_t record) const {
   const int s = source(record);
   if (s < 0 || s >= num_sources()) return absl::StrCat("sample ", record);
   return sources_[size_t(s)]->Describe(record - offsets_[size_t(s)]);
+}
+
+namespace {
+
+class PerSource final : public SampleTransform {
+ public:
+  PerSource(std::shared_ptr<const Mix> mix,
+            std::vector<std::shared_ptr<const SampleTransform>> transforms)
+      : mix_(std::move(mix)), transforms_(std::move(transforms)) {}
+
+  const Schema& schema() const override { return transforms_[0]->schema(); }
+
+  struct State : WorkerState {
+    std::vector<std::unique_ptr<WorkerState>> of;  // each source's, made at its first sample
+    std::vector<bool> made;
+  };
+  std::unique_ptr<WorkerState> NewWorkerState() const override {
+    auto st = std::make_unique<State>();
+    st->of.resize(transforms_.size());
+    st->made.assign(transforms_.size(), false);
+    return st;
+  }
+
+  absl::Status Apply(const Record& record, const SampleContext& ctx, WorkerState* state,
+                     SampleWriter& out) const override {
+    const int s = mix_->source(ctx.index());
+    if (s < 0 || s >= int(transforms_.size())) {
+      return absl::OutOfRangeError(absl::StrCat("mix: record ", ctx.index(), " out of range"));
+    }
+    WorkerState* own = nullptr;
+    if (auto* st = static_cast<State*>(state); st != nullptr) {
+      if (!st->made[size_t(s)]) {
+        st->of[size_t(s)] = transforms_[size_t(s)]->NewWorkerState();
+        st->made[size_t(s)] = st->of[size_t(s)] != nullptr;  // else asked again next time
+      }
+      own = st->of[size_t(s)].get();
+    }
+    const uint64_t seed = s == 0 ? ctx.seed() : Mix64(ctx.seed() ^ Mix64(0x736f75726365ULL + s));
+    const SampleContext local(seed, ctx.epoch(), ctx.index() - mix_->offset(s), ctx.position());
+    return transforms_[size_t(s)]->Apply(record, local, own, out);
+  }
+
+  bool SkipsRead(int64_t index) const override {
+    const int s = mix_->source(index);
+    return s >= 0 && s < int(transforms_.size()) &&
+           transforms_[size_t(s)]->SkipsRead(index - mix_->offset(s));
+  }
+  bool WholeBatches() const override { return Any(&SampleTransform::WholeBatches); }
+  bool SharesConsumerLocks() const override { return Any(&SampleTransform::SharesConsumerLocks); }
+  bool MayStartAhead() const override {
+    return !Any([](const SampleTransform& t) { return !t.MayStartAhead(); });
+  }
+  bool ReadsOptions(OptionGroup group) const override {
+    return Any([group](const SampleTransform& t) { return t.ReadsOptions(group); });
+  }
+  std::vector<DeviceConversion> DeviceConversions() const override {
+    return transforms_[0]->DeviceConversions();  // the same for every source (checked)
+  }
+  std::vector<std::pair<std::string, int64_t>> Counters() const override {
+    std::vector<std::pair<std::string, int64_t>> sum;
+    for (const auto& t : transforms_) {
+      for (const auto& [name, value] : t->Counters()) {
+        auto it =
+            std::find_if(sum.begin(), sum.end(), [&](const auto& x) { return x.first == name; });
+        if (it == sum.end()) {
+          sum.emplace_back(name, value);
+        } else {
+          it->second += value;
+        }
+      }
+    }
+    return sum;
+  }
+
+ private:
+  template <typename F>
+  bool Any(F f) const {
+    for (const auto& t : transforms_) {
+      if (std::invoke(f, *t)) return true;
+    }
+    return false;
+  }
+
+  const std::shared_ptr<const Mix> mix_;
+  const std::vector<std::shared_ptr<const SampleTransform>> transforms_;
+};
+
+// The first difference between two schemas, or "".
+std::string SchemaDifference(const Schema& a, const Schema& b) {
+  if (a.size() != b.size()) return absl::StrCat(a.size(), " fields against ", b.size());
+  for (int i = 0; i < a.size(); ++i) {
+    const Field &x = a.field(i), &y = b.field(i);
+    bool same = x.name() == y.name() && x.dtype() == y.dtype() && x.rank() == y.rank() &&
+                x.collate() == y.collate() && x.pad_value() == y.pad_value();
+    for (int d = 0; same && d < x.rank(); ++d) {
+      same = x.shape()[size_t(d)].size == y.shape()[size_t(d)].size &&
+             x.shape()[size_t(d)].variable == y.shape()[size_t(d)].variable;
+    }
+    if (!same) return absl::StrCat("field ", i, " (", x.name(), " / ", y.name(), ")");
+  }
+  return "";
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<SampleTransform>> PerSourceTransform(
+    std::shared_ptr<const Mix> mix,
+    std::vector<std::shared_ptr<const SampleTransform>> transforms) {
+  if (mix == nullptr) return absl::InvalidArgumentError("mix: a mixture is required");
+  if (int(transforms.size()) != mix->num_sources()) {
+    return absl::InvalidArgumentError(absl::StrCat("transforms: ", transforms.size(),
+                                                   " for a mixture of ", mix->num_sources(),
+                                                   " sources (one each)"));
+  }
+  for (size_t s = 0; s < transforms.size(); ++s) {
+    if (transforms[s] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("transforms[", s, "]: missing"));
+    }
+    if (s == 0) continue;
+    if (std::string d = SchemaDifference(transforms[0]->schema(), transforms[s]->schema());
+        !d.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("transforms[", s, "]: its samples differ from source 0's: ", d,
+                       " (the sources of one loader must make samples of the same schema)"));
+    }
+    if (transforms[s]->DeviceConversions().size() != transforms[0]->DeviceConversions().size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("transforms[", s, "]: other device conversions than source 0's"));
+    }
+  }
+  return std::shared_ptr<SampleTransform>(
+      std::make_shared<PerSource>(std::move(mix), std::move(transforms)));
 }
 
 RemoteStats Mix::remote_stats() const {

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "feedline/files.h"
 #include "feedline/loader.h"
@@ -103,6 +104,77 @@ absl::StatusOr<std::unique_ptr<PackedLoader>> MakePackedTokenLoader(TokenDocumen
       Loader::Create(opened->dataset, opened->transform, std::move(options));
   if (!loader.ok()) return loader.status();
   return PackedLoader::Create(*std::move(loader), std::move(pack));
+}
+
+namespace {
+
+absl::Status CheckWeights(size_t files, const std::vector<double>& weights) {
+  if (files == 0) return InvalidOption("source", "a mixture needs at least one file");
+  if (weights.size() != files) {
+    return InvalidOption("weights", absl::StrCat(weights.size(), " weights for ", files, " files"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TokenMix> Mixed(std::vector<MixSource> sources,
+                               std::vector<std::shared_ptr<const SampleTransform>> transforms,
+                               const MixOptions& options) {
+  absl::StatusOr<std::shared_ptr<Mix>> mix = Mix::Create(std::move(sources), options);
+  if (!mix.ok()) return mix.status();
+  absl::StatusOr<std::shared_ptr<SampleTransform>> t =
+      PerSourceTransform(*mix, std::move(transforms));
+  if (!t.ok()) return t.status();
+  return TokenMix{*std::move(mix), *std::move(t), nullptr};
+}
+
+}  // namespace
+
+absl::StatusOr<TokenMix> MixTokenWindows(std::vector<TokenFileOptions> files,
+                                         const std::vector<double>& weights,
+                                         const MixOptions& options, double read_timeout_ms) {
+  if (absl::Status s = CheckWeights(files.size(), weights); !s.ok()) return s;
+  std::vector<MixSource> sources;
+  std::vector<std::shared_ptr<const SampleTransform>> transforms;
+  for (size_t k = 0; k < files.size(); ++k) {
+    TokenFileOptions& f = files[k];
+    absl::StatusOr<std::string> local = LocalCopy(f.path, read_timeout_ms);
+    if (!local.ok()) return local.status();
+    if (f.name.empty()) f.name = f.path;
+    f.path = *std::move(local);
+    absl::StatusOr<TokenWindows> w = OpenTokenWindows(f);
+    if (!w.ok()) return w.status();
+    sources.push_back({w->dataset, weights[k]});
+    transforms.push_back(w->transform);
+  }
+  return Mixed(std::move(sources), std::move(transforms), options);
+}
+
+absl::StatusOr<TokenMix> MixTokenDocuments(std::vector<TokenDocumentOptions> files,
+                                           const std::vector<double>& weights,
+                                           const MixOptions& options, double read_timeout_ms) {
+  if (absl::Status s = CheckWeights(files.size(), weights); !s.ok()) return s;
+  std::shared_ptr<CutCounter> cut =
+      files[0].cut != nullptr ? files[0].cut : std::make_shared<CutCounter>();
+  std::vector<MixSource> sources;
+  std::vector<std::shared_ptr<const SampleTransform>> transforms;
+  for (size_t k = 0; k < files.size(); ++k) {
+    TokenDocumentOptions& f = files[k];
+    absl::StatusOr<std::vector<std::string>> local =
+        LocalCopies({f.path, f.index_path}, read_timeout_ms);
+    if (!local.ok()) return local.status();
+    if (f.name.empty()) f.name = f.path;
+    if (f.index_name.empty()) f.index_name = f.index_path;
+    f.path = (*local)[0];
+    f.index_path = (*local)[1];
+    f.cut = cut;
+    absl::StatusOr<TokenDocuments> d = OpenTokenDocuments(f);
+    if (!d.ok()) return d.status();
+    sources.push_back({d->dataset, weights[k]});
+    transforms.push_back(d->transform);
+  }
+  absl::StatusOr<TokenMix> m = Mixed(std::move(sources), std::move(transforms), options);
+  if (m.ok()) m->cut = cut;
+  return m;
 }
 
 absl::StatusOr<std::shared_ptr<const Tokenizer>> LoadSentencePieceFrom(

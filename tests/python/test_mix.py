@@ -173,3 +173,84 @@ def test_three_text_sources_padded_and_packed(text_sources):
     again.load_state_dict(part.state_dict())
     tail = [b["input_ids"].clone() for b in again]
     assert all(torch.equal(a, b) for a, b in zip(tail, rows1[4:])) and len(tail) == len(rows1) - 4
+
+
+@pytest.fixture(scope="module")
+def token_sources(tmp_path_factory):
+    """Three token files whose ids say which file and which token they are (file k's tokens are
+    10000 k + their offset), with document indexes of 5-40 token documents."""
+    import numpy as np
+    d = tmp_path_factory.mktemp("tokens")
+    rng = np.random.default_rng(4)
+    paths, indexes = [], []
+    for k, n in enumerate((3000, 1700, 900)):
+        path, index = d / f"s{k}.bin", d / f"s{k}.idx"
+        (10000 * k + np.arange(n)).astype(np.uint16).tofile(path)
+        ends = np.cumsum(rng.integers(5, 40, size=n))
+        ends = np.concatenate([ends[ends < n], [n]])
+        np.concatenate([[0], ends]).astype(np.uint64).tofile(index)
+        paths.append(str(path))
+        indexes.append(str(index))
+    return paths, indexes
+
+
+def test_token_files_mix_as_windows_and_as_packed_documents(token_sources):
+    """TokenLoader(feedline.Mix(token files)): windows drawn in the set proportions, each one its
+    own file's window at its own index, the same for any worker count, resumed exactly; packed
+    documents across the files, each epoch's documents' tokens once."""
+    import numpy as np
+    paths, indexes = token_sources
+    mix = feedline.Mix(list(zip(paths, [0.6, 0.3, 0.1])))
+    kw = dict(seq_len=15, batch_size=8, seed=3, return_index=True)
+
+    def windows(workers, loader=None):
+        ld = loader or feedline.TokenLoader(mix, workers=workers, **kw)
+        return ld, [(b["input_ids"].clone(), b["labels"].clone(), b["index"].clone()) for b in ld]
+
+    one, e1 = windows(1)
+    _, e2 = windows(2)
+    assert len(e1) == len(e2) and all(
+        torch.equal(a[0], b[0]) and torch.equal(a[2], b[2]) for a, b in zip(e1, e2))
+    ids = torch.cat([x for x, _, _ in e1])
+    src = ids[:, 0] // 10000
+    shares = [float((src == k).float().mean()) for k in range(3)]
+    assert all(abs(s - w) < 0.01 for s, w in zip(shares, [0.6, 0.3, 0.1])), shares
+    # Each window is its file's window: tokens [w * 16, w * 16 + 15), labels shifted by one.
+    offsets = [0, 3000 // 16, 3000 // 16 + 1700 // 16]
+    for (x, y, index) in e1:
+        for row, lab, i in zip(x, y, index.tolist()):
+            k = max(j for j in range(3) if offsets[j] <= i)
+            start = 10000 * k + (i - offsets[k]) * 16
+            assert row.tolist() == list(range(start, start + 15))
+            assert lab.tolist() == list(range(start + 1, start + 16))
+    st = one.stats()["mix"]["sources"]
+    assert [s["delivered"] for s in st] == [int((src == k).sum()) for k in range(3)]
+    # Resumed after 3 batches of epoch 1: the rest bit for bit.
+    _, nxt = windows(1, loader=one)
+    part = feedline.TokenLoader(mix, workers=2, **kw)
+    list(part)
+    it = iter(part)
+    for _ in range(3):
+        next(it)
+    again = feedline.TokenLoader(mix, workers=1, **kw)
+    again.load_state_dict(part.state_dict())
+    rest = [b["input_ids"] for b in again]
+    assert len(rest) == len(nxt) - 3 and all(
+        torch.equal(a, b[0]) for a, b in zip(rest, nxt[3:]))
+
+    # Packed documents across the files: an epoch's documents (per source, per_epoch of them)
+    # each packed once; the same rows for 1 and 2 workers.
+    pk = dict(seq_len=32, batch_size=4, seed=3, pack="concat", index=indexes)
+    rows = [feedline.TokenLoader(mix, workers=w, **pk) for w in (1, 2)]
+    got = [[b["input_ids"][b["attention_mask"].bool()].clone() for b in ld] for ld in rows]
+    assert all(torch.equal(a, b) for a, b in zip(*got)) and len(got[0]) == len(got[1])
+    tokens = torch.cat(got[0])
+    assert len(torch.unique(tokens)) == len(tokens)  # no token twice
+    per_epoch = [s["per_epoch"] for s in rows[0].stats()["mix"]["sources"]]
+    lengths = [np.diff(np.fromfile(p, dtype=np.uint64)) for p in indexes]
+    # The first source is read whole (end="first_source"): all of its tokens.
+    assert int((tokens // 10000 == 0).sum()) == 3000 and per_epoch[0] == len(lengths[0])
+    with pytest.raises(ValueError, match="index"):
+        feedline.TokenLoader(mix, seq_len=32, pack="concat", index=indexes[:2])
+    with pytest.raises(TypeError, match="index"):
+        feedline.TokenLoader(mix, seq_len=32, pack="concat", index=indexes[0])

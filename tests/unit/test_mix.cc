@@ -213,3 +213,86 @@ TEST_CASE("mix: one source at weight 1 is a permutation of it each epoch; bad mi
   REQUIRE(absl::IsInvalidArgument(
       Mix::Create(Sources{{std::make_shared<Tagged>(0, 5), 1.0}}, huge).status()));
 }
+
+namespace {
+
+// Source `tag`'s transform: "label" = tag * 10000 + the index it is given, "draw" = a draw of
+// its context's generator (whose seed differs by source).
+class IndexOf final : public SampleTransform {
+ public:
+  explicit IndexOf(int64_t tag, int64_t length = 1)
+      : tag_(tag),
+        schema_({Field("label", feedline::DType::kInt64, {}),
+                 Field("draw", feedline::DType::kInt64, {length})}) {}
+  const Schema& schema() const override { return schema_; }
+  absl::Status Apply(const Record& record, const SampleContext& ctx, WorkerState* state,
+                     SampleWriter& out) const override {
+    if (state == nullptr || static_cast<State*>(state)->tag != tag_) {
+      return absl::InternalError("another source's worker state");
+    }
+    if (record.label != tag_ * 10000 + ctx.index()) {
+      return absl::InternalError(absl::StrCat("record ", record.label, " at index ", ctx.index()));
+    }
+    *out.Fixed<int64_t>(0) = tag_ * 10000 + ctx.index();
+    *out.Fixed<int64_t>(1) = int64_t(ctx.rng(1).Below(1000000));
+    return absl::OkStatus();
+  }
+  struct State : WorkerState {
+    int64_t tag = -1;
+  };
+  std::unique_ptr<WorkerState> NewWorkerState() const override {
+    auto s = std::make_unique<State>();
+    s->tag = tag_;
+    return s;
+  }
+
+ private:
+  int64_t tag_;
+  Schema schema_;
+};
+
+}  // namespace
+
+TEST_CASE("mix: each source's records made by its own transform (PerSourceTransform)", "[engine]") {
+  MixOptions mo;
+  mo.seed = 5;
+  std::shared_ptr<Mix> mix = MakeMix({{40, 0.5}, {30, 0.3}, {20, 0.2}}, mo);
+  std::vector<std::shared_ptr<const SampleTransform>> per = {
+      std::make_shared<IndexOf>(0), std::make_shared<IndexOf>(1), std::make_shared<IndexOf>(2)};
+  absl::StatusOr<std::shared_ptr<SampleTransform>> t = feedline::PerSourceTransform(mix, per);
+  REQUIRE(t.ok());
+  for (int workers : {1, 3}) {
+    auto loader = Loader::Create(mix, *t, LoaderOptions().batch_size(7).seed(5).workers(workers));
+    REQUIRE(loader.ok());
+    std::map<int64_t, int64_t> draw_of;  // source 0's index 3 and source 1's index 3 draw apart
+    int64_t n = 0;
+    for (auto& b : **loader) {
+      REQUIRE(b.ok());
+      const int64_t* label = static_cast<const int64_t*>(b->field(0).data);
+      const int64_t* draw = static_cast<const int64_t*>(b->field(1).data);
+      for (int64_t i = 0; i < b->size(); ++i, ++n) {
+        // The record's own source, at its own index (the transform checked the record too).
+        CHECK(label[i] / 10000 == mix->source(b->indices()[i]));
+        CHECK(label[i] % 10000 == b->indices()[i] - mix->offset(int(label[i] / 10000)));
+        draw_of[label[i]] = draw[i];
+      }
+    }
+    CHECK(n == mix->size());
+    int same = 0, pairs = 0;
+    for (int64_t i = 0; i < 20; ++i) {
+      if (draw_of.count(i) && draw_of.count(10000 + i)) {
+        ++pairs;
+        same += draw_of[i] == draw_of[10000 + i];
+      }
+    }
+    CHECK(pairs > 0);
+    CHECK(same == 0);
+  }
+  // Schemas must agree, one transform per source.
+  absl::StatusOr<std::shared_ptr<SampleTransform>> bad = feedline::PerSourceTransform(
+      mix, {per[0], per[1], std::make_shared<IndexOf>(2, /*length=*/2)});
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(std::string(bad.status().message()),
+             Catch::Contains("transforms[2]") && Catch::Contains("draw"));
+  CHECK_FALSE(feedline::PerSourceTransform(mix, {per[0], per[1]}).ok());
+}
