@@ -150,6 +150,8 @@ void BindEngine(py::module_& m) {
       .def_property_readonly("workers", [](const Loader& l) { return l.stats().workers; })
       .def_property_readonly("prefetch", [](const Loader& l) { return l.stats().prefetch; })
       .def_property_readonly("io_depth", [](const Loader& l) { return l.stats().io_depth; })
+      .def_property_readonly("on_error",
+                             [](const Loader& l) { return EnumName(l.options().on_error()); })
       .def_property_readonly("memory_budget",
                              [](const Loader& l) { return l.options().memory_budget(); });
 }

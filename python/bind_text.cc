@@ -383,6 +383,9 @@ void BindText(py::module_& m) {
            })
       .def_property_readonly(
           "num_samples", [](const text::PackedLoader& l) { return l.documents().num_samples(); })
+      .def_property_readonly(
+          "on_error",
+          [](const text::PackedLoader& l) { return EnumName(l.documents().options().on_error()); })
       .def("set_epoch", &text::PackedLoader::set_epoch)
       .def_property_readonly("next_epoch", &text::PackedLoader::next_epoch)
       .def("state", [](const text::PackedLoader& l) { return PackedStateToDict(l.state()); })

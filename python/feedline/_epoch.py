@@ -101,8 +101,8 @@ def _warn_replaced(owner, st, at_start):
     in stats() (`st`) and said once per epoch here, never silent (the batches hold a
     duplicate)."""
     n = st.get("error_count", 0) - at_start
-    if n <= 0:
-        return
+    if n <= 0 or getattr(getattr(owner, "_loader", None), "on_error", "skip") != "skip":
+        return  # (on_error="raise": each one was raised at its batch)
     errors = st.get("errors") or []
     first = errors[-n] if len(errors) >= n else (errors[0] if errors else None)
     what = f"; the first: {first.get('path', '?')}: {first.get('cause', '?')}" if isinstance(
