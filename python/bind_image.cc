@@ -49,16 +49,28 @@ void BindImage(py::module_& m) {
       "image_loader",
       [](py::kwargs kwargs) {
         // dataset=: a Mix (mix_dataset) instead of the options' source.
-        std::shared_ptr<const Dataset> dataset;
+        // source_options=: with a Mix, each source's own image options (dicts).
+        std::shared_ptr<Mix> mix;
         if (kwargs.contains("dataset")) {
-          dataset = kwargs.attr("pop")("dataset").cast<std::shared_ptr<Mix>>();
+          mix = kwargs.attr("pop")("dataset").cast<std::shared_ptr<Mix>>();
+        }
+        py::list per;
+        if (kwargs.contains("source_options")) {
+          per = kwargs.attr("pop")("source_options").cast<py::list>();
         }
         LoaderOptions o;
         SetOptions(kwargs, {OptionGroup::kEngine, OptionGroup::kImage}, &o);
+        std::vector<LoaderOptions> sources;
+        for (const py::handle h : per) {
+          LoaderOptions own = o;
+          SetOptions(h.cast<py::dict>(), {OptionGroup::kImage}, &own);
+          sources.push_back(std::move(own));
+        }
         return LoaderHolder(Unlocked([&] {
-                              return dataset != nullptr
-                                         ? Loader::CreateImages(dataset, std::move(o))
-                                         : Loader::Create(std::move(o));
+                              return mix == nullptr ? Loader::Create(std::move(o))
+                                     : sources.empty()
+                                         ? Loader::CreateImages(mix, std::move(o))
+                                         : Loader::CreateImages(mix, sources, std::move(o));
                             }).release());
       },
       OptionsDocstring("The image built-in's loader (feedline.ImageLoader's engine), from these "

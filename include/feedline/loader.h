@@ -43,6 +43,7 @@
 namespace feedline {
 
 class EpochRun;
+class Mix;
 class LoaderShared;
 class Loader;
 namespace internal {
@@ -116,6 +117,15 @@ class Loader {
   // Its records hold encoded images and labels, as a FileDataset's. Errors as Create(options).
   static absl::StatusOr<std::unique_ptr<Loader>> CreateImages(
       std::shared_ptr<const Dataset> dataset, LoaderOptions options);
+  // The image built-in over a mixture whose sources are augmented each their own way: source
+  // s's images are made with per_source[s]'s augmentation options (transform, resize_size,
+  // scale, ratio, flip, exif_transpose, accept_corrupt, max_image_pixels), every other option
+  // is `options`' (kInvalidArgument naming an option that differs between a source's and the
+  // loader's and shapes the samples: size, layout, dtype, mean, stddev; and for cache
+  // "decoded", whose images would be shared across options).
+  static absl::StatusOr<std::unique_ptr<Loader>> CreateImages(
+      std::shared_ptr<const Mix> mix, const std::vector<LoaderOptions>& per_source,
+      LoaderOptions options);
   // Any data set and transform. Only the engine's options apply (sampling, resources, caching
   // "bytes", robustness, device); an image option set to other than its default is refused,
   // named, never ignored, unless `transform` was made from it (SampleTransform::ReadsOptions:

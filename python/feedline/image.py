@@ -173,6 +173,13 @@ class ImageLoader(_LoaderFace):
                 read_timeout_ms=1000.0 * _timeout(read_timeout), max_record_bytes=max_record_bytes,
                 memory_budget=engine["memory_budget"])
             self._mix_delivered = _Delivered(more["dataset"])
+            if any(mix.options):  # sources augmented each their own way
+                loader_args = dict(transform=transform, resize_size=resize_size, scale=scale,
+                                   ratio=ratio, flip=flip, exif_transpose=exif_transpose,
+                                   accept_corrupt=accept_corrupt,
+                                   max_image_pixels=max_image_pixels)
+                more["source_options"] = [_own_options(dict(loader_args, **(o or {})))
+                                          for o in mix.options]
         self._loader = _feedline.image_loader(
             **more, source=source, shards=shards, transform=transform, size=size,
             resize_size=resize_size, scale=scale, ratio=ratio, flip=flip, layout=layout,
@@ -304,6 +311,12 @@ class ImageLoader(_LoaderFace):
 
 ImageLoader.__doc__ += _options_doc(ImageLoader, groups=("engine", "image"))
 _offloading.FACES["image"] = ImageLoader  # what a cluster's worker makes batches with
+
+
+def _own_options(o):
+    """A mixture source's image options as the engine takes them."""
+    _check_type("transform", o["transform"], str, "'train', 'eval' or 'eval_fast'")
+    return dict(o, scale=_pair("scale", o["scale"]), ratio=_pair("ratio", o["ratio"]))
 
 
 class _DatasetView:

@@ -6,6 +6,10 @@ import os
 from ._util import _check_type, _is_url, _shown
 
 _ENDS = ("first_source", "last_source")
+# What a source of an ImageLoader mixture may set for itself: how its images are augmented. The
+# rest (size, layout, dtype, mean, std) shapes every sample of a batch: the loader's.
+_PER_SOURCE = ("transform", "resize_size", "scale", "ratio", "flip", "exif_transpose",
+               "accept_corrupt", "max_image_pixels")
 
 
 class Mix:
@@ -24,8 +28,10 @@ class Mix:
     (end="first_source", the default), when every source has (end="last_source": the others
     restart within the epoch), or after samples_per_epoch samples. All of it follows from the
     loader's seed and the epoch: the same batches for any worker count, on every rank, and
-    state_dict() resumes a mixture exactly. The transform options are the loader's, the same
-    for every source; labels are each source's own. ImageLoader.stats()["mix"] gives each
+    state_dict() resumes a mixture exactly. The transform options are the loader's; for an
+    ImageLoader a source may set its own augmentation as a third item, a dict of ImageLoader
+    options among transform, resize_size, scale, ratio, flip, exif_transpose, accept_corrupt and
+    max_image_pixels (("sketches/", 0.2, {"transform": "eval"})). Labels are each source's own. ImageLoader.stats()["mix"] gives each
     source's weight, samples per epoch and the samples delivered.
     """
 
@@ -35,12 +41,16 @@ class Mix:
         sources = list(sources)
         if not sources:
             raise ValueError("sources: at least one source")
+        self.options = [None] * len(sources)  # a source's own image options (ImageLoader)
         if weights is None:
             pairs = []
-            for item in sources:
-                if not isinstance(item, tuple) or len(item) != 2:
-                    raise TypeError("sources: expected (source, weight) pairs (or give weights=)")
-                pairs.append(item)
+            for k, item in enumerate(sources):
+                if not isinstance(item, tuple) or len(item) not in (2, 3):
+                    raise TypeError("sources: expected (source, weight) pairs, or (source, "
+                                    "weight, options) (or give weights=)")
+                if len(item) == 3:
+                    self.options[k] = _options(f"sources[{k}]", item[2])
+                pairs.append(item[:2])
         else:
             weights = list(weights)
             if len(weights) != len(sources):
@@ -63,7 +73,8 @@ class Mix:
         self.samples_per_epoch = samples_per_epoch
 
     def __repr__(self):
-        parts = ", ".join(f"({_shown(s)!r}, {w:g})" for s, w in zip(self.sources, self.weights))
+        parts = ", ".join(f"({_shown(s)!r}, {w:g}" + (f", {o!r})" if o else ")")
+                          for s, w, o in zip(self.sources, self.weights, self.options))
         return f"feedline.Mix([{parts}], end={self.end!r})"
 
 
@@ -95,6 +106,17 @@ class _Delivered:
                 entry.update(delivered=counts[k], share=counts[k] / total)
             sources.append(entry)
         return {"samples_per_epoch": d.size, "end": mix.end, "sources": sources}
+
+
+def _options(name, options):
+    """A source's own image options: a dict of ImageLoader arguments among _PER_SOURCE."""
+    _check_type(name, options, dict, "a dict of ImageLoader options")
+    for key in options:
+        if key not in _PER_SOURCE:
+            raise ValueError(f"{name}: {key!r} cannot differ between sources (a source may set "
+                             f"{', '.join(_PER_SOURCE)}; size, layout, dtype, mean and std are "
+                             "the loader's)")
+    return dict(options)
 
 
 def _source(name, source):

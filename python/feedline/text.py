@@ -69,6 +69,9 @@ class TextLoader(_LoaderFace):
                  memory_budget="auto", on_error="raise", max_errors=None, return_index=False,
                  word_cache=True, process_group=None):
         mix = source if isinstance(source, Mix) else None
+        if mix is not None and any(mix.options):
+            raise ValueError("source: a source's own options (a third item) are ImageLoader's "
+                             "augmentation options; this loader's sources share its options")
         if mix is None:
             source = os.fsdecode(os.fspath(_check_type(
                 "source", source, (str, bytes, os.PathLike), "a path or a feedline.Mix")))

@@ -49,6 +49,9 @@ class TokenLoader(_LoaderFace):
                  mask_boundaries=True, eos_id=None, pad_id=0, max_length=65536,
                  process_group=None):
         mix = path if isinstance(path, Mix) else None
+        if mix is not None and any(mix.options):
+            raise ValueError("source: a source's own options (a third item) are ImageLoader's "
+                             "augmentation options; this loader's sources share its options")
         if mix is None:
             path = os.fsdecode(os.fspath(_check_type("path", path, (str, bytes, os.PathLike),
                                                      "a path or a feedline.Mix")))

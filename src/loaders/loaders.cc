@@ -13,6 +13,7 @@
 #include "feedline/files.h"
 #include "feedline/image.h"
 #include "feedline/loader.h"
+#include "feedline/mix.h"
 #include "image/image_transform.h"
 
 namespace feedline {
@@ -69,6 +70,49 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::CreateImages(std::shared_ptr<con
     };
   }
   // Read buffers: ~1 MiB each is a generous bound for ImageNet-like files.
+  parts.read_bytes_hint = int64_t{1} << 20;
+  return internal::BuildLoader(std::move(parts), std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<Loader>> Loader::CreateImages(
+    std::shared_ptr<const Mix> mix, const std::vector<LoaderOptions>& per_source,
+    LoaderOptions options) {
+  if (mix == nullptr) return InvalidOption("dataset", "must not be null");
+  if (int(per_source.size()) != mix->num_sources()) {
+    return InvalidOption("source_options",
+                         absl::StrCat(per_source.size(), " for ", mix->num_sources(), " sources"));
+  }
+  if (absl::Status s = image::ValidateOptions(options); !s.ok()) return s;
+  if (options.cache() == Cache::kDecoded) {
+    return InvalidOption("cache", "'decoded' with per-source image options: use 'bytes'");
+  }
+  absl::StatusOr<DeviceChoice> device = ChooseDevice(options.device());
+  if (!device.ok()) return device.status();
+  std::vector<std::shared_ptr<const SampleTransform>> transforms;
+  for (size_t s = 0; s < per_source.size(); ++s) {
+    const LoaderOptions& o = per_source[s];
+    if (absl::Status st = image::ValidateOptions(o); !st.ok()) {
+      return InvalidOption(absl::StrCat("sources[", s, "]"), std::string(st.message()));
+    }
+    auto differs = [&](absl::string_view name) {
+      return InvalidOption(absl::StrCat("sources[", s, "]: ", name),
+                           "must be the loader's (it shapes every sample of the batch)");
+    };
+    if (o.size() != options.size()) return differs("size");
+    if (o.layout() != options.layout()) return differs("layout");
+    if (o.dtype() != options.dtype()) return differs("dtype");
+    if (o.mean() != options.mean()) return differs("mean");
+    if (o.stddev() != options.stddev()) return differs("stddev");
+    transforms.push_back(
+        std::make_shared<ImageTransform>(ImageTransformConfig::From(o, device->device >= 0)));
+  }
+  absl::StatusOr<std::shared_ptr<SampleTransform>> transform =
+      PerSourceTransform(mix, std::move(transforms));
+  if (!transform.ok()) return transform.status();
+  internal::EngineParts parts;
+  parts.device = *std::move(device);
+  parts.dataset = std::move(mix);
+  parts.transform = *std::move(transform);
   parts.read_bytes_hint = int64_t{1} << 20;
   return internal::BuildLoader(std::move(parts), std::move(options));
 }

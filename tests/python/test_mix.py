@@ -104,6 +104,39 @@ def test_bad_mixtures_are_refused_by_name(small_folder):
     assert "small" in repr(feedline.Mix([(small_folder, 3)]))
 
 
+def test_each_image_source_augmented_its_own_way(small_folder, image_folder):
+    """Mix([(a, w), (b, w, {"transform": "eval"})]): source b's samples are exactly what an
+    eval loader of b alone makes of the same records (the same every epoch), source a's are
+    augmented as the loader says (train: they change from epoch to epoch); the same bytes for
+    1 and 2 workers. Options that shape the batch stay the loader's."""
+    mix = feedline.Mix([(image_folder, 0.5), (small_folder, 0.5, {"transform": "eval",
+                                                                  "resize_size": 40})],
+                       samples_per_epoch=120)
+    loaders = [feedline.ImageLoader(mix, workers=w, **KW) for w in (1, 2)]
+    (x1, i1), (x2, i2) = (_epoch(ld) for ld in loaders)
+    assert torch.equal(i1, i2) and torch.equal(x1, x2)
+    n_a = len(feedline.ImageLoader(image_folder, batch_size=1).samples)
+    evals = feedline.ImageLoader(small_folder, transform="eval", resize_size=40, size=32,
+                                 batch_size=1, shuffle=False)
+    ref = torch.cat([x for x, _ in evals])
+    from_b = (i1 >= n_a).nonzero().flatten()
+    assert len(from_b) == 60
+    for j in from_b.tolist():
+        assert torch.equal(x1[j], ref[int(i1[j]) - n_a]), j
+    # The next epoch: b's records look the same again, a's are drawn anew.
+    x3, i3 = _epoch(loaders[0])
+    for j in (i3 >= n_a).nonzero().flatten().tolist():
+        assert torch.equal(x3[j], ref[int(i3[j]) - n_a])
+    again_a = {int(i): x for i, x in zip(i3, x3) if int(i) < n_a}
+    assert any(not torch.equal(x1[j], again_a[int(i1[j])]) for j in range(len(i1))
+               if int(i1[j]) < n_a and int(i1[j]) in again_a)
+    for bad, word in (({"size": 64}, "size"), ({"std": (0.5, 0.5, 0.5)}, "std")):
+        with pytest.raises(ValueError, match=word):
+            feedline.Mix([(small_folder, 1, bad)])
+    with pytest.raises(ValueError, match="ImageLoader"):
+        feedline.TokenLoader(feedline.Mix([(small_folder, 1, {"flip": False})]), seq_len=4)
+
+
 @pytest.fixture(scope="module")
 def text_sources(tmp_path_factory):
     import shutil
