@@ -41,11 +41,10 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DFEEDLINE_SANITIZE="address;undefined" \
   -DCMAKE_C_FLAGS="$ASAN_FLAGS" -DCMAKE_CXX_FLAGS="$ASAN_FLAGS" \
   -DFEEDLINE_BUILD_PYTHON=OFF -DFEEDLINE_BUILD_BENCHMARKS=OFF >/dev/null
-cmake --build build-asan -j"$JOBS" --target feedline_tests $(stub_tests build-asan) \
-  feedline_fuzz_decode feedline_fuzz_tar feedline_fuzz_list_file feedline_fuzz_word_cache \
-  feedline_fuzz_redact feedline_fuzz_catalog feedline_fuzz_brace feedline_fuzz_state \
-  feedline_fuzz_tokens feedline_fuzz_text_lines feedline_fuzz_s3 feedline_fuzz_wire \
-  feedline_fuzz_http feedline_fuzz_video
+# Every fuzz target, for ctest's replay of its regressions (the list: tests/fuzz/CMakeLists.txt).
+fuzz_targets=$(for t in $(bash tests/fuzz/targets.sh); do printf 'feedline_fuzz_%s ' "$t"; done)
+# shellcheck disable=SC2086
+cmake --build build-asan -j"$JOBS" --target feedline_tests $(stub_tests build-asan) $fuzz_targets
 echo "== tests (AddressSanitizer + UndefinedBehaviorSanitizer)"
 # LeakSanitizer's own tracer can crash at exit after every assertion passed ("Tracer caught
 # signal 11", "LeakSanitizer has encountered a fatal error"): a failure of the tool, not a
