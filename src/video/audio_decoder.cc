@@ -20,6 +20,9 @@ namespace feedline::video {
 namespace {
 
 constexpr double kWarmUpS = 0.2;  // decoded before t0: the codec's and the filter's history
+constexpr double kMaxSeconds = 1e9;                    // ~30 years: any real file's times are below
+constexpr int64_t kMaxSampleIndex = int64_t{1} << 52;  // ditto, in samples
+constexpr int kMaxInputRate = 1 << 22;  // 4 MHz: beyond any audio codec's (and 1 kHz below)
 // Audio frames one clip may decode before the file is judged broken (a seek that failed on a
 // long file decodes from the start: 20 minutes of 1024-sample frames at 44.1 kHz).
 constexpr int64_t kMaxFramesDecoded = 52000;
@@ -50,6 +53,9 @@ absl::StatusOr<int64_t> AudioDecoder::Decode(const uint8_t* data, size_t size, d
   Close();
   std::fill_n(out, size_t(n) * size_t(channels), 0.0f);
   if (size == 0 || n <= 0) return int64_t{0};
+  // A clip's start beyond any real file (a container's timestamps can claim anything): no
+  // sample index or seek target is computed from it.
+  if (!(std::abs(t0) < kMaxSeconds)) return Bad("the clip's time is out of range");
   input_ = MemoryInput{data, int64_t(size), 0};
   if (absl::Status s = OpenMemoryFormat(&input_, &format_, &io_); !s.ok()) return s;
   const AVCodec* codec = nullptr;
@@ -128,6 +134,9 @@ absl::StatusOr<int64_t> AudioDecoder::Decode(const uint8_t* data, size_t size, d
     int64_t pts = f->pts != AV_NOPTS_VALUE ? f->pts : f->best_effort_timestamp;
     if (!started) {
       if (pts == AV_NOPTS_VALUE) return Bad("a frame without a timestamp");
+      if (f->sample_rate < 1000 || f->sample_rate > kMaxInputRate) {
+        return Bad(absl::StrCat("a sample rate of ", f->sample_rate, " Hz"));
+      }
       in_rate = f->sample_rate;
       in_format = f->format;
       if (int rc = av_channel_layout_copy(&in_layout, &f->ch_layout); rc < 0) {
@@ -147,6 +156,7 @@ absl::StatusOr<int64_t> AudioDecoder::Decode(const uint8_t* data, size_t size, d
       // The first input sample fed is the first at or after this frame's start whose time is
       // a whole number of output samples: a multiple of in_rate / gcd(in_rate, rate).
       const int64_t s0 = av_rescale_q(pts, st->time_base, AVRational{1, in_rate});
+      if (s0 < -kMaxSampleIndex || s0 > kMaxSampleIndex) return Bad("timestamps out of range");
       const int64_t period = in_rate / std::gcd(int64_t(in_rate), int64_t(rate));
       skip = Mod(-s0, period);
       next_out = (s0 + skip) / period * (rate / std::gcd(int64_t(in_rate), int64_t(rate)));
