@@ -233,13 +233,13 @@ class PerSource final : public SampleTransform {
   std::vector<std::pair<std::string, int64_t>> Counters() const override {
     std::vector<std::pair<std::string, int64_t>> sum;
     for (const auto& t : transforms_) {
-      for (const auto& [name, value] : t->Counters()) {
-        auto it =
-            std::find_if(sum.begin(), sum.end(), [&](const auto& x) { return x.first == name; });
+      for (const std::pair<std::string, int64_t>& counter : t->Counters()) {
+        auto it = std::find_if(sum.begin(), sum.end(),
+                               [&](const auto& x) { return x.first == counter.first; });
         if (it == sum.end()) {
-          sum.emplace_back(name, value);
+          sum.push_back(counter);
         } else {
-          it->second += value;
+          it->second += counter.second;
         }
       }
     }
