@@ -230,16 +230,22 @@ class PerSource final : public SampleTransform {
   std::vector<DeviceConversion> DeviceConversions() const override {
     return transforms_[0]->DeviceConversions();  // the same for every source (checked)
   }
+  // The sources' counters summed; one named "first_..." is a record index (-1: none): the
+  // lowest over the sources, as the mixture's record index.
   std::vector<std::pair<std::string, int64_t>> Counters() const override {
     std::vector<std::pair<std::string, int64_t>> sum;
-    for (const auto& t : transforms_) {
-      for (const std::pair<std::string, int64_t>& counter : t->Counters()) {
+    for (size_t s = 0; s < transforms_.size(); ++s) {
+      for (std::pair<std::string, int64_t> counter : transforms_[s]->Counters()) {
+        const bool index = counter.first.rfind("first_", 0) == 0;
+        if (index && counter.second >= 0) counter.second += mix_->offset(int(s));
         auto it = std::find_if(sum.begin(), sum.end(),
                                [&](const auto& x) { return x.first == counter.first; });
         if (it == sum.end()) {
           sum.push_back(counter);
-        } else {
+        } else if (!index) {
           it->second += counter.second;
+        } else if (counter.second >= 0 && (it->second < 0 || counter.second < it->second)) {
+          it->second = counter.second;
         }
       }
     }

@@ -88,8 +88,12 @@ bool ImageTransform::SkipsRead(int64_t index) const {
 void ImageTransform::NoteSize(int64_t pixels, int64_t index) const {
   if (pixels <= config_.max_image_pixels / 2) return;
   large_images_.fetch_add(1, std::memory_order_relaxed);
-  int64_t none = -1;
-  first_large_.compare_exchange_strong(none, index, std::memory_order_relaxed);
+  // The lowest index seen (the first in the data set's order), not the first decoded: which
+  // worker finishes first is the scheduler's, and the warning names this one.
+  int64_t seen = first_large_.load(std::memory_order_relaxed);
+  while ((seen < 0 || index < seen) &&
+         !first_large_.compare_exchange_weak(seen, index, std::memory_order_relaxed)) {
+  }
 }
 
 absl::StatusOr<std::shared_ptr<const SampleCache::Entry>> ImageTransform::DecodeForCache(
