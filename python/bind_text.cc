@@ -318,8 +318,6 @@ void BindText(py::module_& m) {
                                             batch_size, drop_last);
         p.pad_id = pad_id;
         LoaderOptions o = EngineOptions(engine).batch_size(doc_batch).drop_last(false);
-        // Each document on one rank only (feedline/text.h: ranks agree on the steps instead).
-        if (p.mode != text::PackMode::kBucket) o.even_shards(false);
         const MixOptions mo = MixOptionsOf(o.seed(), end, samples_per_epoch, o.shuffle());
         std::vector<text::TokenDocumentOptions> files;
         for (size_t k = 0; k < paths.size(); ++k) {
@@ -339,11 +337,7 @@ void BindText(py::module_& m) {
                   text::MixTokenDocuments(std::move(files), weights, mo, o.read_timeout_ms());
               if (!tm.ok()) return tm.status();
               mix = tm->mix;
-              p.cut = tm->cut;
-              absl::StatusOr<std::unique_ptr<Loader>> docs =
-                  Loader::Create(tm->mix, tm->transform, std::move(o));
-              if (!docs.ok()) return docs.status();
-              return text::PackedLoader::Create(*std::move(docs), std::move(p));
+              return text::MakePackedTokenLoader(*tm, std::move(p), std::move(o));
             });
         return py::make_tuple(py::cast(std::move(loader)), mix);
       },

@@ -396,6 +396,11 @@ absl::StatusOr<TokenMix> MixTokenWindows(std::vector<TokenFileOptions> files,
 absl::StatusOr<TokenMix> MixTokenDocuments(std::vector<TokenDocumentOptions> files,
                                            const std::vector<double>& weights,
                                            const MixOptions& mix, double read_timeout_ms);
+// Packed rows of a mixture's documents (MixTokenDocuments), as MakePackedTokenLoader packs one
+// file's.
+absl::StatusOr<std::unique_ptr<PackedLoader>> MakePackedTokenLoader(const TokenMix& documents,
+                                                                    PackOptions pack,
+                                                                    LoaderOptions options);
 // A SentencePiece model by path or URL (a URL's local copy is loaded, fetched within
 // `read_timeout_ms`; messages name the URL).
 absl::StatusOr<std::shared_ptr<const Tokenizer>> LoadSentencePieceFrom(

@@ -31,8 +31,9 @@ class Mix:
     state_dict() resumes a mixture exactly. The transform options are the loader's; for an
     ImageLoader a source may set its own augmentation as a third item, a dict of ImageLoader
     options among transform, resize_size, scale, ratio, flip, exif_transpose, accept_corrupt and
-    max_image_pixels (("sketches/", 0.2, {"transform": "eval"})). Labels are each source's own. ImageLoader.stats()["mix"] gives each
-    source's weight, samples per epoch and the samples delivered.
+    max_image_pixels (("sketches/", 0.2, {"transform": "eval"})). Labels are each source's
+    own. ImageLoader.stats()["mix"] gives each source's weight, samples per epoch and the
+    samples delivered.
     """
 
     def __init__(self, sources, weights=None, end="first_source", samples_per_epoch=None):
@@ -106,6 +107,19 @@ class _Delivered:
                 entry.update(delivered=counts[k], share=counts[k] / total)
             sources.append(entry)
         return {"samples_per_epoch": d.size, "end": mix.end, "sources": sources}
+
+
+def _shared_options(mix):
+    """A mixture for a loader whose sources all take its options (TextLoader, TokenLoader)."""
+    if mix is not None and any(mix.options):
+        raise ValueError("source: a source's own options (a third item) are ImageLoader's "
+                         "augmentation options; this loader's sources share its options")
+
+
+def _mix_stats(mix, dataset, delivered):
+    """stats()["mix"] of a loader over `mix`: with the samples delivered when it counts them
+    (`delivered`, a _Delivered: batches whose rows are records), else without."""
+    return (delivered or _Delivered(dataset)).stats(mix, delivered=delivered is not None)
 
 
 def _options(name, options):

@@ -4,7 +4,7 @@ import os
 
 from . import _feedline
 from ._epoch import _FieldsIterator, _start_epoch
-from .mix import Mix, _Delivered
+from .mix import Mix, _Delivered, _mix_stats, _shared_options
 from ._ranks import _agreement
 from ._util import _LoaderFace, _check_type, _engine_args, _is_url, _options_doc, _shown
 
@@ -69,9 +69,7 @@ class TextLoader(_LoaderFace):
                  memory_budget="auto", on_error="raise", max_errors=None, return_index=False,
                  word_cache=True, process_group=None):
         mix = source if isinstance(source, Mix) else None
-        if mix is not None and any(mix.options):
-            raise ValueError("source: a source's own options (a third item) are ImageLoader's "
-                             "augmentation options; this loader's sources share its options")
+        _shared_options(mix)
         if mix is None:
             source = os.fsdecode(os.fspath(_check_type(
                 "source", source, (str, bytes, os.PathLike), "a path or a feedline.Mix")))
@@ -190,8 +188,7 @@ class TextLoader(_LoaderFace):
         s = _LoaderFace.stats(self)
         s["tokenizer"] = self._tokenizer.counters()
         if self._mix is not None:
-            counter = self._mix_delivered or _Delivered(self._mix_dataset)
-            s["mix"] = counter.stats(self._mix, delivered=self._mix_delivered is not None)
+            s["mix"] = _mix_stats(self._mix, self._mix_dataset, self._mix_delivered)
         cut = getattr(self, "_cut", None)
         if cut is not None:
             s["truncation"] = {"max_length": self.max_length, "documents": cut.documents,

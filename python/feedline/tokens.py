@@ -6,7 +6,7 @@ from . import _feedline
 from ._epoch import _FieldsIterator, _start_epoch
 from ._ranks import _agreement
 from ._util import _LoaderFace, _check_type, _engine_args, _is_url, _options_doc, _shown
-from .mix import Mix, _Delivered
+from .mix import Mix, _Delivered, _mix_stats, _shared_options
 
 
 class TokenLoader(_LoaderFace):
@@ -49,9 +49,7 @@ class TokenLoader(_LoaderFace):
                  mask_boundaries=True, eos_id=None, pad_id=0, max_length=65536,
                  process_group=None):
         mix = path if isinstance(path, Mix) else None
-        if mix is not None and any(mix.options):
-            raise ValueError("source: a source's own options (a third item) are ImageLoader's "
-                             "augmentation options; this loader's sources share its options")
+        _shared_options(mix)
         if mix is None:
             path = os.fsdecode(os.fspath(_check_type("path", path, (str, bytes, os.PathLike),
                                                      "a path or a feedline.Mix")))
@@ -161,8 +159,7 @@ class TokenLoader(_LoaderFace):
         reads, and for windows the samples delivered and their share."""
         s = _LoaderFace.stats(self)
         if self._mix is not None:
-            counter = self._mix_delivered or _Delivered(self._mix_dataset)
-            s["mix"] = counter.stats(self._mix, delivered=self._mix_delivered is not None)
+            s["mix"] = _mix_stats(self._mix, self._mix_dataset, self._mix_delivered)
         return s
 
     def __repr__(self):

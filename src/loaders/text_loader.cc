@@ -74,12 +74,46 @@ absl::StatusOr<std::unique_ptr<PackedLoader>> MakePackedTextLoader(const std::st
                               std::move(options));
 }
 
+namespace {
+
+// A token file (and its index) by path or URL: the local copy to open, messages naming what
+// the user gave.
+absl::Status Localize(TokenFileOptions* f, double read_timeout_ms) {
+  absl::StatusOr<std::string> local = LocalCopy(f->path, read_timeout_ms);
+  if (!local.ok()) return local.status();
+  if (f->name.empty()) f->name = f->path;
+  f->path = *std::move(local);
+  return absl::OkStatus();
+}
+absl::Status Localize(TokenDocumentOptions* f, double read_timeout_ms) {
+  absl::StatusOr<std::vector<std::string>> local =
+      LocalCopies({f->path, f->index_path}, read_timeout_ms);
+  if (!local.ok()) return local.status();
+  if (f->name.empty()) f->name = f->path;
+  if (f->index_name.empty()) f->index_name = f->index_path;
+  f->path = (*local)[0];
+  f->index_path = (*local)[1];
+  return absl::OkStatus();
+}
+
+// Packed rows of token documents (one file's or a mixture's), their cuts counted in `cut`.
+absl::StatusOr<std::unique_ptr<PackedLoader>> PackTokenDocuments(
+    std::shared_ptr<const Dataset> documents, std::shared_ptr<const SampleTransform> transform,
+    std::shared_ptr<CutCounter> cut, PackOptions pack, LoaderOptions options) {
+  pack.cut = std::move(cut);
+  // Each document on one rank only (feedline/text.h: ranks agree on the steps instead).
+  if (pack.mode != PackMode::kBucket) options.even_shards(false);
+  absl::StatusOr<std::unique_ptr<Loader>> loader =
+      Loader::Create(std::move(documents), std::move(transform), std::move(options));
+  if (!loader.ok()) return loader.status();
+  return PackedLoader::Create(*std::move(loader), std::move(pack));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Loader>> MakeTokenLoader(TokenFileOptions tokens,
                                                         LoaderOptions options) {
-  absl::StatusOr<std::string> local = LocalCopy(tokens.path, options.read_timeout_ms());
-  if (!local.ok()) return local.status();
-  if (tokens.name.empty()) tokens.name = tokens.path;
-  tokens.path = *std::move(local);
+  if (absl::Status s = Localize(&tokens, options.read_timeout_ms()); !s.ok()) return s;
   absl::StatusOr<TokenWindows> windows = OpenTokenWindows(tokens);
   if (!windows.ok()) return windows.status();
   return Loader::Create(windows->dataset, windows->transform, std::move(options));
@@ -88,22 +122,19 @@ absl::StatusOr<std::unique_ptr<Loader>> MakeTokenLoader(TokenFileOptions tokens,
 absl::StatusOr<std::unique_ptr<PackedLoader>> MakePackedTokenLoader(TokenDocumentOptions docs,
                                                                     PackOptions pack,
                                                                     LoaderOptions options) {
-  absl::StatusOr<std::vector<std::string>> local =
-      LocalCopies({docs.path, docs.index_path}, options.read_timeout_ms());
-  if (!local.ok()) return local.status();
-  if (docs.name.empty()) docs.name = docs.path;
-  if (docs.index_name.empty()) docs.index_name = docs.index_path;
-  docs.path = (*local)[0];
-  docs.index_path = (*local)[1];
+  if (absl::Status s = Localize(&docs, options.read_timeout_ms()); !s.ok()) return s;
   if (docs.cut == nullptr) docs.cut = std::make_shared<CutCounter>();
-  pack.cut = docs.cut;
-  if (pack.mode != PackMode::kBucket) options.even_shards(false);
   absl::StatusOr<TokenDocuments> opened = OpenTokenDocuments(docs);
   if (!opened.ok()) return opened.status();
-  absl::StatusOr<std::unique_ptr<Loader>> loader =
-      Loader::Create(opened->dataset, opened->transform, std::move(options));
-  if (!loader.ok()) return loader.status();
-  return PackedLoader::Create(*std::move(loader), std::move(pack));
+  return PackTokenDocuments(opened->dataset, opened->transform, docs.cut, std::move(pack),
+                            std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<PackedLoader>> MakePackedTokenLoader(const TokenMix& documents,
+                                                                    PackOptions pack,
+                                                                    LoaderOptions options) {
+  return PackTokenDocuments(documents.mix, documents.transform, documents.cut, std::move(pack),
+                            std::move(options));
 }
 
 namespace {
@@ -137,10 +168,7 @@ absl::StatusOr<TokenMix> MixTokenWindows(std::vector<TokenFileOptions> files,
   std::vector<std::shared_ptr<const SampleTransform>> transforms;
   for (size_t k = 0; k < files.size(); ++k) {
     TokenFileOptions& f = files[k];
-    absl::StatusOr<std::string> local = LocalCopy(f.path, read_timeout_ms);
-    if (!local.ok()) return local.status();
-    if (f.name.empty()) f.name = f.path;
-    f.path = *std::move(local);
+    if (absl::Status s = Localize(&f, read_timeout_ms); !s.ok()) return s;
     absl::StatusOr<TokenWindows> w = OpenTokenWindows(f);
     if (!w.ok()) return w.status();
     sources.push_back({w->dataset, weights[k]});
@@ -159,13 +187,7 @@ absl::StatusOr<TokenMix> MixTokenDocuments(std::vector<TokenDocumentOptions> fil
   std::vector<std::shared_ptr<const SampleTransform>> transforms;
   for (size_t k = 0; k < files.size(); ++k) {
     TokenDocumentOptions& f = files[k];
-    absl::StatusOr<std::vector<std::string>> local =
-        LocalCopies({f.path, f.index_path}, read_timeout_ms);
-    if (!local.ok()) return local.status();
-    if (f.name.empty()) f.name = f.path;
-    if (f.index_name.empty()) f.index_name = f.index_path;
-    f.path = (*local)[0];
-    f.index_path = (*local)[1];
+    if (absl::Status s = Localize(&f, read_timeout_ms); !s.ok()) return s;
     f.cut = cut;
     absl::StatusOr<TokenDocuments> d = OpenTokenDocuments(f);
     if (!d.ok()) return d.status();

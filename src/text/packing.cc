@@ -768,6 +768,12 @@ int64_t DocsOfRank(int64_t left, int64_t world, int64_t rank) {
   return left > rank ? (left - rank - 1) / world + 1 : 0;
 }
 
+// A rank's cursor lies within its documents: before one of them, or inside it (an offset), or
+// at their end (offset 0).
+bool CursorFits(int64_t document, int64_t offset, int64_t have) {
+  return document >= 0 && offset >= 0 && document <= have && (document < have || offset == 0);
+}
+
 // A state's holes (a resplit resume's saved layout) are consistent with it.
 absl::Status CheckHoles(const PackedLoader::State& st, PackMode mode) {
   if (st.holes_world == 0 && st.holes_base == 0 && st.holes.empty()) return absl::OkStatus();
@@ -785,8 +791,7 @@ absl::Status CheckHoles(const PackedLoader::State& st, PackMode mode) {
   const int64_t left = st.documents.dataset_size - st.holes_base;
   for (int64_t r = 0; r < st.holes_world; ++r) {
     const PackedLoader::Cursor& c = st.holes[size_t(r)];
-    if (c.document < 0 || c.offset < 0 || c.document > DocsOfRank(left, st.holes_world, r) ||
-        (c.document == DocsOfRank(left, st.holes_world, r) && c.offset != 0)) {
+    if (!CursorFits(c.document, c.offset, DocsOfRank(left, st.holes_world, r))) {
       return bad(absl::StrCat("rank ", r, "'s cursor (document ", c.document, ", offset ", c.offset,
                               ") lies outside its documents"));
     }
@@ -858,8 +863,7 @@ absl::Status PackedLoader::Resplit(const std::vector<State>& states) {
     }
     const int64_t left = d.dataset_size - d.skipped;
     const int64_t have = DocsOfRank(left, W, d.rank);
-    if (st.document < 0 || st.offset < 0 || st.document > have ||
-        (st.document == have && st.offset != 0) || d.batches_done != st.document / d.batch_size) {
+    if (!CursorFits(st.document, st.offset, have) || d.batches_done != st.document / d.batch_size) {
       return bad(absl::StrCat("rank ", d.rank, "'s position (document ", st.document, ", offset ",
                               st.offset, ") lies outside its ", have, " documents"));
     }
