@@ -874,34 +874,30 @@ absl::Status PackedLoader::Resplit(const std::vector<State>& states) {
   // The first position of the epoch's order (after base) that some saved rank had not packed
   // whole: everything before it is done, and this layout's ranks deal the rest.
   int64_t from = left;
-  State holes;
-  holes.holes_world = W;
-  holes.holes_base = base;
-  holes.holes.resize(size_t(W));
+  State next;  // where this layout starts: the saved layout's cursors as its holes
+  next.seq_len = sh.o.seq_len;
+  next.batch_size = sh.o.batch_size;
+  next.window_rows = sh.o.window_rows;
+  next.mode = int(sh.o.mode);
+  next.holes_world = W;
+  next.holes_base = base;
+  next.holes.resize(size_t(W));
   for (int64_t r = 0; r < W; ++r) {
     const State& st = *by_rank[size_t(r)];
-    holes.holes[size_t(r)] =
-        finished(st) ? Cursor{DocsOfRank(left, W, r), 0} : Cursor{st.document, st.offset};
-    if (holes.holes[size_t(r)].document < DocsOfRank(left, W, r)) {
-      from = std::min(from, holes.holes[size_t(r)].document * W + r);
-    }
+    const int64_t have = DocsOfRank(left, W, r);
+    Cursor& c = next.holes[size_t(r)];
+    c = finished(st) ? Cursor{have, 0} : Cursor{st.document, st.offset};
+    if (c.document < have) from = std::min(from, c.document * W + r);
   }
   Loader::State d = mine;
   d.epoch = first.documents.epoch;
   d.batches_done = 0;
   d.skipped = base + from;
-  State next;
-  next.seq_len = sh.o.seq_len;
-  next.batch_size = sh.o.batch_size;
-  next.window_rows = sh.o.window_rows;
-  next.mode = int(sh.o.mode);
-  if (from >= left) {  // every document was packed: the next epoch, from its start
+  if (from >= left) {  // every document was packed: the next epoch, from its start, no holes
     d.epoch = first.documents.epoch + 1;
     d.skipped = 0;
-  } else {
-    next.holes_world = holes.holes_world;
-    next.holes_base = holes.holes_base;
-    next.holes = std::move(holes.holes);
+    next.holes_world = next.holes_base = 0;
+    next.holes.clear();
   }
   if (absl::Status s = sh.documents->LoadState(d); !s.ok()) return s;
   next.documents = d;
