@@ -438,10 +438,10 @@ class Epoch:
         before = self._off.error_count
         self._off.collect_rescue_errors()
         rescued = self._off.error_count - before
-        local = _own_errors(self._owner) - self._errors_at_start
-        st = self._owner.stats()  # the loader's and the cluster's errors together
-        n = local + len(self._remote_errors) + rescued
-        _warn_replaced(self._owner, {"error_count": n, "errors": st.get("errors", [])[-n:]}, 0)
+        own = self._owner._loader.stats()  # (not the face's stats(): it asks the scheduler too)
+        n = own.get("error_count", 0) - self._errors_at_start + len(self._remote_errors) + rescued
+        errors = (list(own.get("errors", [])) + self._off.errors)[-256:]
+        _warn_replaced(self._owner, {"error_count": n, "errors": errors[-n:]}, 0)
 
     def _remade(self, b):
         self._remake(b)
