@@ -40,23 +40,29 @@ def _start_cluster(core):
     py = sys.executable
     scheduler = subprocess.Popen(
         pin + [py, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
-               str(port), "--dashboard-address", ":0", "--no-show"],
+               str(port), "--no-dashboard", "--no-show"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     worker = subprocess.Popen(
         pin + [py, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1", "--nworkers",
-               "1", "--no-nanny", "--dashboard-address", ":0", "--host", "127.0.0.1"],
+               "1", "--no-nanny", "--no-dashboard", "--host", "127.0.0.1"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return address, [worker, scheduler]
 
 
-def _epoch(loader):
-    """Images/s of one epoch and the trainer's CPU seconds (process time: every thread of this
-    process, the loader's included)."""
+def _turn(loader, first_epoch, epochs):
+    """Images/s over `epochs` consecutive epochs from `first_epoch`, and the trainer's CPU
+    seconds per batch (process time: every thread of this process, the loader's included).
+    The turn starts at an epoch no contender has begun: work a loader did for its next epoch
+    while the others had their turns is dropped (set_epoch cancels it), and within the turn
+    each epoch's head start counts as it would in training."""
+    loader.set_epoch(first_epoch)
     t0, c0 = time.perf_counter(), time.process_time()
-    n = 0
-    for images, _ in loader:
-        n += images.shape[0]
-    return n / (time.perf_counter() - t0), time.process_time() - c0
+    n = batches = 0
+    for _ in range(epochs):
+        for images, _ in loader:
+            n += images.shape[0]
+            batches += 1
+    return n / (time.perf_counter() - t0), (time.process_time() - c0) / batches
 
 
 def main():
@@ -64,6 +70,9 @@ def main():
     p.add_argument("data", help="an ImageFolder (feedline-bench's bundled set)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--epochs", type=int, default=3, help="consecutive epochs per turn")
+    p.add_argument("--per-task", type=int, default=None,
+                   help="batches per Dask task (default: the loader's own choice)")
     p.add_argument("--json", help="write the figures here")
     a = p.parse_args()
     cores = sorted(os.sched_getaffinity(0))
@@ -80,30 +89,44 @@ def main():
         local = feedline.ImageLoader(a.data, **kw)
         hybrid = feedline.ImageLoader(a.data, offload=client, **kw)
         remote = feedline.ImageLoader(a.data, offload=client, **kw)
-        remote._offload.local = False
+        remote._offload.local = False  # every full batch from the worker
+        if a.per_task is not None:
+            hybrid._offload.batches_per_task = remote._offload.batches_per_task = a.per_task
         batches = len(local)
         for loader in (local, hybrid, remote):  # warm: threads, page cache, the worker's loader
-            _epoch(loader)
+            _turn(loader, 0, 1)
         rows = {"local": [], "hybrid": [], "remote": []}
+        received = []  # the remote contender's CPU per batch and its local batches' share
+        epoch = 1
         for r in range(a.rounds):
             order = [("local", local), ("hybrid", hybrid), ("remote", remote)]
             if r % 2:
                 order.reverse()
             for name, loader in order:
+                counts = dict(loader._offload.counts) if loader._offload else {}
+                rows[name].append(_turn(loader, epoch, a.epochs))
+                epoch += a.epochs
                 if name == "remote":
-                    loader._offload.local = False  # every batch from the worker
-                rows[name].append(_epoch(loader))
-        best = {k: max(v) for k, v in rows.items()}
+                    c = loader._offload.counts
+                    received.append((rows[name][-1][1], c["local"] + c["remade"] -
+                                     counts.get("local", 0) - counts.get("remade", 0)))
         ratio = [h[0] / l[0] for h, l in zip(rows["hybrid"], rows["local"])]
-        cpu_local = sum(c for _, c in rows["local"]) / (a.rounds * batches)
-        cpu_remote = sum(c for _, c in rows["remote"]) / (a.rounds * batches)
+        cpu_local = sum(c for _, c in rows["local"]) / a.rounds  # per batch made here
+        # The trainer's CPU per batch received: the remote contender's, less the batches it
+        # made itself (an epoch's short last batch) at the local contender's cost.
+        n = a.epochs * batches
+        cpu_remote = sum((c * n - made * cpu_local) / (n - made)
+                         for c, made in received) / a.rounds
         st = hybrid.stats()["offload"]
         out = {
             "images": batches * a.batch_size,
             "batch_size": a.batch_size,
             "rounds": a.rounds,
+            "epochs_per_turn": a.epochs,
+            "batches_per_task": hybrid._offload.batches_per_task,
             "local_images_per_s": [round(x, 1) for x, _ in rows["local"]],
             "hybrid_images_per_s": [round(x, 1) for x, _ in rows["hybrid"]],
+            "remote_images_per_s": [round(x, 1) for x, _ in rows["remote"]],
             "hybrid_over_local": [round(x, 3) for x in ratio],
             "trainer_cpu_ms_per_batch_local": round(1e3 * cpu_local, 2),
             "trainer_cpu_ms_per_batch_received": round(1e3 * cpu_remote, 2),
@@ -112,7 +135,8 @@ def main():
             "remote_latency_ms": round(st["remote_latency_ms"], 1),
         }
         print(f"offload on one machine: trainer on core {cores[0]}, one Dask worker on core "
-              f"{cores[1]}, {out['images']} images, batch {a.batch_size}, train transform")
+              f"{cores[1]}, {out['images']} images, batch {a.batch_size}, train transform, {a.epochs} epochs a turn, "
+              f"{out['batches_per_task']} batches a task")
         for name in ("local", "hybrid", "remote"):
             print(f"  {name:7s} " + "  ".join(f"{x:7.1f}" for x, _ in rows[name]) + " img/s")
         print(f"  hybrid / local, per round: " + "  ".join(f"{x:.2f}x" for x in ratio)

@@ -88,6 +88,8 @@ void BindEngine(py::module_& m) {
       // 0: nobody's yet, 1: the loader's run, 2: another maker's.
       .def("owner", [](const BatchFeed& f, int64_t b) { return int(f.owner(b)); })
       .def("close", &BatchFeed::Close)
+      .def("take_remote", [](BatchFeed& f, int64_t b) { return f.Take(b, BatchFeed::kRemote); })
+      .def_property_readonly("unclaimed", &BatchFeed::unclaimed)
       .def_property_readonly("first", &BatchFeed::first)
       .def_property_readonly("end", &BatchFeed::end);
 

@@ -92,9 +92,14 @@ class BatchFeed {
   // unclaimed one): a maker whose batches take long to arrive takes them from further ahead,
   // and the lowest ones stay for the run, which claims them in order.
   int64_t Claim(Owner who, int64_t lead = 0);
+  // Batch b, now `who`'s, if nobody has claimed it (false otherwise, or after Close): a maker
+  // that started on it before the feed existed (offload: the next epoch's first batches).
+  bool Take(int64_t b, Owner who);
   Owner owner(int64_t b) const;  // kNone outside [first, end) too
   int64_t first() const noexcept { return first_; }
   int64_t end() const noexcept { return end_; }
+  // How many batches nobody has claimed yet.
+  int64_t unclaimed() const;
   // No more claims: -1 from now on (a run whose feed closes makes what it claimed).
   void Close();
 
@@ -103,6 +108,7 @@ class BatchFeed {
   mutable std::mutex mu_;
   int64_t next_;  // no batch below it is unclaimed
   bool closed_ = false;
+  int64_t claimed_ = 0;
   std::vector<int8_t> owners_;  // by batch - first_
 };
 

@@ -138,16 +138,39 @@ def _warn_cut(owner, st):
                       RuntimeWarning, stacklevel=3)
 
 
+class _FieldShaper:
+    """A batch's fields (torch tensors by name) as a loader of any schema gives them: a padded
+    field's "lengths" and "attention_mask" made from its lengths, `drop`'s fields left out,
+    "index" added with return_index. Offloaded batches are shaped by the same one."""
+
+    def __init__(self, return_index, padded=None, drop=()):
+        import torch
+        self._torch = torch
+        self._return_index = return_index
+        self._padded = padded  # a padded field: "lengths" and "attention_mask" from its lengths
+        self._drop = drop  # fields the dicts leave out
+        self._arange = None  # 0, 1, ... kept for the masks (a slice costs less than arange)
+
+    def __call__(self, fields, indices):
+        out = {name: t for name, t in fields.items() if name not in self._drop}
+        if self._padded is not None:
+            lengths = out.pop(self._padded + "_lengths")
+            width = out[self._padded].shape[1]
+            if self._arange is None or self._arange.shape[0] < width:
+                self._arange = self._torch.arange(max(2 * width, 256))
+            out["attention_mask"] = (self._arange[:width] < lengths.unsqueeze(1)).long()
+            out["lengths"] = lengths
+        if self._return_index:
+            out["index"] = indices
+        return out
+
+
 class _FieldsIterator(_EpochIterator):
     """One epoch of a loader of any schema: dicts of tensors by field name."""
 
     def __init__(self, epoch, return_index, owner, padded=None, drop=(), ranks=None):
-        import torch
         super().__init__(epoch, return_index, owner)
-        self._torch = torch
-        self._padded = padded  # a padded field: "lengths" and "attention_mask" from its lengths
-        self._drop = drop  # views the dicts leave out
-        self._arange = None  # 0, 1, ... kept for the masks (a slice costs less than arange)
+        self._shape = _FieldShaper(return_index, padded, drop)
         self._ranks = ranks  # packed rows on several ranks: the step agreement (_ranks.py)
         self._rows_left = True
 
@@ -171,18 +194,8 @@ class _FieldsIterator(_EpochIterator):
         delivered = getattr(self._owner, "_mix_delivered", None)
         if delivered is not None:  # a mixture's documents by source (padded and bucketed)
             delivered.count(indices)
-        out = {name: self._from_dlpack(view) for name, view in fields.items()
-               if name not in self._drop}
-        if self._padded is not None:
-            lengths = out.pop(self._padded + "_lengths")
-            width = out[self._padded].shape[1]
-            if self._arange is None or self._arange.shape[0] < width:
-                self._arange = self._torch.arange(max(2 * width, 256))
-            out["attention_mask"] = (self._arange[:width] < lengths.unsqueeze(1)).long()
-            out["lengths"] = lengths
-        if self._return_index:
-            out["index"] = self._from_dlpack(indices)
-        return out
+        return self._shape({name: self._from_dlpack(view) for name, view in fields.items()},
+                           self._from_dlpack(indices))
 
 
 def _warn_large(owner, st):

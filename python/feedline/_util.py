@@ -187,6 +187,9 @@ class _LoaderFace:
     """What every loader face does the same way over its C++ loader (self._loader): epochs,
     resume state, stats, trace and the current settings."""
 
+    _offload = None  # offload.Offload: the link to a Dask cluster (offload=)
+    _offload_at = None  # (epoch, next batch) while an offloading epoch runs
+
     def set_epoch(self, epoch):
         """The epoch the next iteration starts (its permutation and augmentations)."""
         _check_type("epoch", epoch, int, "an int")
@@ -197,7 +200,10 @@ class _LoaderFace:
     def state_dict(self):
         """Where the loader is (epoch, batches already yielded) and what a restored run must
         agree on, as plain Python types: save it next to the model and optimizer state."""
-        return dict(self._loader.state())
+        state = dict(self._loader.state())
+        if self._offload_at is not None:  # an offloading epoch's position is kept here
+            state["epoch"], state["batches_done"] = self._offload_at
+        return state
 
     def load_state_dict(self, state, resplit=False):
         """The next iteration resumes exactly where `state` was taken: the same batches (indices
@@ -212,17 +218,26 @@ class _LoaderFace:
             if not all(isinstance(s, dict) for s in state):
                 raise TypeError("state: a list of the dicts each rank's state_dict() gave")
             self._loader.load_state(list(state), True)
+            self._offload_at = None
             return
         if not isinstance(state, dict):
             raise TypeError(f"state: expected the dict from state_dict(), got {type(state).__name__}"
                             + (" (a list of every rank's states: packed rows with resplit=True)"
                                if isinstance(state, (list, tuple)) else ""))
         self._loader.load_state(state, resplit)
+        self._offload_at = None
 
     def stats(self):
         """Per-stage figures (the "read", "map" and "consumer" stages), samples/s, current
-        settings, the bottleneck verdict and errors."""
-        return self._loader.stats()
+        settings, the bottleneck verdict and errors; with offload=, "offload"."""
+        s = self._loader.stats()
+        if self._offload is not None:
+            s["offload"] = self._offload.stats()
+            # Samples the cluster's loaders (and the rescue loader) replaced count as this
+            # loader's: error_count and errors cover every batch it delivered.
+            s["error_count"] = s.get("error_count", 0) + self._offload.error_count
+            s["errors"] = (list(s.get("errors", [])) + self._offload.errors)[-256:]
+        return s
 
     def save_trace(self, path):
         """Writes a Chrome trace (Perfetto / chrome://tracing): threads, batches, tuner."""

@@ -6,7 +6,7 @@ import re
 from . import _feedline
 from ._epoch import _EpochIterator, _start_epoch
 from .mix import Mix, _Delivered
-from . import offload as _offloading
+from . import _offload_epoch, offload as _offloading
 from ._util import (_LoaderFace, _check_type, _default_seed, _engine_args, _is_url,
                     _options_doc, _pair, _parse_bytes, _parse_count, _resolve_cuda, _shown,
                     _timeout, _triple, _world)
@@ -201,11 +201,9 @@ class ImageLoader(_LoaderFace):
         self.drop_last = drop_last
         self.num_workers = num_workers
         self.pin_memory = pin_memory
-        self._offload = None
-        self._offload_at = None  # (epoch, next batch) while an offloading epoch runs
         if offload is not None:
             self._offload = _offloading.Offload(
-                offload, _offloading.image_spec(self._args, seed, rank, world_size))
+                offload, _offloading.spec("image", self._args, seed, rank, world_size))
 
     def __len__(self):
         """Batches per epoch for this rank."""
@@ -229,25 +227,16 @@ class ImageLoader(_LoaderFace):
 
     def __iter__(self):
         self._recheck_world()
-        if self._offload is not None and self._offload.active:
-            state = self._loader.state()
-            if state.get("skipped", 0) == 0:  # (a resume on another layout: made here)
-                epoch, start = state["epoch"], state["batches_done"]
-                self._loader.set_epoch(epoch + 1)
-                self._offload_at = (epoch, start)
-                return _offloading.Epoch(self, epoch, start, self._return_index)
+        offloading = _offload_epoch.start(self, self._shaped)
+        if offloading is not None:
+            return offloading
         # The iterator holds the loader: `for x, y in ImageLoader(...)` must see every batch.
         return _EpochIterator(_start_epoch(self), self._return_index, self)
 
-    def state_dict(self):
-        state = _LoaderFace.state_dict(self)
-        if self._offload_at is not None:  # an offloading epoch's position is kept here
-            state["epoch"], state["batches_done"] = self._offload_at
-        return state
-
-    def load_state_dict(self, state, resplit=False):
-        _LoaderFace.load_state_dict(self, state, resplit)
-        self._offload_at = None
+    def _shaped(self, fields, indices):
+        """An offloaded batch (its fields by name) as the iterator gives it."""
+        batch = (fields["image"], fields["label"])
+        return batch + (indices,) if self._return_index else batch
 
     @property
     def dataset(self):
@@ -296,12 +285,6 @@ class ImageLoader(_LoaderFace):
         s = _image_words(_LoaderFace.stats(self))
         if self._mix is not None:
             s["mix"] = self._mix_delivered.stats(self._mix)
-        if self._offload is not None:
-            s["offload"] = self._offload.stats()
-            # Samples the cluster's loaders (and the rescue loader) replaced count as this
-            # loader's: error_count and errors cover every batch it delivered.
-            s["error_count"] = s.get("error_count", 0) + self._offload.error_count
-            s["errors"] = (list(s.get("errors", [])) + self._offload.errors)[-256:]
         return s
 
     def __repr__(self):

@@ -12,6 +12,7 @@ uint8) as Dask's out-of-band buffers, without a copy into Python objects.
 """
 
 import collections
+import copy
 import hashlib
 import os
 import pickle
@@ -21,8 +22,8 @@ import uuid
 import warnings
 
 from . import _feedline
-from ._epoch import _warn_replaced
 from ._util import _is_url
+from .mix import Mix
 
 _PRODUCERS = collections.OrderedDict()  # spec key -> loader, on a Dask worker (LRU)
 _PRODUCERS_LOCK = threading.Lock()
@@ -31,24 +32,41 @@ _MAX_PRODUCERS = 4
 FACES = {}  # face name -> loader class (each face's module adds itself)
 
 
-def image_spec(args, seed, rank, world_size):
-    """The picklable spec of an ImageLoader made with `args`: what a worker needs to make its
-    batches (paths made absolute, the seed and the rank split resolved, CPU output)."""
-    spec = dict(args)
-    for name in ("offload", "num_workers", "pin_memory", "return_index"):
-        spec.pop(name, None)
-    source = spec["source"]
+# What each face's spec makes absolute (paths and URLs it reads), and what stays with the
+# trainer's loader (how it hands batches over, its link to the cluster).
+_PATHS = {"image": ("source",), "text": ("source", "tokenizer"), "tokens": ("path", "index")}
+_TRAINER_ONLY = ("offload", "num_workers", "pin_memory", "return_index", "process_group")
+
+
+def spec(face, args, seed, rank, world_size):
+    """The picklable spec of the `face` loader made with `args` (its constructor's arguments):
+    what a worker needs to make its batches (paths made absolute, the seed and the rank split
+    resolved; images in host memory)."""
+    spec = {k: v for k, v in args.items() if k not in _TRAINER_ONLY}
+    for key in _PATHS[face]:
+        spec[key] = _absolute(spec.get(key))
+    # On a worker the loader is the work: its threads at the worker's own priority (below it,
+    # any other thread there, Dask's own included, would starve them).
+    spec.update(seed=seed, rank=rank, world_size=world_size, epoch_head_start=False,
+                worker_nice=0)
+    if face == "image":
+        spec["device"] = "cpu"
+    return (face, spec)
+
+
+def _absolute(source):
+    """`source` (a path, a URL, a list of them or a feedline.Mix of them) with every local path
+    absolute: a worker's current directory is not the trainer's."""
+    if isinstance(source, Mix):
+        mix = copy.copy(source)
+        mix.sources = [_absolute(s) for s in source.sources]
+        return mix
     if isinstance(source, (list, tuple)):
-        spec["source"] = [p if _is_url(os.fspath(p)) else os.path.abspath(os.fspath(p))
-                          for p in source]
-    elif isinstance(source, (str, bytes, os.PathLike)):
-        source = os.fsdecode(os.fspath(source))
-        spec["source"] = source if _is_url(source) else os.path.abspath(source)
-    # On a worker the loader is the work: its decoder threads at the worker's own priority
-    # (below it, any other thread there, Dask's own included, would starve them).
-    spec.update(seed=seed, rank=rank, world_size=world_size, device="cpu",
-                epoch_head_start=False, worker_nice=0)
-    return ("image", spec)
+        return [_absolute(p) for p in source]
+    if isinstance(source, (str, bytes, os.PathLike)):
+        path = os.fsdecode(os.fspath(source))
+        return path if _is_url(path) else os.path.abspath(path)
+    return source
 
 
 def _producer(spec):
@@ -86,41 +104,49 @@ def _new_errors(key, loader, epoch):
 
 
 def _array(view):
-    """A batch column as a numpy array of its own (the slot goes back to the pipeline).
-    bfloat16, which numpy lacks, travels as its 16-bit pattern."""
+    """A batch field as (a numpy array of its own: the slot goes back to the pipeline, whether
+    it is bfloat16). bfloat16, which numpy lacks, travels as its 16-bit pattern."""
     import numpy as np
     try:
-        return np.array(np.from_dlpack(view), copy=True)
+        return np.array(np.from_dlpack(view), copy=True), False
     except (BufferError, TypeError, RuntimeError):
         import torch
-        return torch.from_dlpack(view).view(torch.int16).numpy().copy()
+        return torch.from_dlpack(view).view(torch.int16).numpy().copy(), True
 
 
 def make_batches(spec, epoch, batches):
     """Batches `batches` (ascending) of `epoch` of the loader `spec` describes, made in this
-    process: (arrays, made, errors) where `made` lists (batch number, None) for each batch made,
-    its images, labels and indices the next three of `arrays`, and (batch number, message) for a
+    process: (arrays, made, errors, seconds). `made` has an entry per batch: (batch number, None,
+    fields) for a batch made, its fields' arrays the next ones of `arrays` and `fields` their
+    (name, is bfloat16) pairs, then its sample indices; (batch number, message, None) for a
     batch whose sample failed (on_error="raise"; the message names the file), so that the error
-    reaches the trainer at that batch; `errors` are the epoch's samples this process's loader
-    replaced (on_error="skip", stats()["errors"] entries) not returned before. (A flat list of
-    arrays first: Dask then sends each as its own frames, without pickling the pixels.)"""
+    reaches the trainer at that batch. `errors` are the epoch's samples this process's loader
+    replaced (on_error="skip", stats()["errors"] entries) not returned before; `seconds` the
+    time it took. (A flat list of arrays: Dask sends each as its own frames, without pickling
+    the pixels or tokens.)"""
+    t0 = time.perf_counter()
     key, loader = _producer(spec)
     run = loader._loader.start_batches(int(epoch), [int(b) for b in batches])
     arrays, made = [], []
     try:
         for b in batches:
             try:
-                images, labels, indices, index = run.next()
+                views, indices, index = run.next_fields()
             except _feedline.DataError as e:
-                made.append((b, str(e)))
+                made.append((b, str(e), None))
                 continue
             if index != b:
                 raise RuntimeError(f"feedline offload: made batch {index} for batch {b}")
-            arrays += [_array(images), _array(labels), _array(indices)]
-            made.append((b, None))
+            fields = []
+            for name, view in views.items():
+                array, bf16 = _array(view)
+                arrays.append(array)
+                fields.append((name, bf16))
+            arrays.append(_array(indices)[0])
+            made.append((b, None, fields))
     finally:
         run.cancel()
-    return arrays, made, _new_errors(key, loader, int(epoch))
+    return arrays, made, _new_errors(key, loader, int(epoch)), time.perf_counter() - t0
 
 
 def _connect(offload):
@@ -151,8 +177,9 @@ def _lost(e):
 
 
 class Offload:
-    """One loader's link to a cluster: its client, the spec its workers make batches from, the
-    loader that remakes batches the cluster lost, and the figures."""
+    """One loader's link to a cluster: its client, the spec its workers make batches from, its
+    leases in flight (of the epoch iterating and the next one's first), the loader that remakes
+    batches the cluster lost, and the figures."""
 
     def __init__(self, offload, spec):
         self.client = _connect(offload)
@@ -160,15 +187,56 @@ class Offload:
         self.address = getattr(self.client.scheduler, "address", None) or str(offload)
         self.active = True
         self.local = True  # this process makes batches too (off: every batch remote, to measure)
+        self.batches_per_task = None  # a lease's batches (None: tuned, see Epoch)
+        self.batch_s = 0.0  # a worker's time per batch, smoothed
+        self.direct = True  # results straight from the workers (off once they cannot be reached)
         self.counts = collections.Counter()
         self.latency_s = 0.0  # from lease to done, averaged over the last ~20
         self.step_s = 0.0  # the consumer's time per batch, smoothed
+        self.local_rate = 0.0  # the loader's own batches per second, last epoch
         self.bytes = 0
         self._rescue = None
         # Samples the cluster and the rescue loader replaced (on_error="skip"), for stats().
         self.errors = []
         self.error_count = 0
         self._rescue_counted = 0  # of the rescue loader's errors, those already in `errors`
+        # Leases (tasks making some batches of an epoch), whichever epoch they are for.
+        self.lock = threading.RLock()
+        self.running = set()  # keys of the leases not done yet
+        self.submitted = {}  # key -> when it was submitted, until done (latency)
+        self.done = {}  # key -> an Event set when the lease is done, until gathered
+        self.ahead = None  # (epoch, {batch: (future, submitted)}): the next epoch's first
+        self.epoch = None  # a weak reference to the epoch iterating now
+
+    def submit(self, epoch, lease):
+        """Leases the batches `lease` (ascending) of `epoch` to the cluster (under `lock`):
+        (future, when)."""
+        f = self.client.submit(make_batches, self.spec, epoch, lease, pure=False,
+                               key=f"feedline-batches-{epoch}-{lease[0]}-{uuid.uuid4().hex}")
+        now = time.perf_counter()
+        self.running.add(f.key)
+        self.submitted[f.key] = now
+        self.done[f.key] = threading.Event()
+        f.add_done_callback(self._completed)
+        return f, now
+
+    def _completed(self, f):
+        """A lease is done (Dask's callback thread): its latency counted, its waiter woken, and
+        the epoch iterating leases more."""
+        with self.lock:
+            self.running.discard(f.key)
+            submitted = self.submitted.pop(f.key, None)
+            if submitted is not None:  # the time from submission to done, smoothed
+                n = self.counts["leases"]
+                self.counts["leases"] += 1
+                latency = time.perf_counter() - submitted
+                self.latency_s += (latency - self.latency_s) / min(n + 1, 20)
+            done = self.done.get(f.key)
+        if done is not None:
+            done.set()
+        epoch = self.epoch() if self.epoch is not None else None
+        if epoch is not None:
+            epoch._top_up()
 
     def remote_threads(self):
         try:
@@ -216,285 +284,5 @@ class Offload:
             "remote_fraction": c["remote"] / made if made else 0.0,
             "remote_latency_ms": 1000.0 * self.latency_s,
             "bytes_received": self.bytes,
+            "batches_ahead": c["ahead"],
         }
-
-
-_NOBODY, _LOCAL, _REMOTE = 0, 1, 2  # BatchFeed owners
-
-
-def _own_errors(owner):
-    """The samples that failed in the loader's own engine (not the cluster's)."""
-    return owner._loader.stats().get("error_count", 0)
-
-
-class Epoch:
-    """One epoch of an offloading loader: batches in order, each once, made here or remotely.
-
-    The epoch's full batches go through one BatchFeed: the loader's run claims the next one
-    whenever its prefetch bound has room, the cluster whenever fewer than `depth` of its
-    batches are in flight (from the consumer's thread and from each lease's completion), so
-    each side makes what it can and neither waits for a share set in advance. A short last
-    batch is made at its turn on its own. Batches the cluster lost are remade in this process.
-    """
-
-    def __init__(self, owner, epoch, start, return_index):
-        import torch
-        self._torch = torch
-        self._owner = owner
-        self._off = owner._offload
-        self._epoch = epoch
-        self._n = len(owner)
-        self._next = start
-        self._return_index = return_index
-        self._lock = threading.Lock()
-        self._futures = {}  # batch -> (future, submitted at), under _lock
-        self._running = set()  # keys of the futures not yet done, under _lock
-        self._submitted = {}  # key -> when it was submitted, until done (latency), under _lock
-        self._lost = []     # leased batches the cluster lost, to be made here
-        self._rescue = None  # (epoch run, its batches in order) remaking lost batches
-        self._closed = False
-        # Replaced samples (on_error="skip"), for the epoch's one warning.
-        self._errors_at_start = _own_errors(owner)
-        self._remote_errors = []
-        full = min(self._n, owner._loader.num_samples // owner.batch_size)
-        self._full = max(start, full)
-        self._feed = _feedline.BatchFeed(start, self._full) if self._full > start else None
-        self._run = None
-        if self._feed is not None and (self._off.local or not self._off.active):
-            self._run = owner._loader.start_from_feed(epoch, self._feed)
-        # Remote batches in flight: one running and one queued per worker thread.
-        self._depth = 2 * max(1, self._off.remote_threads()) + 1
-        self._last_t = time.perf_counter()
-        self._top_up()
-
-    # --- the cluster's side: claims from the feed, leases, results ------------------------
-    def _top_up(self, _future=None):
-        """Leases the feed's next batches to the cluster while it has fewer than `depth` in
-        flight (also run by each lease's completion, on Dask's callback thread)."""
-        if self._feed is None or not self._off.active:
-            return
-        with self._lock:
-            if _future is not None:  # a lease came back: its time from submission to done
-                self._running.discard(_future.key)
-                submitted = self._submitted.pop(_future.key, None)
-                if submitted is not None:
-                    n = self._off.counts["leases"]
-                    self._off.counts["leases"] += 1
-                    latency = time.perf_counter() - submitted
-                    self._off.latency_s += (latency - self._off.latency_s) / min(n + 1, 20)
-            # In flight: `depth` running or queued on the workers; held: what came back and
-            # waits for its turn too (memory), at most the lead's worth more.
-            while (not self._closed and len(self._running) < self._depth and
-                   len(self._futures) < self._depth + self._lead() + 2):
-                b = self._feed.claim_remote(self._lead())
-                if b < 0:
-                    return
-                try:
-                    f = self._off.client.submit(
-                        make_batches, self._off.spec, self._epoch, [b], pure=False,
-                        key=f"feedline-batch-{self._epoch}-{b}-{uuid.uuid4().hex}")
-                except Exception as e:  # noqa: BLE001 (a client that lost its scheduler)
-                    self._lost.append(b)
-                    self._off.lose(f"cannot submit to the Dask scheduler at "
-                                   f"{self._off.address}: {e}")
-                    return
-                self._futures[b] = (f, time.perf_counter())
-                self._running.add(f.key)
-                self._submitted[f.key] = self._futures[b][1]
-                f.add_done_callback(self._top_up)
-
-    def _lead(self):
-        """How far past the lowest unclaimed batch the cluster claims: the batches the consumer
-        takes while a lease is out (its latency over the time per batch), so that a leased
-        batch is back before the consumer needs it and the run keeps the batches just ahead."""
-        step = self._off.step_s
-        if self._run is None:  # nobody else claims the lowest batches
-            return 0
-        if self._off.latency_s <= 0 or step <= 0:
-            return self._depth
-        return int(self._off.latency_s / step) + 1
-
-    def _take_remote(self, b):
-        """Batch b's arrays from the cluster, or None when it is to be made here instead."""
-        import distributed
-        with self._lock:
-            if b not in self._futures:  # never leased (its submission failed): made here
-                return None
-            f, submitted = self._futures[b]
-        while True:
-            if self._off.client.status not in ("running", "connecting"):
-                self._off.lose(f"the Dask scheduler at {self._off.address} is gone "
-                               f"(client {self._off.client.status})")
-                return None
-            try:
-                got = f.result(timeout=0.25)
-                break
-            except TimeoutError:
-                if time.perf_counter() - submitted > _STRAGGLER_S:
-                    return None
-            except Exception as e:  # noqa: BLE001 (sorted below)
-                if _lost(e) or isinstance(e, distributed.TimeoutError):
-                    return None
-                raise RuntimeError(f"feedline offload: the cluster could not make batch {b} of "
-                                   f"epoch {self._epoch}: {type(e).__name__}: {e}") from e
-        with self._lock:
-            self._futures.pop(b, None)
-        arrays, made, errors = got
-        f.release()
-        self._off.add_errors(errors)
-        self._remote_errors += errors
-        (got_b, error), = made
-        return (None, error) if error is not None else (arrays, None)
-
-    def _remake(self, b):
-        """Batch b (the cluster's, lost; or the short last batch) made in this process: by the
-        loader itself once its run is over, else by the rescue loader, together with the other
-        lost batches still to come."""
-        with self._lock:
-            f = self._futures.pop(b, (None, 0))[0]
-            lost = sorted({b, *self._lost} | ({x for x in self._futures} if not
-                                              self._off.active else set()))
-            if not self._off.active:
-                for x in list(self._futures):
-                    _cancel(self._futures.pop(x)[0])
-            self._lost = []
-        _cancel(f)
-        if self._rescue is not None:
-            run, queue = self._rescue
-            lost = sorted(set(lost) | set(queue))
-            run.cancel()
-        loader = (self._owner._loader if self._run is None else
-                  self._off.rescue_loader()._loader)
-        queue = collections.deque(lost)
-        self._rescue = (loader.start_batches(self._epoch, list(lost)), queue)
-
-    def _from_rescue(self, b):
-        run, queue = self._rescue
-        if not queue or queue[0] != b:
-            self._remake(b)
-            run, queue = self._rescue
-        queue.popleft()
-        images, labels, indices, index = run.next()  # raises the batch's DataError
-        if not queue:
-            run.cancel()
-            self._rescue = None
-        return images, labels, indices
-
-    # --- iteration ------------------------------------------------------------------------
-    def __iter__(self):
-        return self
-
-    def __len__(self):
-        return self._n
-
-    def __next__(self):
-        b = self._next
-        if b >= self._n:
-            self.close()
-            self._ended()
-            raise StopIteration
-        self._next += 1
-        now = time.perf_counter()  # the consumer's time per batch (smoothed), for _lead
-        self._off.step_s += 0.1 * (now - self._last_t - self._off.step_s)
-        self._last_t = now
-        self._owner._offload_at = (self._epoch, self._next) if self._next < self._n else None
-        self._top_up()
-        if b >= self._full:  # the short last batch: the feed's run has ended
-            if self._run is not None:
-                self._run.cancel()
-                self._run = None
-            views = self._local_views(self._remade(b), count="local")
-            return views if self._return_index else views[:2]
-        who = self._owner_of(b)
-        if who == _LOCAL:
-            images, labels, indices, index = self._run.next()  # raises the batch's DataError
-            if index != b:
-                raise RuntimeError(f"feedline offload: the run made batch {index} for {b}")
-            views = self._local_views((images, labels, indices), count="local")
-        elif self._rescue is not None and self._rescue[1] and self._rescue[1][0] == b:
-            views = self._local_views(self._from_rescue(b), count="remade")
-        else:
-            got = self._take_remote(b)
-            if got is None:  # lost: made here
-                views = self._local_views(self._remade(b), count="remade")
-            else:
-                arrays, error = got
-                self._off.counts["remote"] += 1
-                if error is not None:
-                    raise _feedline.DataError(error)
-                images, labels, indices = (self._torch.from_numpy(a) for a in arrays)
-                if self._owner._args.get("dtype") == "bfloat16":
-                    images = images.view(self._torch.bfloat16)
-                self._off.bytes += sum(a.nbytes for a in arrays)
-                views = (images, labels, indices)
-        return views if self._return_index else views[:2]
-
-    def _ended(self):
-        """The epoch is over: one warning for the samples replaced here, by the rescue loader
-        and on the cluster."""
-        if getattr(self, "_said", False):
-            return
-        self._said = True
-        before = self._off.error_count
-        self._off.collect_rescue_errors()
-        rescued = self._off.error_count - before
-        own = self._owner._loader.stats()  # (not the face's stats(): it asks the scheduler too)
-        n = own.get("error_count", 0) - self._errors_at_start + len(self._remote_errors) + rescued
-        errors = (list(own.get("errors", [])) + self._off.errors)[-256:]
-        _warn_replaced(self._owner, {"error_count": n, "errors": errors[-n:]}, 0)
-
-    def _remade(self, b):
-        self._remake(b)
-        return self._from_rescue(b)
-
-    def _local_views(self, got, count):
-        self._off.counts[count] += 1
-        return tuple(self._torch.from_dlpack(v) for v in got)
-
-    def _owner_of(self, b):
-        """Who makes batch b: the loader's run or the cluster (b not yet claimed: the consumer
-        has taken everything claimed before it, so the run claims it as soon as its readers
-        get to it, or the cluster as a lease completes)."""
-        deadline = time.perf_counter() + 60.0
-        while True:
-            who = self._feed.owner(b)
-            if who != _NOBODY:
-                return who
-            if self._run is None and not self._off.active:
-                raise RuntimeError(f"feedline offload: batch {b} has no maker (a bug)")
-            if time.perf_counter() > deadline:
-                raise RuntimeError(f"feedline offload: batch {b} was claimed by nobody in 60 s")
-            time.sleep(0.0005)
-
-    def close(self):
-        with self._lock:
-            self._closed = True
-            futures, self._futures = self._futures, {}
-        if self._feed is not None:
-            self._feed.close()
-        if self._run is not None:
-            self._run.cancel()
-            self._run = None
-        if self._rescue is not None:
-            self._rescue[0].cancel()
-            self._rescue = None
-        for f, _ in futures.values():
-            _cancel(f)
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001
-            pass
-
-
-_STRAGGLER_S = 30.0  # a leased batch not back after this long is made here
-
-
-def _cancel(future):
-    if future is None:
-        return
-    try:
-        future.cancel()
-    except Exception:  # noqa: BLE001 (a client already closed: nothing to cancel)
-        pass

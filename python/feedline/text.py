@@ -2,8 +2,8 @@
 
 import os
 
-from . import _feedline
-from ._epoch import _FieldsIterator, _start_epoch
+from . import _feedline, _offload_epoch, offload as _offloading
+from ._epoch import _FieldShaper, _FieldsIterator, _start_epoch
 from .mix import Mix, _Delivered, _mix_stats, _shared_options
 from ._ranks import _agreement
 from ._util import _LoaderFace, _check_type, _engine_args, _is_url, _options_doc, _shown
@@ -67,7 +67,9 @@ class TextLoader(_LoaderFace):
                  split_long=True, mask_boundaries=True, bucket=False, shuffle=True, seed=0,
                  drop_last=False, rank=None, world_size=None, workers="auto", prefetch="auto",
                  memory_budget="auto", on_error="raise", max_errors=None, return_index=False,
-                 word_cache=True, process_group=None):
+                 word_cache=True, process_group=None, worker_nice=19, epoch_head_start=True,
+                 offload=None):
+        args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         mix = source if isinstance(source, Mix) else None
         _shared_options(mix)
         if mix is None:
@@ -113,8 +115,13 @@ class TextLoader(_LoaderFace):
         for name, v in (("add_bos", add_bos), ("add_eos", add_eos),
                         ("return_index", return_index)):
             _check_type(name, v, bool, "a bool")
+        if offload is not None and (pack is not None or bucket):
+            raise ValueError("offload: padded batches only; packed rows and length buckets are "
+                             "cut from the epoch's documents in order (a row depends on every "
+                             "document before it), so they are made where they are iterated")
         engine = _engine_args(batch_size, shuffle, seed, drop_last, rank, world_size, workers,
                               prefetch, memory_budget, on_error, max_errors)
+        engine.update(worker_nice=worker_nice, epoch_head_start=epoch_head_start)
         self._tokenizer = _feedline.sentencepiece(model=tokenizer, word_cache=word_cache)
         self._mix, self._mix_dataset, self._mix_delivered = mix, None, None
         if mix is not None:  # the documents of every source, mixed (feedline.Mix)
@@ -155,6 +162,10 @@ class TextLoader(_LoaderFace):
         self.world_size = engine["world_size"]
         self.process_group = process_group
         self._return_index = return_index
+        self._shaped = _FieldShaper(return_index, padded="input_ids")
+        if offload is not None:
+            self._offload = _offloading.Offload(offload, _offloading.spec(
+                "text", args, seed, self.rank, self.world_size))
 
     def __len__(self):
         if self.pack is not None:
@@ -170,6 +181,9 @@ class TextLoader(_LoaderFace):
             ranks = _agreement(self)
             return _FieldsIterator(_start_epoch(self), self._return_index, self,
                                    drop=("cu_seqlens_offsets",), ranks=ranks)
+        offloading = _offload_epoch.start(self, self._shaped)
+        if offloading is not None:
+            return offloading
         return _FieldsIterator(_start_epoch(self), self._return_index, self,
                                padded="input_ids")
 
@@ -203,3 +217,4 @@ class TextLoader(_LoaderFace):
 
 
 TextLoader.__doc__ += _options_doc(TextLoader)
+_offloading.FACES["text"] = TextLoader  # what a cluster's worker makes batches with

@@ -2,8 +2,8 @@
 
 import os
 
-from . import _feedline
-from ._epoch import _FieldsIterator, _start_epoch
+from . import _feedline, _offload_epoch, offload as _offloading
+from ._epoch import _FieldShaper, _FieldsIterator, _start_epoch
 from ._ranks import _agreement
 from ._util import _LoaderFace, _check_type, _engine_args, _is_url, _options_doc, _shown
 from .mix import Mix, _Delivered, _mix_stats, _shared_options
@@ -47,7 +47,8 @@ class TokenLoader(_LoaderFace):
                  prefetch="auto", memory_budget="auto", on_error="raise", max_errors=None,
                  return_index=False, index=None, pack=None, window_rows=128, split_long=True,
                  mask_boundaries=True, eos_id=None, pad_id=0, max_length=65536,
-                 process_group=None):
+                 process_group=None, worker_nice=19, epoch_head_start=True, offload=None):
+        args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         mix = path if isinstance(path, Mix) else None
         _shared_options(mix)
         if mix is None:
@@ -76,8 +77,13 @@ class TokenLoader(_LoaderFace):
         if (index is None) != (pack is None):
             raise ValueError("index and pack: a document index is for packing its documents "
                              "(pack='concat' or 'bestfit'); without both, windows are read")
+        if offload is not None and pack is not None:
+            raise ValueError("offload: windows only; packed rows are cut from the epoch's "
+                             "documents in order (a row depends on every document before it), "
+                             "so they are made where they are iterated")
         engine = _engine_args(batch_size, shuffle, seed, drop_last, rank, world_size, workers,
                               prefetch, memory_budget, on_error, max_errors)
+        engine.update(worker_nice=worker_nice, epoch_head_start=epoch_head_start)
         self.pack = pack
         self._mix, self._mix_dataset, self._mix_delivered = mix, None, None
         if pack is None and mix is not None:
@@ -135,6 +141,10 @@ class TokenLoader(_LoaderFace):
         self.world_size = engine["world_size"]
         self.process_group = process_group
         self._return_index = return_index
+        self._shaped = _FieldShaper(return_index)
+        if offload is not None:
+            self._offload = _offloading.Offload(offload, _offloading.spec(
+                "tokens", args, seed, self.rank, self.world_size))
 
     def __len__(self):
         """Batches per epoch for this rank."""
@@ -147,6 +157,9 @@ class TokenLoader(_LoaderFace):
             ranks = _agreement(self)
             return _FieldsIterator(_start_epoch(self), self._return_index, self,
                                    drop=("cu_seqlens_offsets",), ranks=ranks)
+        offloading = _offload_epoch.start(self, self._shaped)
+        if offloading is not None:
+            return offloading
         return _FieldsIterator(_start_epoch(self), self._return_index, self)
 
     @property
@@ -170,3 +183,4 @@ class TokenLoader(_LoaderFace):
 
 
 TokenLoader.__doc__ += _options_doc(TokenLoader)
+_offloading.FACES["tokens"] = TokenLoader  # what a cluster's worker makes batches with

@@ -51,7 +51,18 @@ struct EpochCore {
         held(head_start),
         epoch(e),
         skip(skip),
-        order(RecordOrder(*shared->dataset, e, EpochOrder(shared->sampler, e, skip))),
+        order_kept(selection.empty()
+                       ? nullptr
+                       : shared->orders.Get(e, skip,
+                                            [&] {
+                                              return RecordOrder(
+                                                  *shared->dataset, e,
+                                                  EpochOrder(shared->sampler, e, skip));
+                                            })),
+        own_order(order_kept != nullptr
+                      ? std::vector<int64_t>{}
+                      : RecordOrder(*shared->dataset, e, EpochOrder(shared->sampler, e, skip))),
+        order(order_kept != nullptr ? *order_kept : own_order),
         batch_size(shared->options.batch_size()),
         selection(std::move(selection)),
         feed(std::move(feed)),
@@ -98,7 +109,11 @@ struct EpochCore {
  public:
   const int64_t epoch;
   const int64_t skip;
-  const std::vector<int64_t> order;  // position in the epoch -> data set index
+  // Position in the epoch -> data set index: `own_order`, or for a run of some batches the
+  // loader's kept one (OrderCache).
+  const std::shared_ptr<const std::vector<int64_t>> order_kept;
+  const std::vector<int64_t> own_order;
+  const std::vector<int64_t>& order;
   const int64_t batch_size;
   const std::vector<int64_t> selection;  // this run's batches of the epoch; empty: all
   // A run fed by a BatchFeed: the epoch's batch each of its batches claimed (written by

@@ -580,7 +580,21 @@ int64_t BatchFeed::Claim(Owner who, int64_t lead) {
     }
   }
   owners_[size_t(b - first_)] = int8_t(who);
+  ++claimed_;
   return b;
+}
+
+bool BatchFeed::Take(int64_t b, Owner who) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_ || b < first_ || b >= end_ || owners_[size_t(b - first_)] != kNone) return false;
+  owners_[size_t(b - first_)] = int8_t(who);
+  ++claimed_;
+  return true;
+}
+
+int64_t BatchFeed::unclaimed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return closed_ ? 0 : end_ - first_ - claimed_;
 }
 
 BatchFeed::Owner BatchFeed::owner(int64_t b) const {

@@ -188,6 +188,37 @@ struct EpochHandoff {
   int64_t partial_skip ABSL_GUARDED_BY(mu) = 0;
 };
 
+// The record orders of the epochs that runs of some of an epoch's batches were last made for
+// (Loader::StartBatches: offload's leases, a few batches each): the order is the whole epoch's
+// (O(samples) to draw, 10 MB for ImageNet), shared by those runs instead of drawn for each.
+class OrderCache {
+ public:
+  // The order of (epoch, skip): the one kept, or make()'s (kept, the oldest dropped).
+  template <typename Make>
+  std::shared_ptr<const std::vector<int64_t>> Get(int64_t epoch, int64_t skip, Make make) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const Entry& e : entries_) {
+        if (e.epoch == epoch && e.skip == skip) return e.order;
+      }
+    }
+    auto order = std::make_shared<const std::vector<int64_t>>(make());  // outside the lock
+    std::lock_guard<std::mutex> lock(mu_);
+    if (entries_.size() >= kKeep) entries_.erase(entries_.begin());
+    entries_.push_back(Entry{epoch, skip, order});
+    return order;
+  }
+
+ private:
+  static constexpr size_t kKeep = 2;  // an epoch's and the next one's (leased ahead)
+  struct Entry {
+    int64_t epoch, skip;
+    std::shared_ptr<const std::vector<int64_t>> order;
+  };
+  std::mutex mu_;
+  std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
+};
+
 // A loader's state shared with its epochs: what it was made with (set once by BuildLoader, then
 // read-only), and its parts, each with one owner: the settings the stages run at (`tuning`,
 // the tuning loop's), the tuner (`tuner`), the counters (`counters`, the stages'), the memory
@@ -219,6 +250,7 @@ class LoaderShared {
   MemoryBudget memory;
   ErrorLog errors;
   EpochHandoff epochs;
+  OrderCache orders;
 
   // The chunk for a worker's smoothed map time per sample, `map_ns`; the read time per sample
   // (latency included) is the read stage's average so far.

@@ -185,3 +185,119 @@ def test_an_unreachable_scheduler_is_named(image_folder):
         feedline.ImageLoader(image_folder, offload="tcp://127.0.0.1:9", device="cuda")
     with pytest.raises(TypeError, match="offload: expected a distributed.Client"):
         feedline.ImageLoader(image_folder, offload=8786)
+
+
+def _dicts(loader):
+    return [{k: v.clone() for k, v in b.items()} for b in loader]
+
+
+def _same_dicts(a, b):
+    assert len(a) == len(b)
+    for k, (x, y) in enumerate(zip(a, b)):
+        assert x.keys() == y.keys(), k
+        for name in x:
+            assert x[name].dtype == y[name].dtype and torch.equal(x[name], y[name]), (k, name)
+
+
+@pytest.fixture(scope="module")
+def text_corpus(tmp_path_factory):
+    """Documents of 1..300 words and a SentencePiece model trained on them (spm_train)."""
+    import shutil
+    import subprocess
+    if shutil.which("spm_train") is None:
+        pytest.skip("spm_train missing")
+    import numpy as np
+    d = tmp_path_factory.mktemp("offload_text")
+    rng = np.random.default_rng(5)
+    words = ["".join(rng.choice(list("abcdefghiklmnoprstuvz"), size=int(rng.integers(2, 8))))
+             for _ in range(300)] + ["café", "東京", "naïve"]
+    docs = [" ".join(rng.choice(words, size=int(rng.integers(1, 300)))) for _ in range(150)]
+    (d / "docs.txt").write_text("\n".join(docs) + "\n", encoding="utf-8")
+    subprocess.run(["spm_train", f"--input={d / 'docs.txt'}", f"--model_prefix={d / 'm'}",
+                    "--vocab_size=200", "--hard_vocab_limit=false", "--pad_id=3",
+                    "--minloglevel=2"], check=True, capture_output=True)
+    return d
+
+
+def test_text_and_token_batches_same_as_local(text_corpus, tmp_path, monkeypatch, cluster):
+    """Padded text and token windows (a mixture of two files, named by paths relative to the
+    trainer's directory, which a worker does not share) with offload: every batch once, in
+    order, with a local run's tensors; the cluster made some of them."""
+    import numpy as np
+    _, client = cluster
+    monkeypatch.chdir(text_corpus)
+    kw = dict(tokenizer="m.model", batch_size=8, max_length=96, add_eos=True, seed=4,
+              workers=1, return_index=True, epoch_head_start=False)
+    local = feedline.TextLoader("docs.txt", **kw)
+    off = feedline.TextLoader("docs.txt", offload=client, **kw)
+    for _ in range(2):
+        _same_dicts(_dicts(off), _dicts(local))
+    st = off.stats()["offload"]
+    assert st["batches_remote"] > 0 and st["batches_remote"] + st["batches_local"] == 2 * len(
+        local), st
+    for k, n in enumerate((40_000, 25_000)):
+        np.random.default_rng(k).integers(0, 50_000, n).astype("uint16").tofile(f"t{k}.bin")
+    mix = feedline.Mix([("t0.bin", 0.7), ("t1.bin", 0.3)])
+    kw = dict(seq_len=63, batch_size=16, seed=2, workers=1, return_index=True,
+              epoch_head_start=False)
+    local = feedline.TokenLoader(mix, **kw)
+    off = feedline.TokenLoader(mix, offload=cluster[0].scheduler_address, **kw)
+    whole = _dicts(local)
+    _same_dicts(_dicts(off), whole)
+    assert off.stats()["offload"]["batches_remote"] > 0
+    # Delivered counts by source cover every batch, wherever it was made ("read" counts this
+    # process's reads: the cluster read the rest).
+    def delivered(loader):
+        return [(s["delivered"], s["per_epoch"]) for s in loader.stats()["mix"]["sources"]]
+    assert delivered(off) == delivered(local)
+    # A resume across offload on and off (in epoch 1).
+    it = iter(off)
+    first = [{k: v.clone() for k, v in next(it).items()} for _ in range(3)]
+    state = off.state_dict()
+    del it
+    rest = feedline.TokenLoader(mix, **kw)
+    rest.load_state_dict(state)
+    assert (state["epoch"], state["batches_done"]) == (1, 3)
+    local.set_epoch(1)
+    _same_dicts(first + _dicts(rest), _dicts(local))
+
+
+def test_packed_rows_are_not_offloaded(text_corpus):
+    model = str(text_corpus / "m.model")
+    with pytest.raises(ValueError, match="offload: padded batches only"):
+        feedline.TextLoader(str(text_corpus / "docs.txt"), model, pack="concat", seq_len=64,
+                            offload="tcp://127.0.0.1:9")
+    with pytest.raises(ValueError, match="offload: padded batches only"):
+        feedline.TextLoader(str(text_corpus / "docs.txt"), model, bucket=True,
+                            offload="tcp://127.0.0.1:9")
+    with pytest.raises(ConnectionError, match="tcp://127.0.0.1:9"):
+        feedline.TextLoader(str(text_corpus / "docs.txt"), model, offload="tcp://127.0.0.1:9")
+
+
+def test_the_next_epochs_first_batches_are_made_ahead(image_folder, cluster):
+    """Once an epoch has no more batches for the cluster, it makes the next epoch's first ones:
+    taken over by that epoch (the same bytes), dropped when set_epoch or a resume chooses
+    another place."""
+    _, client = cluster
+    kw = _kwargs(batch_size=2)
+    off = feedline.ImageLoader(image_folder, return_index=True, offload=client, **kw)
+    off._offload.local = False  # every batch leased: the cluster runs out of this epoch's
+
+    def local(epoch, skip=0):
+        ref = feedline.ImageLoader(image_folder, return_index=True, **kw)
+        ref.set_epoch(epoch)
+        return _epoch(ref)[skip:]
+
+    _same(_epoch(off), local(0))
+    _same(_epoch(off), local(1))
+    assert off.stats()["offload"]["batches_ahead"] > 0
+    off.set_epoch(5)  # not the epoch made ahead (2): that work is dropped
+    _same(_epoch(off), local(5))
+    it = iter(off)  # epoch 6, then a resume at epoch 6's batch 3 while 7's are made ahead
+    for _ in range(3):
+        next(it)
+    state = off.state_dict()
+    rest = [tuple(t.clone() for t in b) for b in it]
+    off.load_state_dict(state)
+    _same(_epoch(off), rest)
+    _same(rest, local(6, skip=3))

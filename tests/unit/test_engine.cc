@@ -1755,15 +1755,27 @@ TEST_CASE("StartFromFeed: local and other makers share an epoch, each batch once
     REQUIRE(feed.Claim(BatchFeed::kLocal) == 4);  // past the cluster's 3
     REQUIRE(feed.Claim(BatchFeed::kRemote, 100) == 9);
     REQUIRE(feed.Claim(BatchFeed::kRemote, 2) == 8);
+    REQUIRE(feed.unclaimed() == 2);                    // 6 and 7
+    REQUIRE_FALSE(feed.Take(8, BatchFeed::kLocal));    // the cluster's already
+    REQUIRE_FALSE(feed.Take(10, BatchFeed::kRemote));  // not in the feed
     REQUIRE(feed.owner(3) == BatchFeed::kRemote);
     REQUIRE(feed.owner(4) == BatchFeed::kLocal);
     REQUIRE(feed.owner(6) == BatchFeed::kNone);
     REQUIRE(feed.Claim(BatchFeed::kRemote, 5) == 7);  // nothing past 6 + 5: the last free
     REQUIRE(feed.Claim(BatchFeed::kLocal) == 6);
     REQUIRE(feed.Claim(BatchFeed::kLocal) == -1);
+    REQUIRE(feed.unclaimed() == 0);
+    BatchFeed taken(0, 4);  // batches a maker took before anyone claimed: skipped by claims
+    REQUIRE(taken.Take(0, BatchFeed::kRemote));
+    REQUIRE(taken.Take(2, BatchFeed::kRemote));
+    REQUIRE(taken.unclaimed() == 2);
+    REQUIRE(taken.Claim(BatchFeed::kLocal) == 1);
+    REQUIRE(taken.Claim(BatchFeed::kLocal) == 3);
+    REQUIRE(taken.Claim(BatchFeed::kLocal) == -1);
     BatchFeed closed(0, 4);
     closed.Close();
     REQUIRE(closed.Claim(BatchFeed::kLocal) == -1);
+    REQUIRE_FALSE(closed.Take(1, BatchFeed::kRemote));
   }
   // Refused: a feed past the full batches, an empty one.
   REQUIRE(absl::IsInvalidArgument(
