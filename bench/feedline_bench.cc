@@ -155,6 +155,12 @@ modes:
                         against torch's DataLoader with a PyAV dataset at each
                         --torch-workers count (default 1,2,3) and the decode limit (FFmpeg
                         decoding the clips' frames on one thread x cores): clips/s
+  --offload             offload to a Dask worker (bench/offload_compare.py): this process
+                        pinned to one core (a node whose CPUs are taken) and one `dask
+                        worker` on the other (the remote pool); ImageLoader (train) alone,
+                        hybrid (offload=) and every batch from the worker, interleaved
+                        turns of --epochs epochs (default 3): images/s, the trainer's CPU
+                        per batch made and per batch received
   --dataset-variant overhead|cheap|computed|costly|all
                         which of --compare-dataset's variants to run (default all)
   --torch-workers LIST  the DataLoader worker counts to try, e.g. 1,2,4 (default: 1, 2,
@@ -196,6 +202,7 @@ struct BenchFlags {
   bool e2e = false;  // --e2e: the loaders inside a simulated training loop (e2e_compare.py)
   bool hog = false;  // --e2e --hog: another process busy on one core
   bool compare_video = false;  // --compare-video: bench/video_compare.py
+  bool offload = false;        // --offload: bench/offload_compare.py
   std::string dataset_variant = "all";
   std::vector<int> torch_workers;  // empty: the default list
   std::string python;
@@ -245,7 +252,7 @@ constexpr absl::string_view kValueFlags[] = {
     "--source",   "--grid-seconds",  "--torch-workers", "--python",  "--dataset-variant"};
 constexpr absl::string_view kSwitches[] = {
     "--quiet",          "--tune-grid", "--compare-torch", "--compare-dataset", "--compare-text",
-    "--python-dataset", "--e2e",       "--hog",           "--compare-video"};
+    "--python-dataset", "--e2e",       "--hog",           "--compare-video",   "--offload"};
 
 // Accepts "--flag value" and "--flag=value".
 absl::StatusOr<BenchFlags> ParseFlags(int argc, char** argv) {
@@ -267,6 +274,7 @@ absl::StatusOr<BenchFlags> ParseFlags(int argc, char** argv) {
       if (arg == "--e2e") flags.e2e = true;
       if (arg == "--hog") flags.hog = true;
       if (arg == "--compare-video") flags.compare_video = true;
+      if (arg == "--offload") flags.offload = true;
       continue;
     }
     if (arg.substr(0, 2) != "--") {
@@ -392,24 +400,27 @@ absl::Status CheckCombinations(const BenchFlags& f) {
     return absl::OkStatus();
   };
   if (int(f.tune_grid) + int(f.compare_torch) + int(f.compare_dataset) + int(f.compare_text) +
-          int(f.python_dataset) + int(f.e2e) + int(f.compare_video) >
+          int(f.python_dataset) + int(f.e2e) + int(f.compare_video) + int(f.offload) >
       1) {
     return absl::InvalidArgumentError(
         "--tune-grid, --compare-torch, --compare-dataset, --compare-text, --python-dataset, "
-        "--e2e and --compare-video are separate runs");
+        "--e2e, --compare-video and --offload are separate runs");
   }
   if (f.hog && !f.e2e) return absl::InvalidArgumentError("--hog applies to --e2e only");
-  if (f.compare_text || f.python_dataset || f.e2e || f.compare_video) {
+  if (f.compare_text || f.python_dataset || f.e2e || f.compare_video || f.offload) {
     const char* mode = f.compare_text     ? "--compare-text: "
                        : f.python_dataset ? "--python-dataset: "
                        : f.compare_video  ? "--compare-video: "
+                       : f.offload        ? "--offload: "
                                           : "--e2e: ";
     for (const char* flag :
          {"--data", "--source", "--workers", "--prefetch", "--io-depth", "--transform", "--layout",
           "--device", "--io-latency-ms", "--consumer-ms", "--plot", "--trace", "--seed",
           "--batch-size", "--dataset-variant", "--grid-seconds"}) {
       if (f.given.count(flag) > 0) {
-        if ((f.python_dataset || f.e2e) && std::string_view(flag) == "--batch-size") continue;
+        if ((f.python_dataset || f.e2e || f.offload) && std::string_view(flag) == "--batch-size") {
+          continue;
+        }
         return absl::InvalidArgumentError(absl::StrCat(
             mode, flag,
             " does not apply (the bundled data, feedline with its automatic settings)"));
@@ -718,6 +729,19 @@ int RunTextCompare(const BenchFlags& flags) {
   return Fail(absl::ErrnoToStatus(errno, absl::StrCat("cannot run ", args[0])));
 }
 
+// Replaces this process with the bench script `args` (python, script, its arguments), the
+// feedline build on its PYTHONPATH; returns only if it cannot.
+int ExecPython(std::vector<std::string> args) {
+  const std::string path = FeedlinePythonPath();
+  if (!path.empty()) ::setenv("PYTHONPATH", path.c_str(), 1);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::fflush(nullptr);
+  ::execv(argv[0], argv.data());
+  return Fail(absl::ErrnoToStatus(errno, absl::StrCat("cannot run ", args[0])));
+}
+
 // --python-dataset runs bench/python_compare.py on the bundled images (see its docstring).
 int RunPythonDatasetCompare(const BenchFlags& flags) {
   absl::StatusOr<std::string> python = FindPython(flags);
@@ -740,17 +764,30 @@ int RunPythonDatasetCompare(const BenchFlags& flags) {
                                   : absl::StrJoin(flags.torch_workers, ",")};
   if (!flags.json.empty()) args.insert(args.end(), {"--json", flags.json});
   if (flags.quiet) args.push_back("--quiet");
-  const std::string path = FeedlinePythonPath();
-  if (!path.empty()) ::setenv("PYTHONPATH", path.c_str(), 1);
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::fflush(nullptr);
-  ::execv(argv[0], argv.data());
-  return Fail(absl::ErrnoToStatus(errno, absl::StrCat("cannot run ", args[0])));
+  return ExecPython(std::move(args));
 }
 
 // --compare-video runs bench/video_compare.py on the generated videos (see its docstring).
+// --offload runs bench/offload_compare.py on the bundled images (see its docstring).
+int RunOffloadCompare(const BenchFlags& flags) {
+  absl::StatusOr<std::string> python = FindPython(flags);
+  if (!python.ok()) return Fail(python.status());
+  absl::StatusOr<std::string> scripts = FindScriptDir();
+  if (!scripts.ok()) return Fail(scripts.status());
+  absl::StatusOr<std::string> data = EnsureBundledData(flags.quiet);
+  if (!data.ok()) return Fail(data.status());
+  std::vector<std::string> args = {*python, (fs::path(*scripts) / "offload_compare.py").string(),
+                                   *data};
+  if (flags.given.count("--epochs")) {
+    args.insert(args.end(), {"--epochs", absl::StrCat(flags.epochs)});
+  }
+  if (flags.given.count("--batch-size")) {
+    args.insert(args.end(), {"--batch-size", absl::StrCat(flags.batch_size)});
+  }
+  if (!flags.json.empty()) args.insert(args.end(), {"--json", flags.json});
+  return ExecPython(std::move(args));
+}
+
 int RunVideoCompare(const BenchFlags& flags) {
   absl::StatusOr<std::string> python = FindPython(flags);
   if (!python.ok()) return Fail(python.status());
@@ -765,14 +802,7 @@ int RunVideoCompare(const BenchFlags& flags) {
   }
   if (!flags.json.empty()) args.insert(args.end(), {"--json", flags.json});
   if (flags.quiet) args.push_back("--quiet");
-  const std::string path = FeedlinePythonPath();
-  if (!path.empty()) ::setenv("PYTHONPATH", path.c_str(), 1);
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::fflush(nullptr);
-  ::execv(argv[0], argv.data());
-  return Fail(absl::ErrnoToStatus(errno, absl::StrCat("cannot run ", args[0])));
+  return ExecPython(std::move(args));
 }
 
 // --e2e runs bench/e2e_compare.py on the bundled images (see its docstring).
@@ -805,14 +835,7 @@ int RunEndToEnd(const BenchFlags& flags) {
   if (flags.hog) args.push_back("--hog");
   if (!flags.json.empty()) args.insert(args.end(), {"--json", flags.json});
   if (flags.quiet) args.push_back("--quiet");
-  const std::string path = FeedlinePythonPath();
-  if (!path.empty()) ::setenv("PYTHONPATH", path.c_str(), 1);
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::fflush(nullptr);
-  ::execv(argv[0], argv.data());
-  return Fail(absl::ErrnoToStatus(errno, absl::StrCat("cannot run ", args[0])));
+  return ExecPython(std::move(args));
 }
 
 int RunCompare(const BenchFlags& flags, const std::string& data) {
@@ -1018,6 +1041,7 @@ int main(int argc, char** argv) {
   if (flags.python_dataset) return RunPythonDatasetCompare(flags);
   if (flags.e2e) return RunEndToEnd(flags);
   if (flags.compare_video) return RunVideoCompare(flags);
+  if (flags.offload) return RunOffloadCompare(flags);
   std::string data = flags.data;
   if (flags.synthetic) {
     absl::StatusOr<std::string> tiny = EnsureTinyData();

@@ -111,6 +111,9 @@ def main():
                     received.append((rows[name][-1][1], c["local"] + c["remade"] -
                                      counts.get("local", 0) - counts.get("remade", 0)))
         ratio = [h[0] / l[0] for h, l in zip(rows["hybrid"], rows["local"])]
+        # What the two cores give apart (each contender in its own turn): the hybrid's ceiling.
+        of_sum = [h[0] / (l[0] + r[0])
+                  for h, l, r in zip(rows["hybrid"], rows["local"], rows["remote"])]
         cpu_local = sum(c for _, c in rows["local"]) / a.rounds  # per batch made here
         # The trainer's CPU per batch received: the remote contender's, less the batches it
         # made itself (an epoch's short last batch) at the local contender's cost.
@@ -123,11 +126,12 @@ def main():
             "batch_size": a.batch_size,
             "rounds": a.rounds,
             "epochs_per_turn": a.epochs,
-            "batches_per_task": hybrid._offload.batches_per_task,
+            "batches_per_task": hybrid.stats()["offload"]["batches_per_lease"],
             "local_images_per_s": [round(x, 1) for x, _ in rows["local"]],
             "hybrid_images_per_s": [round(x, 1) for x, _ in rows["hybrid"]],
             "remote_images_per_s": [round(x, 1) for x, _ in rows["remote"]],
             "hybrid_over_local": [round(x, 3) for x in ratio],
+            "hybrid_over_local_plus_remote": [round(x, 3) for x in of_sum],
             "trainer_cpu_ms_per_batch_local": round(1e3 * cpu_local, 2),
             "trainer_cpu_ms_per_batch_received": round(1e3 * cpu_remote, 2),
             "received_over_local_cpu": round(cpu_remote / cpu_local, 3),
@@ -141,6 +145,7 @@ def main():
             print(f"  {name:7s} " + "  ".join(f"{x:7.1f}" for x, _ in rows[name]) + " img/s")
         print(f"  hybrid / local, per round: " + "  ".join(f"{x:.2f}x" for x in ratio)
               + f"  (remote share {st['remote_fraction']:.2f})")
+        print(f"  hybrid / (local + remote), per round: " + "  ".join(f"{x:.2f}x" for x in of_sum))
         print(f"  trainer CPU per batch: {out['trainer_cpu_ms_per_batch_local']} ms made here, "
               f"{out['trainer_cpu_ms_per_batch_received']} ms received "
               f"({100 * out['received_over_local_cpu']:.1f}%)")

@@ -78,6 +78,7 @@ class Epoch:
         self._depth = 2 * max(1, self._off.remote_threads()) + 1
         self._per_task = max(1, min(self._off.batches_per_task or self._lease_size(),
                                     (self._full - start) // (2 * self._depth)))
+        self._off.lease_size = self._per_task
         self._last_t = self._t0 = time.perf_counter()
         self._local_n = 0  # batches the run made and the consumer took
         self._off.epoch = weakref.ref(self)

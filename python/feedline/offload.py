@@ -189,6 +189,7 @@ class Offload:
         self.local = True  # this process makes batches too (off: every batch remote, to measure)
         self.batches_per_task = None  # a lease's batches (None: tuned, see Epoch)
         self.batch_s = 0.0  # a worker's time per batch, smoothed
+        self.lease_size = 0  # the last epoch's batches per lease
         self.direct = True  # results straight from the workers (off once they cannot be reached)
         self.counts = collections.Counter()
         self.latency_s = 0.0  # from lease to done, averaged over the last ~20
@@ -285,4 +286,5 @@ class Offload:
             "remote_latency_ms": 1000.0 * self.latency_s,
             "bytes_received": self.bytes,
             "batches_ahead": c["ahead"],
+            "batches_per_lease": self.lease_size,
         }

@@ -56,6 +56,11 @@ class TextLoader(_LoaderFace):
     -1), counted in stats()["packing"]["padding_rows"]. Without torch.distributed
     initialized the ranks cannot agree (warned once).
 
+    offload: a distributed.Client or a Dask scheduler's address: the cluster's workers make
+        part of each epoch's padded batches, with the bytes a local run gives (as ImageLoader's
+        offload; not with pack or bucket, whose rows depend on every document before them).
+        The workers read source and tokenizer themselves.
+
     bucket=True keeps padded batches but groups documents of similar lengths (length
     bucketing): window_rows * batch_size documents of the epoch's order are sorted by length,
     cut into batches and the batches shuffled; stats()["packing"]["efficiency"] shows the

@@ -35,6 +35,10 @@ class TokenLoader(_LoaderFace):
     (FEEDLINE_CACHE_DIR, within FEEDLINE_SHARD_CACHE_BYTES) and memory-mapped from there;
     errors name the URL.
 
+    offload: a distributed.Client or a Dask scheduler's address: the cluster's workers make
+    part of each epoch's windows, with the bytes a local run gives (as ImageLoader's offload;
+    not with pack). The workers read the token files themselves.
+
     path may be a feedline.Mix of token files (windows, or with index= a list of their indexes
     in the same order, packed documents, packed across the files): each epoch draws from them
     in its proportions, the same for any worker count and resumable, as ImageLoader's
