@@ -196,6 +196,8 @@ class _LoaderFace:
         if epoch < 0:
             raise ValueError(f"epoch: must be >= 0, got {epoch}")
         self._loader.set_epoch(epoch)
+        if self._offload is not None:  # the cluster's head start, if for another epoch
+            self._offload.drop_ahead(epoch)
 
     def state_dict(self):
         """Where the loader is (epoch, batches already yielded) and what a restored run must
@@ -226,6 +228,8 @@ class _LoaderFace:
                                if isinstance(state, (list, tuple)) else ""))
         self._loader.load_state(state, resplit)
         self._offload_at = None
+        if self._offload is not None:
+            self._offload.drop_ahead(state.get("epoch"))
 
     def stats(self):
         """Per-stage figures (the "read", "map" and "consumer" stages), samples/s, current

@@ -221,6 +221,23 @@ class Offload:
         f.add_done_callback(self._completed)
         return f, now
 
+    def drop_ahead(self, unless_epoch):
+        """Cancels the leases made ahead for an epoch other than `unless_epoch` (set_epoch or
+        a resume chose another): the workers stop making batches nobody will take."""
+        with self.lock:
+            ahead = self.ahead
+            if ahead is None or ahead[0] == unless_epoch:
+                return
+            self.ahead = None
+            leases = {f.key: f for f, _ in ahead[1].values()}
+            for key in leases:
+                self.done.pop(key, None)
+        for f in leases.values():
+            try:
+                f.cancel()
+            except Exception:  # noqa: BLE001 (a client already closed: nothing to cancel)
+                pass
+
     def _completed(self, f):
         """A lease is done (Dask's callback thread): its latency counted, its waiter woken, and
         the epoch iterating leases more."""

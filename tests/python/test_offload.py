@@ -291,7 +291,11 @@ def test_the_next_epochs_first_batches_are_made_ahead(image_folder, cluster):
     _same(_epoch(off), local(0))
     _same(_epoch(off), local(1))
     assert off.stats()["offload"]["batches_ahead"] > 0
-    off.set_epoch(5)  # not the epoch made ahead (2): that work is dropped
+    ahead = off._offload.ahead
+    assert ahead is not None and ahead[0] == 2, ahead
+    off.set_epoch(5)  # not the epoch made ahead (2): that work is dropped at once
+    assert off._offload.ahead is None
+    assert all(f.status in ("cancelled", "finished") for f, _ in ahead[1].values())
     _same(_epoch(off), local(5))
     it = iter(off)  # epoch 6, then a resume at epoch 6's batch 3 while 7's are made ahead
     for _ in range(3):
