@@ -20,6 +20,9 @@ steps an epoch; counted in real tokens, not documents, so that padded and packed
             set tokenized by Python sentencepiece in the workers, padded by a collate_fn
   packed    feedline.TextLoader(pack="concat", seq_len=--seq-len), --pack-rows rows a batch /
             torch: the same padded peer (torch has no packer): the same documents, fewer steps
+and (--video-dir: feedline-bench --compare-video's H.264 set; counted in clips):
+  video     feedline.VideoLoader (16 frames 2 apart, 112², batch 8) / torch: the PyAV clip data
+            set of bench/video_compare.py (seek, decode, crop, flip, resize in the workers)
 
 Every contender runs --epochs whole epochs in a process of its own (the first is warm-up: the
 loaders' start, the worker processes' fork); the figures cover the later epochs, epoch starts
@@ -30,7 +33,8 @@ the trainer waited for batches; peak PSS of the process tree; what feedline chos
 With --hog, another process keeps one core busy throughout (a logger, a checkpoint writer).
 
     /usr/bin/python3 bench/e2e_compare.py --data DIR [--text-dir DIR] [--steps 10:150,60:80,5:10]
-        [--workloads image,pil,text,packed] [--torch-workers 1,2,3] [--rounds 2] [--epochs 4]
+        [--video-dir DIR] [--workloads image,pil,text,packed,video] [--torch-workers 1,2,3]
+        [--rounds 2] [--epochs 4]
         [--hog] [--json FILE]
 """
 
@@ -74,11 +78,25 @@ def _make_text_loader(workload, loader, a):
     return peer_text.torch_loader(a.corpus, a.model, a.text_batch, a.workers)
 
 
+def _make_video_loader(loader, a):
+    import video_compare as vc
+    if loader == "feedline":
+        import feedline
+        return feedline.VideoLoader(a.video_dir, clip_len=vc.CLIP_LEN, frame_step=vc.FRAME_STEP,
+                                    size=vc.SIZE, batch_size=vc.BATCH, seed=0)
+    import torch
+    return torch.utils.data.DataLoader(vc.PyAVClips(a.video_dir), batch_size=vc.BATCH,
+                                       shuffle=True, num_workers=a.workers,
+                                       persistent_workers=a.workers > 0)
+
+
 def _make_loader(a):
     import torch
     workload, loader, data, batch, workers = a.workload, a.loader, a.data, a.batch_size, a.workers
     if workload in TEXT_WORKLOADS:
         return _make_text_loader(workload, loader, a)
+    if workload == "video":
+        return _make_video_loader(loader, a)
     if loader == "feedline" and workload == "image":
         import feedline
         return feedline.ImageLoader(data, batch_size=batch, transform="train", size=224,
@@ -101,7 +119,7 @@ def _count(b):
         if "attention_mask" in b and "lengths" not in b:
             return int(b["attention_mask"].sum())
         return int(b["lengths"].sum())
-    x = b["image"] if isinstance(b, dict) else b[0]
+    x = b.get("image", b.get("video")) if isinstance(b, dict) else b[0]
     return int(x.shape[0])
 
 
@@ -112,6 +130,13 @@ def _made_in_advance(a):
         # The feedline loader's own epoch, copied: the same steps and tokens as it gives.
         loader = _make_text_loader(a.workload, "feedline", a)
         return [{k: v.clone() for k, v in b.items()} for b in loader]
+    if a.workload == "video":  # the same number of clips and batch shapes as feedline's
+        import video_compare as vc
+        loader = _make_video_loader("feedline", a)
+        n, steps = loader.num_samples, len(loader)
+        return [(torch.zeros(min(vc.BATCH, n - k * vc.BATCH), vc.CLIP_LEN, 3, vc.SIZE, vc.SIZE,
+                             dtype=torch.uint8), torch.zeros(vc.BATCH, dtype=torch.int64))
+                for k in range(steps)]
     n = len([f for _, _, fs in os.walk(a.data) for f in fs])
     steps = -(-n // a.batch_size)
     return [(torch.zeros(min(a.batch_size, n - k * a.batch_size), 3, 224, 224,
@@ -231,6 +256,7 @@ def main():
                    help="C:G pairs in ms (GPU-bound, launch-bound, loader-bound)")
     p.add_argument("--workloads", help="default: image,pil, and text,packed with --text-dir")
     p.add_argument("--text-dir", help="corpus.txt (one document a line) and m.model")
+    p.add_argument("--video-dir", help="the video set (feedline-bench --compare-video's)")
     p.add_argument("--text-docs", type=int, default=2048)
     p.add_argument("--text-batch", type=int, default=256, help="documents a padded batch")
     p.add_argument("--pack-rows", type=int, default=12, help="rows a packed batch")
@@ -257,7 +283,13 @@ def main():
     if not a.data:
         p.error("--data is required")
     steps = [tuple(float(v) for v in s.split(":")) for s in a.steps.split(",")]
-    workloads = (a.workloads or ("image,pil,text,packed" if a.text_dir else "image,pil")).split(",")
+    workloads = (a.workloads or ("image,pil,text,packed" if a.text_dir else "image,pil") +
+                 (",video" if a.video_dir else "")).split(",")
+    if "video" in workloads:
+        if not a.video_dir:
+            p.error("the video workload needs --video-dir")
+        import video_compare
+        video_compare.make_videos(a.video_dir, 120, a.quiet)  # once (as --compare-video does)
     text_args = []
     if any(w in TEXT_WORKLOADS for w in workloads):
         if not a.text_dir:
@@ -297,7 +329,8 @@ def main():
                                "--data", a.data, "--workload", wl, "--loader", loader,
                                "--workers", str(w), "--c-ms", str(c_ms), "--g-ms", str(g_ms),
                                "--epochs", str(a.epochs), "--batch-size", str(a.batch_size)
-                               ] + (text_args if wl in TEXT_WORKLOADS else [])
+                               ] + (text_args if wl in TEXT_WORKLOADS else []) + (
+                                   ["--video-dir", a.video_dir] if wl == "video" else [])
                         r, pss = _measure(cmd, env)
                         s = _summary(r, c_ms)
                         s["pss_mib"] = pss / 2**20

@@ -142,8 +142,9 @@ modes:
   --e2e                 the loaders inside a training loop (bench/e2e_compare.py): a Python
                         step that holds the GIL for C ms of CPU, then waits G ms for the
                         "GPU", at a GPU-bound, a launch-bound and a loader-bound (C, G);
-                        feedline.ImageLoader, feedline.DataLoader (PIL ImageFolder) and
-                        feedline.TextLoader (padded; packed) against the same loop fed
+                        feedline.ImageLoader, feedline.DataLoader (PIL ImageFolder),
+                        feedline.TextLoader (padded; packed) and feedline.VideoLoader
+                        (--compare-video's set, made once) against the same loop fed
                         ready batches (the ideal) and torch's
                         DataLoader at each --torch-workers count (default 1,2,3), two
                         interleaved rounds: samples/s end to end, the step's CPU stretch,
@@ -823,8 +824,10 @@ int RunEndToEnd(const BenchFlags& flags) {
   if (prepared->exit_code != 0) {
     return Fail(absl::InternalError("--e2e: feedline-bench-text could not make the text corpus"));
   }
-  std::vector<std::string> args = {*python, (fs::path(*scripts) / "e2e_compare.py").string(),
-                                   "--data", *data, "--text-dir", text_dir};
+  std::vector<std::string> args = {*python,       (fs::path(*scripts) / "e2e_compare.py").string(),
+                                   "--data",      *data,
+                                   "--text-dir",  text_dir,
+                                   "--video-dir", DataSetDir("video-v1").string()};
   if (flags.given.count("--epochs")) args.insert(args.end(), {"--epochs", absl::StrCat(flags.epochs)});
   if (flags.given.count("--batch-size")) {
     args.insert(args.end(), {"--batch-size", absl::StrCat(flags.batch_size)});

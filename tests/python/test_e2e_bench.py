@@ -74,3 +74,30 @@ def test_the_text_workloads_count_real_tokens_and_match_the_ideals_steps(tmp_pat
         assert contenders[key]["samples_per_epoch"] == tokens, key
     # Packed rows carry an EOS after each document.
     assert contenders["packed|2.0|10.0|feedline"]["samples_per_epoch"] == tokens + len(docs)
+
+
+@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg missing")
+def test_the_video_workload_runs_feedline_and_the_pyav_peer(tmp_path):
+    pytest.importorskip("av")
+    root = tmp_path / "videos"
+    for c in range(2):  # 2 classes x 5 files of 2 s (H.264, B-frames): 10 clips an epoch
+        (root / f"class{c}").mkdir(parents=True)
+        for k in range(5):
+            subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i",
+                            "testsrc2=size=96x64:rate=25", "-t", "2", "-c:v", "libx264",
+                            "-bf", "2", "-pix_fmt", "yuv420p",
+                            str(root / f"class{c}" / f"v{k}.mp4")], check=True)
+    (root / ".complete").write_text("")  # the set is made: the benchmark does not make its own
+    out = tmp_path / "e2e.json"
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "e2e_compare.py"),
+                        "--data", str(tmp_path), "--video-dir", str(root), "--workloads",
+                        "video", "--steps", "2:10", "--torch-workers", "1", "--rounds", "1",
+                        "--epochs", "2", "--quiet", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [x["workload"] for x in report["ratios"]] == ["video"]
+    contenders = report["contenders"]
+    for name in ("ideal", "feedline", "torch (num_workers=1)"):
+        c = contenders[f"video|2.0|10.0|{name}"]
+        assert c["rate"] > 0 and c["samples_per_epoch"] == 10, (name, c)
