@@ -45,9 +45,9 @@ class Epoch:
     whenever its prefetch bound has room, the cluster whenever fewer than `depth` of its
     leases are in flight (from the consumer's thread and from each lease's completion), so
     each side makes what it can and neither waits for a share set in advance. A lease is a
-    task of up to `batches_per_task` batches (a worker's pipeline runs through them, and the
-    task's costs, the scheduler's included, are shared by them). A short last batch is made at
-    its turn on its own. Batches the cluster lost are remade in this process.
+    task of one batch, or of several when batches are quick (a worker's pipeline runs through
+    them, and the task's costs, the scheduler's included, are shared by them). A short last
+    batch is made at its turn on its own. Batches the cluster lost are remade in this process.
     """
 
     def __init__(self, owner, epoch, start, shape):
@@ -150,8 +150,8 @@ class Epoch:
     def _lease_ahead(self):
         """The cluster has room and this epoch nothing more for it: it makes the next epoch's
         first batches (as the loader's epoch head start does), taken over when that epoch
-        starts where expected (else cancelled then). At most `depth` leases of them, under
-        _lock."""
+        starts where expected (else dropped then, or by set_epoch and load_state_dict at
+        once: Offload.drop_ahead). At most `depth` leases of them, under _lock."""
         nxt = self._epoch + 1
         if self._off.ahead is None:
             if self._owner._loader.next_epoch != nxt:  # set_epoch chose another
