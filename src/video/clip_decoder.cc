@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstdarg>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -24,6 +25,21 @@ constexpr int kIoBuffer = 64 << 10;
 // a keyframe interval longer than this is beyond any file a training set holds (10 minutes at
 // 30 frames a second).
 constexpr int64_t kMaxFramesDecoded = 18000;
+// Packets read ahead of the decoder, past the first one after a clip's last target: B-frames
+// come in decode order after a later frame, at most the stream's reorder delay (has_b_frames)
+// later; this margin beyond it covers a stream that under-reports it.
+constexpr int kReorderMargin = 16;
+// At most this many (a clip far from its keyframe decodes the rest as it reads: a frame left
+// past the read-ahead is decoded, so the choice stays exact, only less is skipped).
+constexpr size_t kMaxAhead = 1024;
+
+// The packets read ahead (owned).
+struct PacketQueue {
+  std::vector<AVPacket*> packets;
+  ~PacketQueue() {
+    for (AVPacket* p : packets) av_packet_free(&p);
+  }
+};
 
 absl::Status Bad(absl::string_view what) {
   return absl::DataLossError(absl::StrCat("video: ", what));
@@ -288,23 +304,83 @@ absl::Status ClipDecoder::DecodeFrom(
       if (absl::Status s = on_frame(frame_); !s.ok() || *retry) return s;
     }
   };
-  while (next < targets.size()) {
+  auto send = [&](AVPacket* p) -> absl::Status {
+    rc = avcodec_send_packet(codec_, p);
+    av_packet_unref(p);
+    if (rc < 0 && rc != AVERROR(EAGAIN)) {
+      return Bad(absl::StrCat("corrupt video data (", AvError(rc), ")"));
+    }
+    return drain();
+  };
+  auto read_error = [&](int code) {
+    return Bad(
+        absl::StrCat("the file ends or breaks off before the clip's frames (", AvError(code), ")"));
+  };
+  // Decode only the frames the clip shows: the packets from the keyframe to a little past the
+  // clip's last time are read first; their timestamps say which frame each target shows (the
+  // last at or before it), and a frame no target shows is not decoded when nothing refers to
+  // it (skip_frame: a non-reference B-frame, most of those frame_step passes over). Frames
+  // others refer to are decoded whatever their time. Without every timestamp: all decoded.
+  PacketQueue ahead;
+  bool timed = true, ended = false;
+  int broke = 0;  // the read's error, when it broke off
+  const int64_t last = targets.back();
+  const size_t margin = size_t(std::max(codec_->has_b_frames, 0) + kReorderMargin);
+  size_t past = SIZE_MAX;  // the first packet after the last target, in decode order
+  while (ahead.packets.size() < kMaxAhead &&
+         (past == SIZE_MAX || ahead.packets.size() < past + margin)) {
     rc = av_read_frame(format_, packet_);
-    if (rc == AVERROR_EOF) break;
-    if (rc < 0) {
-      return Bad(
-          absl::StrCat("the file ends or breaks off before the clip's frames (", AvError(rc), ")"));
+    if (rc < 0) {  // the end, or a break: said once the packets before it are decoded
+      if (rc == AVERROR_EOF) {
+        ended = true;
+      } else {
+        broke = rc;
+      }
+      break;
     }
     if (packet_->stream_index != stream_) {
       av_packet_unref(packet_);
       continue;
     }
-    rc = avcodec_send_packet(codec_, packet_);
-    av_packet_unref(packet_);
-    if (rc < 0 && rc != AVERROR(EAGAIN)) {
-      return Bad(absl::StrCat("corrupt video data (", AvError(rc), ")"));
+    if (packet_->pts == AV_NOPTS_VALUE) timed = false;
+    if (past == SIZE_MAX && packet_->pts != AV_NOPTS_VALUE && packet_->pts > last) {
+      past = ahead.packets.size();
     }
-    if (absl::Status s = drain(); !s.ok() || *retry) return s;
+    AVPacket* p = av_packet_alloc();
+    if (p == nullptr) return absl::ResourceExhaustedError("video: out of memory");
+    av_packet_move_ref(p, packet_);
+    ahead.packets.push_back(p);
+  }
+  std::vector<int64_t> times, shown;  // the packets' times, sorted; those the targets show
+  if (timed) {
+    for (const AVPacket* p : ahead.packets) times.push_back(p->pts);
+    std::sort(times.begin(), times.end());
+  }
+  if (!times.empty()) {
+    for (const int64_t t : targets) {
+      auto at = std::upper_bound(times.begin(), times.end(), t);
+      shown.push_back(at == times.begin() ? times.front() : *(at - 1));
+    }
+    std::sort(shown.begin(), shown.end());
+  }
+  for (AVPacket* p : ahead.packets) {
+    if (next >= targets.size()) break;
+    const bool needed = shown.empty() || std::binary_search(shown.begin(), shown.end(), p->pts);
+    codec_->skip_frame = needed ? AVDISCARD_DEFAULT : AVDISCARD_NONREF;
+    absl::Status s = send(p);
+    codec_->skip_frame = AVDISCARD_DEFAULT;
+    if (!s.ok() || *retry) return s;
+  }
+  if (broke != 0 && next < targets.size()) return read_error(broke);
+  while (!ended && broke == 0 && next < targets.size()) {  // (past the read-ahead bound)
+    rc = av_read_frame(format_, packet_);
+    if (rc == AVERROR_EOF) break;
+    if (rc < 0) return read_error(rc);
+    if (packet_->stream_index != stream_) {
+      av_packet_unref(packet_);
+      continue;
+    }
+    if (absl::Status s = send(packet_); !s.ok() || *retry) return s;
   }
   if (next < targets.size()) {  // the end of the stream: what the decoder still holds
     avcodec_send_packet(codec_, nullptr);
