@@ -6,7 +6,14 @@ import weakref
 
 from . import _feedline
 from ._epoch import _warn_replaced
-from .offload import _lost
+from .offload import Offload, _lost, spec
+
+
+def link(owner, offload, face, args, seed):
+    """Links `owner` (a loader face made with constructor arguments `args`) to the cluster
+    `offload` names (a distributed.Client or a scheduler's address; None: no link)."""
+    if offload is not None:
+        owner._offload = Offload(offload, spec(face, args, seed, owner.rank, owner.world_size))
 
 
 def _full_batches(owner):

@@ -201,9 +201,7 @@ class ImageLoader(_LoaderFace):
         self.drop_last = drop_last
         self.num_workers = num_workers
         self.pin_memory = pin_memory
-        if offload is not None:
-            self._offload = _offloading.Offload(
-                offload, _offloading.spec("image", self._args, seed, rank, world_size))
+        _offload_epoch.link(self, offload, "image", self._args, seed)
 
     def __len__(self):
         """Batches per epoch for this rank."""

@@ -168,9 +168,7 @@ class TextLoader(_LoaderFace):
         self.process_group = process_group
         self._return_index = return_index
         self._shaped = _FieldShaper(return_index, padded="input_ids")
-        if offload is not None:
-            self._offload = _offloading.Offload(offload, _offloading.spec(
-                "text", args, seed, self.rank, self.world_size))
+        _offload_epoch.link(self, offload, "text", args, seed)
 
     def __len__(self):
         if self.pack is not None:

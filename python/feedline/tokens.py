@@ -146,9 +146,7 @@ class TokenLoader(_LoaderFace):
         self.process_group = process_group
         self._return_index = return_index
         self._shaped = _FieldShaper(return_index)
-        if offload is not None:
-            self._offload = _offloading.Offload(offload, _offloading.spec(
-                "tokens", args, seed, self.rank, self.world_size))
+        _offload_epoch.link(self, offload, "tokens", args, seed)
 
     def __len__(self):
         """Batches per epoch for this rank."""

@@ -41,6 +41,17 @@ inline std::vector<int64_t> RecordOrder(const Dataset& dataset, int64_t epoch,
 }
 
 struct EpochCore {
+ private:
+  static std::shared_ptr<const std::vector<int64_t>> OrderOf(LoaderShared& shared, int64_t e,
+                                                             int64_t skip, bool kept) {
+    auto make = [&] {
+      return RecordOrder(*shared.dataset, e, EpochOrder(shared.sampler, e, skip));
+    };
+    if (kept) return shared.orders.Get(e, skip, make);
+    return std::make_shared<const std::vector<int64_t>>(make());
+  }
+
+ public:
   // `skip`: the positions of the epoch's order delivered before a resume on another layout
   // (EpochOrder). `selection`: only these batches of the epoch (ascending, checked by
   // Loader::StartBatches), as batches 0, 1, ... of this run; empty: all of them.
@@ -51,18 +62,8 @@ struct EpochCore {
         held(head_start),
         epoch(e),
         skip(skip),
-        order_kept(selection.empty()
-                       ? nullptr
-                       : shared->orders.Get(e, skip,
-                                            [&] {
-                                              return RecordOrder(
-                                                  *shared->dataset, e,
-                                                  EpochOrder(shared->sampler, e, skip));
-                                            })),
-        own_order(order_kept != nullptr
-                      ? std::vector<int64_t>{}
-                      : RecordOrder(*shared->dataset, e, EpochOrder(shared->sampler, e, skip))),
-        order(order_kept != nullptr ? *order_kept : own_order),
+        order_held(OrderOf(*shared, e, skip, /*kept=*/!selection.empty())),
+        order(*order_held),
         batch_size(shared->options.batch_size()),
         selection(std::move(selection)),
         feed(std::move(feed)),
@@ -109,10 +110,9 @@ struct EpochCore {
  public:
   const int64_t epoch;
   const int64_t skip;
-  // Position in the epoch -> data set index: `own_order`, or for a run of some batches the
-  // loader's kept one (OrderCache).
-  const std::shared_ptr<const std::vector<int64_t>> order_kept;
-  const std::vector<int64_t> own_order;
+  // Position in the epoch -> data set index: the epoch's own, or for a run of some batches the
+  // loader's kept one (OrderCache), shared by the epoch's runs.
+  const std::shared_ptr<const std::vector<int64_t>> order_held;
   const std::vector<int64_t>& order;
   const int64_t batch_size;
   const std::vector<int64_t> selection;  // this run's batches of the epoch; empty: all
