@@ -548,7 +548,8 @@ absl::Status PyTransform::Exchange(const std::vector<int64_t>& request, const st
       p = procs_[size_t(i)];
     }
     const double timeout = timeout_s_.load();
-    int64_t reply[3] = {0, 0, 0};
+    int64_t reply[4] = {0, 0, 0, 0};
+    const int64_t t0 = NowNs();
     Io io = WriteAll(p.request_fd, request.data(), request.size() * 8) ? Io::kOk : Io::kEof;
     if (io == Io::kOk) io = ReadAll(p.reply_fd, reply, sizeof reply, timeout, closed_, stopping_);
     r.inline_payload.clear();
@@ -614,6 +615,9 @@ absl::Status PyTransform::Exchange(const std::vector<int64_t>& request, const st
     }
     r.proc = i;
     r.status = reply[0];
+    // A process's word, so bounded (it is only a cost estimate): at most its wall time x cores.
+    r.cpu_ns = std::clamp<int64_t>(reply[3], 0,
+                                   (NowNs() - t0) * int64_t(std::thread::hardware_concurrency()));
     r.data = reply[1] != 0 ? r.inline_payload.data() : p.staging;
     r.size = size_t(reply[2]);
     return absl::OkStatus();
@@ -648,6 +652,7 @@ absl::Status PyTransform::ApplyProcess(int64_t position, SampleWriter& out) cons
   Reply r;
   absl::Status st = Exchange(request, what, r, proc);
   if (absl::IsCancelled(st)) return st;
+  ReportOffThreadCpu(r.cpu_ns);  // the sample's cost is the process's CPU, not this wait
   if (!st.ok()) return Failed(position, std::string(st.message()));
   if (r.status != 0) {
     st = Failed(position, std::string(reinterpret_cast<const char*>(r.data), r.size));

@@ -17,8 +17,10 @@
 // key_n-1]: `seed` is the epoch's base seed and `index` the place of key_0 in the epoch's whole
 // order (resumed epochs included), so the process seeds each sample's RNGs from (seed, index +
 // j) whichever process makes it; op=0 asks the process to exit (the other words are 0); op=3
-// (AdoptProcesses) is described there. Reply: [status, inline, nbytes] then, when `inline`, nbytes of
-// payload on the pipe (else the payload is at the start of the staging area). status 0: the
+// (AdoptProcesses) is described there. Reply: [status, inline, nbytes, cpu_ns] then, when
+// `inline`, nbytes of payload on the pipe (else the payload is at the start of the staging area);
+// cpu_ns is the process's CPU time for the request (the autotuner's cost of the sample:
+// ReportOffThreadCpu), bounded by the request's wall time x cores where it is read. status 0: the
 // payload is the sample's fields in schema order, each as its shape (one word per dimension)
 // then its elements, padded to 8 bytes; in batch mode the payload is opaque (a pickled batch,
 // kept for `take_result`). status 1: the payload is an error text: a summary line, then details
@@ -128,6 +130,7 @@ class PyTransform : public SampleTransform {
   struct Reply {
     int proc = -1;
     int64_t status = 0;
+    int64_t cpu_ns = 0;  // the process's CPU time for it, as reported, within wall x cores
     const uint8_t* data = nullptr;
     size_t size = 0;
     std::vector<uint8_t> inline_payload;

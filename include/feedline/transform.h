@@ -171,6 +171,13 @@ class SampleTransform {
   virtual std::vector<std::pair<std::string, int64_t>> Counters() const { return {}; }
 };
 
+// For a transform whose work runs off the calling worker thread (feedline.DataLoader's worker
+// processes, a service): adds `ns` of CPU time spent elsewhere on this worker's behalf. The
+// autotuner costs a sample by its workers' CPU time; without this it would see only the calling
+// thread's, which waits, and count the sample as nearly free. Call from Apply's thread; values
+// <= 0 are ignored.
+void ReportOffThreadCpu(int64_t ns);
+
 }  // namespace feedline
 
 #endif  // FEEDLINE_TRANSFORM_H_

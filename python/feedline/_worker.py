@@ -22,11 +22,12 @@ import pickle
 import random
 import signal
 import struct
+import time
 import traceback
 
 from . import _collate
 
-_HEADER = struct.Struct("<qqq")  # a reply: status, inline, nbytes
+_HEADER = struct.Struct("<qqqq")  # a reply: status, inline, nbytes, cpu_ns
 _REQUEST = struct.Struct("<qqqqq")  # op, position, n, seed, index (then n keys)
 _M64 = (1 << 64) - 1
 
@@ -74,7 +75,6 @@ def exit_with_parent(parent_pid, period_s=0.5):
     PR_SET_PDEATHSIG: that fires when the *thread* that forked exits, and iter(loader) may run
     on a thread that ends long before the loader does."""
     import threading
-    import time
 
     if os.getppid() != parent_pid:
         os._exit(1)
@@ -219,6 +219,20 @@ def make_batch(dataset, keys, collate_fn, auto_collation, before_sample=None):
     return out, samples, None
 
 
+# A reply this large (a whole batch: batch mode, or the batches a layout is learned from) gives
+# the staging area's pages back once it is copied: the area is sized for it while samples go
+# into the batch slots in place, and kept pages count in the process tree's memory twice.
+_LARGE_REPLY = 4 << 20
+
+
+def _release(staging, nbytes):
+    """The pages of the staging area's first `nbytes` back to the kernel (both mappings)."""
+    try:
+        staging.madvise(mmap.MADV_REMOVE, 0, -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE)
+    except (AttributeError, OSError, ValueError):  # only memory then
+        pass
+
+
 def main(dataset, schema, batch_mode, collate_fn, request_fd, reply_fd, staging_fd,
          staging_bytes, worker_id, num_workers, base_seed, worker_init_fn, close_fds,
          parent_pid=None, pad=None, learn=False, auto_collation=True, nice=0):
@@ -249,10 +263,14 @@ def main(dataset, schema, batch_mode, collate_fn, request_fd, reply_fd, staging_
     staging = mmap.mmap(staging_fd, staging_bytes)
     os.close(staging_fd)
     view = memoryview(staging)
+    large = 0  # bytes of the staging area the last reply used, when that was a large one
     while True:
         head = _read_exact(request_fd, _REQUEST.size)
         if head is None:
             break
+        if large:  # copied by the loader (it asks again only then): its pages go back at once
+            _release(staging, large)
+            large = 0
         op, position, n, epoch_seed, index = _REQUEST.unpack(head)
         if op == 0:
             break
@@ -265,8 +283,9 @@ def main(dataset, schema, batch_mode, collate_fn, request_fd, reply_fd, staging_
                 status = 0
             except Exception:  # noqa: BLE001 (the loader replaces this process)
                 status = 1
-            _write_all(reply_fd, _HEADER.pack(status, 0, 0))
+            _write_all(reply_fd, _HEADER.pack(status, 0, 0, 0))
             continue
+        cpu0 = time.process_time_ns()  # the request's CPU, this process's threads included
         keys = struct.unpack(f"<{n}q", raw)
         what = f"dataset[{keys[0]}]" if n == 1 else f"the batch of dataset{list(keys)}"
         try:
@@ -293,6 +312,9 @@ def main(dataset, schema, batch_mode, collate_fn, request_fd, reply_fd, staging_
                 except Exception as e:  # noqa: BLE001 (a type pickle cannot find by its name)
                     e.unpicklable = True
                     raise
+                # Not kept until the next whole batch (after a layout is learned, never): the
+                # batch's tensors are in shared memory (torch's collate, in a worker).
+                out = samples = None
                 parts = None
             else:
                 seed_sample(epoch_seed, index)
@@ -321,13 +343,15 @@ def main(dataset, schema, batch_mode, collate_fn, request_fd, reply_fd, staging_
                 b = memoryview(p) if isinstance(p, bytes) else p.reshape(-1).view("u1").data
                 buf[off:off + b.nbytes] = b
                 off += (b.nbytes + 7) // 8 * 8
-            reply = _HEADER.pack(0, int(inline), size)
+            reply = _HEADER.pack(0, int(inline), size, time.process_time_ns() - cpu0)
             _write_all(reply_fd, reply + bytes(buf) if inline else reply)
         else:
             inline = len(payload) > staging_bytes
             if not inline:
                 view[:len(payload)] = payload
-            reply = _HEADER.pack(status, int(inline), len(payload))
+                if len(payload) >= _LARGE_REPLY:
+                    large = len(payload)
+            reply = _HEADER.pack(status, int(inline), len(payload), time.process_time_ns() - cpu0)
             _write_all(reply_fd, reply + payload if inline else reply)
     view.release()
     staging.close()

@@ -4,6 +4,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -11,6 +12,10 @@
 
 namespace feedline {
 namespace {
+
+// CPU reported by this worker thread's transform as spent elsewhere (ReportOffThreadCpu), not yet
+// added to the stage's counter.
+thread_local int64_t off_thread_cpu_ns = 0;
 
 absl::Status WithName(const absl::Status& s, const std::string& name) {
   // Read errors already start with the sample's name; transform errors do not.
@@ -35,6 +40,10 @@ absl::Status SafeApply(const SampleTransform& t, const Record& record, const Sam
 }
 
 }  // namespace
+
+void ReportOffThreadCpu(int64_t ns) {
+  if (ns > 0) off_thread_cpu_ns += ns;
+}
 
 void MapStage::SetThreads(int n) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -106,7 +115,7 @@ void MapStage::WorkerLoop(int id, SampleTransform::WorkerState* state) {
 void MapStage::CpuMeter::Read(int64_t now, bool force) {
   if (!force && now - wall_ < kEveryNs) return;
   const int64_t c = ThreadCpuNs();
-  to_->AddCpu(c - cpu_);
+  to_->AddCpu(c - cpu_ + std::exchange(off_thread_cpu_ns, 0));
   cpu_ = c;
   wall_ = now;
 }

@@ -52,6 +52,7 @@ class MapStage {
   // counter: the thread CPU clock is a system call (not in the vDSO), and read twice per chunk
   // it took 2.4% of a tokenizing worker's time (perf, feedline-bench --compare-text). The CPU
   // spent between chunks (the hand-off) is the worker's too, so it is counted.
+  // CPU a transform reported as spent elsewhere for the worker (ReportOffThreadCpu) is added too.
   // The destructor adds the last interval's, however the worker's loop ends.
   class CpuMeter {
    public:
