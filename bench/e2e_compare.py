@@ -8,6 +8,9 @@ workload, in one run, contenders interleaved round after round:
 
   ideal     the same loop fed batches made in advance (no loader at all)
   feedline  the workload's feedline loader with its automatic settings
+  feedline (threads)
+            pil only: feedline.DataLoader with executor="thread" forced (the automatic choice
+            is processes for int keys; the pair shows that choice end to end)
   torch     torch's DataLoader at each --torch-workers count (persistent workers); its best
             end to end is the reference
 
@@ -65,6 +68,7 @@ def _spin(cpu_s):
 
 
 TEXT_WORKLOADS = ("text", "packed")
+THREADS = "feedline (threads)"  # the pil workload's forced-executor contender
 
 
 def _make_text_loader(workload, loader, a):
@@ -106,9 +110,10 @@ def _make_loader(a):
     t = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
                             transforms.PILToTensor()])
     ds = torchvision.datasets.ImageFolder(data, transform=t)
-    if loader == "feedline":
+    if loader.startswith("feedline"):
         import feedline
-        return feedline.DataLoader(ds, batch_size=batch, shuffle=True)
+        return feedline.DataLoader(ds, batch_size=batch, shuffle=True,
+                                   executor="thread" if loader == THREADS else "auto")
     return torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
                                        persistent_workers=workers > 0)
 
@@ -320,8 +325,9 @@ def main():
         for rnd in range(a.rounds):
             for c_ms, g_ms in steps:
                 for wl in workloads:
-                    contenders = [("ideal", 0), ("feedline", 0)] + [("torch", w)
-                                                                    for w in torch_workers]
+                    contenders = ([("ideal", 0), ("feedline", 0)] +
+                                  ([(THREADS, 0)] if wl == "pil" else []) +
+                                  [("torch", w) for w in torch_workers])
                     if rnd % 2 == 1:
                         contenders.reverse()  # interleaved: no contender always first
                     for loader, w in contenders:
@@ -370,11 +376,12 @@ def main():
             ideal = mean[(wl, c_ms, g_ms, "ideal")]["rate"]
             torch_keys = [k for k in mean if k[:3] == (wl, c_ms, g_ms) and k[3].startswith("torch")]
             best = max(torch_keys, key=lambda k: mean[k]["rate"])
-            for key in [(wl, c_ms, g_ms, "ideal"), (wl, c_ms, g_ms, "feedline")] + sorted(
+            forced = [(wl, c_ms, g_ms, THREADS)] if (wl, c_ms, g_ms, THREADS) in mean else []
+            for key in [(wl, c_ms, g_ms, "ideal"), (wl, c_ms, g_ms, "feedline")] + forced + sorted(
                     torch_keys):
                 m = mean[key]
                 chose = ""
-                if key[3] == "feedline":
+                if key[3].startswith("feedline"):
                     chose = (f"{m['chose']}" + (f", {m['processes']} processes"
                                                  if m.get("processes") else "") +
                              (f", {m['workers']} workers" if m.get("workers") else ""))
@@ -390,11 +397,15 @@ def main():
                         feedline_over_best_torch=f["rate"] / t["rate"], best_torch=best[3],
                         feedline_stretch=f["stretch"], torch_stretch=t["stretch"],
                         pss_over_torch=f["pss_mib"] / max(1e-9, t["pss_mib"]))
+            if forced:  # the automatic executor against the better of the two forced ones
+                line["auto_over_best_forced"] = f["rate"] / max(f["rate"], mean[forced[0]]["rate"])
             report.append(line)
             print(f"  -> feedline / ideal {line['feedline_over_ideal']:.2f}x, / best torch "
                   f"({best[3]}) {line['feedline_over_best_torch']:.2f}x; step CPU stretched "
                   f"{f['stretch']:.2f}x (torch {t['stretch']:.2f}x); peak PSS "
-                  f"{line['pss_over_torch']:.2f}x torch's")
+                  f"{line['pss_over_torch']:.2f}x torch's" +
+                  (f"; automatic executor / the better forced one "
+                   f"{line['auto_over_best_forced']:.2f}x" if forced else ""))
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(dict(hog=a.hog, batch_size=a.batch_size, epochs=a.epochs,

@@ -34,6 +34,9 @@ def test_the_end_to_end_benchmark_runs_and_reports_every_contender(small_folder,
     # 26 images, batch 8: 4 steps of 2 + 10 ms at most per epoch, with nothing to wait for.
     assert ideal["waited_ms"] < 5 and ideal["rate"] > 0
     assert contenders["pil|2.0|10.0|feedline"]["chose"] == "process"
+    assert contenders["pil|2.0|10.0|feedline (threads)"]["chose"] == "thread"
+    pil = [x for x in report["ratios"] if x["workload"] == "pil"][0]
+    assert 0 < pil["auto_over_best_forced"] <= 1
     assert "image   " in r.stdout and "-> feedline / ideal" in r.stdout
 
 
