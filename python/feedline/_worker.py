@@ -197,6 +197,17 @@ def _keep_heap():
         pass
 
 
+def _trim_heap():
+    """The heap's free memory back to the kernel: after the batch a layout is learned from, the
+    freed samples of a whole batch (38 MB of images), which _keep_heap's threshold would keep
+    for the worker's life while it makes one sample at a time."""
+    import ctypes
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def make_batch(dataset, keys, collate_fn, auto_collation, before_sample=None):
     """The batch of `keys` as torch's workers make it: each dataset[k] (`before_sample(j)`
     first: a worker process seeds the sample's RNGs there), then collate_fn(samples) with auto
@@ -307,6 +318,9 @@ def main(dataset, schema, batch_mode, collate_fn, request_fd, reply_fd, staging_
                         learned = ("error", str(e))
                     except Exception:  # noqa: BLE001 (another batch teaches it)
                         learned = None
+                samples = None  # (the batch holds what it needs)
+                if learned is not None:  # samples go in place from now on: their heap goes
+                    _trim_heap()
                 try:
                     payload = pickle.dumps((out, learned), protocol=pickle.HIGHEST_PROTOCOL)
                 except Exception as e:  # noqa: BLE001 (a type pickle cannot find by its name)
@@ -314,7 +328,7 @@ def main(dataset, schema, batch_mode, collate_fn, request_fd, reply_fd, staging_
                     raise
                 # Not kept until the next whole batch (after a layout is learned, never): the
                 # batch's tensors are in shared memory (torch's collate, in a worker).
-                out = samples = None
+                out = None
                 parts = None
             else:
                 seed_sample(epoch_seed, index)

@@ -477,15 +477,15 @@ class Megabyte(tud.Dataset):
         return torch.full((1 << 20,), i % 251, dtype=torch.uint8)
 
 
-def _shared_kib_of_children():
-    """Shared memory (PSS, KiB) of each child process of this one."""
+def _kib_of_children(field="Pss_Shmem"):
+    """A memory figure (KiB, /proc/PID/smaps_rollup's `field`) of each child of this process."""
     out = {}
     for t in os.listdir("/proc/self/task"):
         with open(f"/proc/self/task/{t}/children") as f:
             for pid in f.read().split():
                 with open(f"/proc/{pid}/smaps_rollup") as r:
                     for line in r:
-                        if line.startswith("Pss_Shmem:"):
+                        if line.startswith(field + ":"):
                             out[int(pid)] = int(line.split()[1])
     return out
 
@@ -495,13 +495,38 @@ def test_worker_processes_keep_no_whole_batch_after_learning_the_layout():
     from it), then samples go into the slots in place. The whole batch's memory must not stay:
     torch's collate puts it in shared memory in a worker, and it crossed in the staging area,
     whose pages stayed too (2 x 36 MiB per worker on the PIL benchmark)."""
-    others = set(_shared_kib_of_children())  # children of earlier tests' loaders
+    others = set(_kib_of_children())  # children of earlier tests' loaders
     loader = feedline.DataLoader(Megabyte(), batch_size=16, num_workers=2, executor="process")
     it = iter(loader)
     for b in it:
         assert b.shape == (16, 1 << 20)
-    shared = {p: kib for p, kib in _shared_kib_of_children().items() if p not in others}
+    shared = {p: kib for p, kib in _kib_of_children().items() if p not in others}
     assert len(shared) == 2 and all(kib < 4096 for kib in shared.values()), shared
+
+
+def _workers_private_kib(keep_heap):
+    from feedline import _worker
+    others = set(_kib_of_children())
+    trim = _worker._trim_heap
+    if keep_heap:  # (the workers fork from here: they see it)
+        _worker._trim_heap = lambda: None
+    try:
+        loader = feedline.DataLoader(Megabyte(), batch_size=16, num_workers=2,
+                                     executor="process")
+        for _ in loader:
+            pass
+    finally:
+        _worker._trim_heap = trim
+    mine = [k for p, k in _kib_of_children("Private_Dirty").items() if p not in others]
+    assert len(mine) == 2
+    del loader
+    return min(mine)
+
+
+def test_worker_processes_give_back_the_heap_of_the_batch_they_learned_from():
+    """The samples of that whole batch (16 x 1 MiB) were freed into a heap that keeps up to 64
+    MiB (_keep_heap: for speed while samples come one at a time), for the worker's life."""
+    assert _workers_private_kib(keep_heap=True) - _workers_private_kib(keep_heap=False) > 8192
 
 
 class Slow(tud.Dataset):
