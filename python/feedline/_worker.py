@@ -181,6 +181,16 @@ def layout(samples, pad):
     return ("layout", schema)
 
 
+def _libc_function(name):
+    """glibc's `name` (mallopt, malloc_trim), or None where it is not found: the heap is then
+    left to its defaults."""
+    import ctypes
+    try:
+        return getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):
+        return None
+
+
 def _keep_heap():
     """Samples allocate and free arrays of the same large sizes over and over (a decoded image,
     its float copy). glibc serves an allocation past its mmap threshold (128 KiB at first) with
@@ -188,24 +198,19 @@ def _keep_heap():
     of CPU where 1.0 ms is the work. The threshold only rises after such a block is freed, so a
     worker's speed depended on what it happened to allocate first. Fixed at 32 MiB (the most
     glibc's own adjustment reaches), with freed memory kept up to 64 MiB."""
-    import ctypes
-    try:
-        libc = ctypes.CDLL(None)
-        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 64 << 20)  # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        pass
+    mallopt = _libc_function("mallopt")
+    if mallopt is not None:
+        mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
+        mallopt(-1, 64 << 20)  # M_TRIM_THRESHOLD
 
 
 def _trim_heap():
     """The heap's free memory back to the kernel: after the batch a layout is learned from, the
     freed samples of a whole batch (38 MB of images), which _keep_heap's threshold would keep
     for the worker's life while it makes one sample at a time."""
-    import ctypes
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    malloc_trim = _libc_function("malloc_trim")
+    if malloc_trim is not None:
+        malloc_trim(0)
 
 
 def make_batch(dataset, keys, collate_fn, auto_collation, before_sample=None):
