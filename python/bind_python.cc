@@ -12,8 +12,24 @@
 #include "py_options.h"
 
 namespace feedline::python {
+namespace {
+
+// A worker process's whole-batch reply, held once: Python reads it through the buffer protocol
+// (writable, so that torch.frombuffer makes the batch's tensors views of it without a copy or a
+// warning; they keep it alive).
+struct OwnedBytes {
+  std::string data;
+};
+
+}  // namespace
 
 void BindPython(py::module_& m) {
+  py::class_<OwnedBytes>(m, "_OwnedBytes", py::buffer_protocol())
+      .def_buffer([](OwnedBytes& b) {
+        return py::buffer_info(b.data.data(), 1, py::format_descriptor<uint8_t>::format(),
+                               py::ssize_t(b.data.size()));
+      })
+      .def("__len__", [](const OwnedBytes& b) { return b.data.size(); });
   py::class_<PyTransform, std::shared_ptr<PyTransform>>(m, "PythonTransform")
       .def(py::init([](const py::list& fields, bool batch_mode, py::object fetch) {
              // fields: (name, dtype, shape, ragged[, pad_value]) with -n for a variable
@@ -57,7 +73,9 @@ void BindPython(py::module_& m) {
       .def("close", &PyTransform::Close)
       .def("take_error", &PyTransform::TakeError)
       .def("take_result",
-           [](const PyTransform& t, int64_t position) { return py::bytes(t.TakeResult(position)); })
+           [](const PyTransform& t, int64_t position) {
+             return std::make_unique<OwnedBytes>(OwnedBytes{t.TakeResult(position)});
+           })
       .def("stats", &PyTransform::Stats);
 
   m.def(

@@ -25,7 +25,7 @@ import struct
 import time
 import traceback
 
-from . import _collate
+from . import _collate, _payload
 
 _HEADER = struct.Struct("<qqqq")  # a reply: status, inline, nbytes, cpu_ns
 _REQUEST = struct.Struct("<qqqqq")  # op, position, n, seed, index (then n keys)
@@ -327,7 +327,7 @@ def main(dataset, schema, batch_mode, collate_fn, request_fd, reply_fd, staging_
                 if learned is not None:  # samples go in place from now on: their heap goes
                     _trim_heap()
                 try:
-                    payload = pickle.dumps((out, learned), protocol=pickle.HIGHEST_PROTOCOL)
+                    size, payload = _payload.dump((out, learned), view)
                 except Exception as e:  # noqa: BLE001 (a type pickle cannot find by its name)
                     e.unpicklable = True
                     raise
@@ -335,6 +335,8 @@ def main(dataset, schema, batch_mode, collate_fn, request_fd, reply_fd, staging_
                 # batch's tensors are in shared memory (torch's collate, in a worker).
                 out = None
                 parts = None
+                if payload is None and size >= _LARGE_REPLY:
+                    large = size
             else:
                 seed_sample(epoch_seed, index)
                 leaves = _collate.flatten(dataset[keys[0]], schema)
@@ -354,6 +356,12 @@ def main(dataset, schema, batch_mode, collate_fn, request_fd, reply_fd, staging_
             payload = error_text(e, what, where).encode()
             parts = None
             status = 1
+            size = len(payload)
+            if size <= staging_bytes:
+                view[:size] = payload
+                payload = None
+                if size >= _LARGE_REPLY:
+                    large = size
         if parts is not None:  # the sample's fields: into the staging area (or inline)
             inline = size > staging_bytes
             buf = bytearray(size) if inline else view
@@ -362,15 +370,10 @@ def main(dataset, schema, batch_mode, collate_fn, request_fd, reply_fd, staging_
                 b = memoryview(p) if isinstance(p, bytes) else p.reshape(-1).view("u1").data
                 buf[off:off + b.nbytes] = b
                 off += (b.nbytes + 7) // 8 * 8
-            reply = _HEADER.pack(0, int(inline), size, time.process_time_ns() - cpu0)
-            _write_all(reply_fd, reply + bytes(buf) if inline else reply)
-        else:
-            inline = len(payload) > staging_bytes
-            if not inline:
-                view[:len(payload)] = payload
-                if len(payload) >= _LARGE_REPLY:
-                    large = len(payload)
-            reply = _HEADER.pack(status, int(inline), len(payload), time.process_time_ns() - cpu0)
-            _write_all(reply_fd, reply + payload if inline else reply)
+            payload = buf if inline else None
+        # In the staging area, or inline (payload) when larger than it.
+        reply = _HEADER.pack(status, int(payload is not None), size,
+                             time.process_time_ns() - cpu0)
+        _write_all(reply_fd, reply if payload is None else reply + bytes(payload))
     view.release()
     staging.close()

@@ -529,6 +529,104 @@ def test_worker_processes_give_back_the_heap_of_the_batch_they_learned_from():
     assert _workers_private_kib(keep_heap=True) - _workers_private_kib(keep_heap=False) > 8192
 
 
+def _status_kib(field, pid="self"):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def _reset_peak_and_record(directory):
+    """worker_init_fn: this process's peak RSS (VmHWM) reset to its RSS now, which is recorded."""
+    def init(worker_id):
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        with open(os.path.join(directory, str(os.getpid())), "w") as f:
+            f.write(str(_status_kib("VmRSS")))
+    return init
+
+
+def test_a_whole_batch_from_a_worker_process_exists_once_in_each_process(tmp_path):
+    """A batch made whole in a worker process (the batches a layout is learned from, here 32
+    MiB; batch mode) crossed as a pickle: in the worker the batch, its pickle and the pickle's
+    copy in the staging area were alive at once (3x the batch), and in the loader the reply, a
+    bytes copy of it and the unpickled batch (taking the batch added 2x). Now the batch's
+    tensors are written into the staging area once, and the loader's batch is a view of the
+    reply it holds."""
+    loader = feedline.DataLoader(Megabyte(), batch_size=32, num_workers=2, executor="process",
+                                 worker_init_fn=_reset_peak_and_record(str(tmp_path)))
+    it = iter(loader)
+    deadline = time.monotonic() + 60
+    while loader.stats()["python"]["samples"] < 2:  # both replies held by the loader
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = _status_kib("VmRSS")
+    first = next(it)
+    grew = _status_kib("VmHWM") - before
+    assert first.shape == (32, 1 << 20) and int(first[5, 0]) == 5
+    assert grew < 8 << 10, f"the loader's peak grew {grew} KiB taking a 32 MiB batch"
+    second = next(it)
+    assert second.shape == (16, 1 << 20) and int(second[-1, -1]) == 47
+    assert torch.equal(first[:, :4096], torch.arange(32, dtype=torch.uint8)[:, None].expand(32, 4096))
+    for name in os.listdir(tmp_path):
+        pid, started = int(name), int((tmp_path / name).read_text())
+        grew = _status_kib("VmHWM", pid) - started
+        # The batch while collated from its samples, then the batch and its copy in the
+        # staging area: 2x. The pickle beside them made it 3x (96 MiB).
+        assert grew < 80 << 10, f"worker {pid}'s peak grew {grew} KiB making a 32 MiB batch"
+    del it, loader
+
+
+class Holder:
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+
+def _odd_batch(samples):
+    """A user collate_fn (batch mode) whose batch holds tensors of every kind a batch may."""
+    n = len(samples)
+    base = torch.arange(n * 3000, dtype=torch.float32).reshape(n, 3000) + samples[0]
+    shared = torch.arange(4000, dtype=torch.int64) * samples[0]
+    return {
+        "half": base.half(), "bfloat": base.bfloat16(), "flags": base > 100,
+        "complex": torch.complex(base, -base), "transposed": base.t(),
+        "whole": shared, "view": shared[100:], "empty": torch.empty(0, 7),
+        "small": torch.tensor(samples), "numpy": base.numpy().copy(),
+        "grad": torch.ones(2000, requires_grad=True), "held": Holder(base * 2),
+        "big": torch.full((70 << 20,), samples[0] % 7, dtype=torch.uint8) if samples[0] == 4
+        else None,
+    }
+
+
+def test_whole_batches_from_worker_processes_keep_every_tensor_as_made():
+    """Batch mode's batches cross with their large tensors beside the pickle: dtypes, shapes,
+    strides, autograd flags and user objects come out as collate_fn made them,
+    and a batch larger than the staging area (70 MiB: through the pipe) too."""
+    data = list(range(12))
+    ours = feedline.DataLoader(data, batch_size=4, num_workers=2, collate_fn=_odd_batch,
+                               executor="process")
+    theirs = tud.DataLoader(data, batch_size=4, num_workers=0, collate_fn=_odd_batch)
+    got = list(ours)
+    for a, b in zip(got, theirs):
+        for k in a:
+            x, y = a[k], b[k]
+            if k == "held":
+                x, y = x.tensor, y.tensor
+            if k == "numpy":
+                assert isinstance(x, np.ndarray) and np.array_equal(x, y)
+                continue
+            if y is None:
+                assert x is None
+                continue
+            assert x.dtype == y.dtype and x.shape == y.shape and x.stride() == y.stride(), k
+            assert x.requires_grad == y.requires_grad and torch.equal(x, y), k
+        a["transposed"][0, 0] = -1  # the batch is the loop's to change
+    assert len(got) == 3 and got[1]["big"].shape == (70 << 20,) and got[1]["big"][-1] == 4
+
+
 class Slow(tud.Dataset):
     def __len__(self):
         return 300

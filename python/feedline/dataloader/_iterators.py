@@ -6,7 +6,7 @@ import pickle
 
 import torch
 
-from .. import _collate
+from .. import _collate, _payload
 from .._feedline import DataError
 from ._runtime import _raise_from_text, _to_device
 
@@ -195,7 +195,7 @@ class _EngineIter(_BaseIter):
         if self._schema is None:  # batch mode: the batch was made in Python
             pos = int(torch.from_dlpack(fields["batch"])[0])
             if o._executor == "process":
-                out, learned = pickle.loads(o._transform.take_result(pos))
+                out, learned = _payload.load(o._transform.take_result(pos))
                 o._learn(learned)
                 return self._out(out)
             made = o._results[pos]
