@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -89,7 +91,71 @@ std::map<std::string, int64_t> KilobyteFields(const std::string& path,
   return out;
 }
 
+// Shared-memory objects (the kernel's shmem: memfds, POSIX and System V shared memory, shared
+// anonymous mappings) by the path /proc shows for them.
+bool IsSharedObjectPath(absl::string_view path) {
+  for (absl::string_view prefix : {"/memfd:", "/dev/shm/", "/SYSV", "/dev/zero"}) {
+    if (absl::StartsWith(path, prefix)) return true;
+  }
+  return false;
+}
+
+// Adds to `objects` ((device, inode) -> bytes allocated) each shared-memory object `pid` maps
+// or holds open; false (and nothing added) when one could not be measured.
+bool AddSharedObjects(pid_t pid, std::map<std::pair<dev_t, ino_t>, int64_t>* objects) {
+  std::vector<std::string> paths;
+  {
+    std::ifstream maps(absl::StrCat("/proc/", pid, "/maps"));
+    if (!maps) return false;
+    std::string line;
+    while (std::getline(maps, line)) {
+      // "start-end perms offset dev inode path"
+      std::istringstream in(line);
+      std::string range, perms, offset, dev, inode;
+      in >> range >> perms >> offset >> dev >> inode;
+      std::string path;
+      std::getline(in >> std::ws, path);
+      if (!perms.empty() && perms.back() == 's' && IsSharedObjectPath(path)) {
+        paths.push_back(absl::StrCat("/proc/", pid, "/map_files/", range));
+      }
+    }
+  }
+  const std::string fd_dir = absl::StrCat("/proc/", pid, "/fd");
+  DIR* dir = ::opendir(fd_dir.c_str());
+  if (dir == nullptr) return false;
+  while (const dirent* e = ::readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    const std::string path = absl::StrCat(fd_dir, "/", e->d_name);
+    char target[512];
+    const ssize_t n = ::readlink(path.c_str(), target, sizeof(target) - 1);
+    if (n > 0 && IsSharedObjectPath(absl::string_view(target, size_t(n)))) paths.push_back(path);
+  }
+  ::closedir(dir);
+  std::map<std::pair<dev_t, ino_t>, int64_t> found;
+  for (const std::string& path : paths) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return false;
+    found[{st.st_dev, st.st_ino}] = int64_t(st.st_blocks) * 512;
+  }
+  objects->insert(found.begin(), found.end());
+  return true;
+}
+
 }  // namespace
+
+int64_t TreePss(const std::vector<pid_t>& pids) {
+  int64_t total = 0;
+  std::map<std::pair<dev_t, ino_t>, int64_t> objects;
+  for (pid_t pid : pids) {
+    std::map<std::string, int64_t> f =
+        KilobyteFields(absl::StrCat("/proc/", pid, "/smaps_rollup"), {"Pss", "Pss_Shmem"});
+    if (f.count("Pss") == 0) continue;  // gone
+    total += f["Pss"];
+    if (AddSharedObjects(pid, &objects)) total -= f["Pss_Shmem"];
+  }
+  for (const auto& [key, bytes] : objects) total += bytes;
+  return total;
+}
 
 void SampleTreeMemory(pid_t root, bool read_pss, TreeMemory* memory) {
   const std::vector<pid_t> tree = ProcessTree(root);
@@ -108,11 +174,7 @@ void SampleTreeMemory(pid_t root, bool read_pss, TreeMemory* memory) {
   if (rss_sum > memory->peak_rss_sum_bytes) {
     memory->peak_rss_sum_bytes = rss_sum;
     if (read_pss) {
-      int64_t pss_sum = 0;
-      for (pid_t pid : tree) {
-        pss_sum += KilobyteFields(absl::StrCat("/proc/", pid, "/smaps_rollup"), {"Pss"})["Pss"];
-      }
-      memory->pss_near_peak_bytes = pss_sum;
+      memory->pss_near_peak_bytes = TreePss(tree);
     }
   }
 }

@@ -6,8 +6,9 @@
 // of its members is summed; the figure is the peak of that sum. The sum counts pages that the
 // processes share (the interpreter and libraries, pages inherited at fork) once per process,
 // as `ps` and `top` do; the proportional set size (Pss, shared pages split between the
-// processes that map them) is read too, at the moments the sum reaches a new peak, since it
-// costs milliseconds per process to read. Linux only.
+// processes that map them, shared-memory objects counted whole: TreePss) is read too, at the
+// moments the sum reaches a new peak, since it costs milliseconds per process to read. Linux
+// only.
 //
 // Thread safety: RunChild may be called from any thread; it starts one sampling thread.
 #ifndef FEEDLINE_BENCH_PROCESS_TREE_H_
@@ -38,6 +39,14 @@ struct TreeMemory {
     return peak_rss_sum_bytes > max_hwm_bytes ? peak_rss_sum_bytes : max_hwm_bytes;
   }
 };
+
+// The memory of the processes `pids`, in bytes: their proportional set sizes (a page mapped by k
+// of them counts 1/k in each), with each shared-memory object counted whole, once, by the pages
+// it holds, whether it is mapped or only held open (torch's DataLoader passes each batch from a
+// worker as a shared-memory file that no process maps until the loop takes it, and a loop that
+// reads part of a batch maps only that part: Pss alone misses the rest). Where an object cannot
+// be measured (another user's process), its mapped share stands in.
+int64_t TreePss(const std::vector<pid_t>& pids);
 
 // Samples the memory of `root` and its descendants now into `memory` (peaks so far); reads
 // Pss too if `read_pss` and the RSS sum is a new peak.

@@ -65,19 +65,60 @@ def _rss(pids):
     return total
 
 
+# Shared-memory objects (the kernel's shmem: memfds, POSIX and System V shared memory, shared
+# anonymous mappings) by the path /proc shows for them.
+_SHARED = ("/memfd:", "/dev/shm/", "/SYSV", "/dev/zero")
+
+
+def _shared_objects(pid, objects):
+    """Adds to `objects` ((device, inode) -> bytes allocated) each shared-memory object `pid`
+    maps or holds open. False when one could not be measured."""
+    found = {}
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if (len(parts) == 6 and parts[1].endswith("s")
+                        and parts[5].startswith(_SHARED)):
+                    found[f"/proc/{pid}/map_files/{parts[0]}"] = None
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            path = f"/proc/{pid}/fd/{fd}"
+            try:
+                if os.readlink(path).startswith(_SHARED):
+                    found[path] = None
+            except OSError:
+                pass  # closed meanwhile
+        sizes = {}
+        for path in found:
+            st = os.stat(path)
+            sizes[(st.st_dev, st.st_ino)] = st.st_blocks * 512
+    except OSError:
+        return False
+    objects.update(sizes)
+    return True
+
+
 def _pss(pids):
-    """PSS in bytes summed over `pids` (smaps_rollup walks every page table: read rarely)."""
-    total = 0
+    """The memory of the processes `pids`, in bytes: their proportional set sizes (a page mapped
+    by k of them counts 1/k in each), with each shared-memory object counted whole, once, by the
+    pages it holds, whether it is mapped or only held open (torch's DataLoader passes each batch
+    from a worker as a shared-memory file that no process may map until the loop takes it, and a
+    loop that only reads part of a batch maps only that part: Pss alone misses the rest).
+    Where an object cannot be measured (another user's process), its mapped share stands in."""
+    total, objects = 0, {}
     for p in pids:
+        fields = {}
         try:
             with open(f"/proc/{p}/smaps_rollup", "rb") as f:
                 for line in f:
-                    if line.startswith(b"Pss:"):
-                        total += int(line.split()[1]) * 1024
-                        break
+                    if line.startswith((b"Pss:", b"Pss_Shmem:")):
+                        fields[line.split(b":")[0]] = int(line.split()[1]) * 1024
         except (OSError, ValueError):
-            pass
-    return total
+            continue
+        total += fields.get(b"Pss", 0)
+        if _shared_objects(p, objects):
+            total -= fields.get(b"Pss_Shmem", 0)
+    return total + sum(objects.values())
 
 
 def run(args, extra, name):

@@ -104,3 +104,41 @@ def test_the_video_workload_runs_feedline_and_the_pyav_peer(tmp_path):
     for name in ("ideal", "feedline", "torch (num_workers=1)"):
         c = contenders[f"video|2.0|10.0|{name}"]
         assert c["rate"] > 0 and c["samples_per_epoch"] == 10, (name, c)
+
+
+def test_the_memory_measure_counts_each_shared_memory_object_once_and_whole():
+    """The benchmarks' memory figure (bench/python_compare.py's _pss; bench/process_tree.cc's
+    TreePss does the same): a shared-memory object mapped by two processes counts once, and one
+    held open but mapped by none (torch's batch between its worker and the loop) counts too."""
+    import mmap
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from python_compare import _pss
+    mib = 1 << 20
+    base = _pss([os.getpid()])
+    shared = os.memfd_create("test-shared")
+    os.ftruncate(shared, 16 * mib)
+    mapped = mmap.mmap(shared, 16 * mib)
+    mapped[:] = b"x" * (16 * mib)  # mapped here, and in the child (inherited)
+    ready_r, ready_w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # only os and mmap here: the child of a process with threads
+        held = os.memfd_create("test-held")
+        os.ftruncate(held, 32 * mib)
+        m = mmap.mmap(held, 32 * mib)
+        m[:] = b"y" * (32 * mib)
+        m.close()  # written, then mapped by no process; the descriptor keeps it
+        _ = mapped[::4096]  # the inherited mapping's pages are in the child's page table too
+        os.write(ready_w, b"1")
+        os.read(done_r, 1)
+        os._exit(0)
+    try:
+        assert os.read(ready_r, 1) == b"1"
+        grew = (_pss([os.getpid(), pid]) - base) / mib
+    finally:
+        os.write(done_w, b"1")
+        os.waitpid(pid, 0)
+        mapped.close()
+        for fd in (shared, ready_r, ready_w, done_r, done_w):
+            os.close(fd)
+    assert 44 < grew < 56, f"{grew:.1f} MiB for 16 MiB mapped by two processes and 32 MiB held"
