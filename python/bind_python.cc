@@ -62,7 +62,7 @@ void BindPython(py::module_& m) {
       .def_property_readonly("processes", &PyTransform::processes)
       .def("set_keys", &PyTransform::SetKeys, py::arg("keys"), py::arg("offsets"),
            py::arg("seed") = 0, py::arg("first_index") = 0, py::arg("first_batch") = 0,
-           py::arg("positions_per_batch") = 1)
+           py::arg("positions_per_batch") = 1, py::arg("chunk") = 1)
       .def("set_timeout", &PyTransform::set_timeout_s)
       .def("adopt_processes",
            [](PyTransform& t, PyTransform& from, const py::bytes& config) {

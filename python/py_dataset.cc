@@ -199,6 +199,11 @@ struct PyTransform::ThreadWorker : SampleTransform::WorkerState {
   std::thread::id thread;
   PyThreadState* tstate = nullptr;  // this thread's, between two samples (GIL not held)
   PyGILState_STATE gstate{};
+  // Processes: the last chunk reply's samples (a copy: its process is free again), for the
+  // positions that follow (this thread makes its batch's positions in order).
+  int64_t chunk_generation = -1, chunk_first = 0;
+  std::vector<ChunkEntry> chunk_entries;
+  std::vector<uint8_t> chunk_bytes;
 };
 
 // Holds the GIL for one sample: with the worker's own thread state when called on its thread
@@ -262,7 +267,7 @@ absl::Status PyTransform::Apply(const Record&, const SampleContext& context, Wor
   }
   // A sample made off the worker threads (a replacement on the consumer's thread) is worker 0's.
   auto* worker = dynamic_cast<ThreadWorker*>(state);
-  st = use_procs ? ApplyProcess(position, out) : ApplyThread(position, worker, out);
+  st = use_procs ? ApplyProcess(position, worker, out) : ApplyThread(position, worker, out);
   if (st.ok()) samples_.fetch_add(1, std::memory_order_relaxed);
   return st;
 }
@@ -531,7 +536,7 @@ void PyTransform::ReleaseProc(int i) const {
 }
 
 absl::Status PyTransform::Exchange(const std::vector<int64_t>& request, const std::string& what,
-                                   Reply& r, int only) const {
+                                   Reply& r, int only, bool chunk) const {
   std::string died;  // the first death, if the retry dies too
   for (int attempt = 0; attempt < 2; ++attempt) {
     const int i = only >= 0 ? AcquireProc(only) : AcquireProc();
@@ -559,7 +564,8 @@ absl::Status PyTransform::Exchange(const std::vector<int64_t>& request, const st
     // this request, and the worker is replaced (its pipe may hold the rest of the lie).
     std::string malformed;
     if (io == Io::kOk) {
-      if ((reply[0] != 0 && reply[0] != 1) || (reply[1] != 0 && reply[1] != 1)) {
+      if ((reply[0] != 0 && reply[0] != 1 && !(chunk && reply[0] == 2 && reply[1] == 0)) ||
+          (reply[1] != 0 && reply[1] != 1)) {
         malformed = absl::StrCat("status ", reply[0], ", inline ", reply[1]);
       } else if (reply[2] < 0 || (reply[1] == 0 && uint64_t(reply[2]) > p.staging_bytes) ||
                  (reply[1] != 0 && reply[2] > kMaxInlineReply)) {
@@ -613,6 +619,7 @@ absl::Status PyTransform::Exchange(const std::vector<int64_t>& request, const st
           text, "; feedline retried it on a new worker, which died too (first: ", died, ")",
           "\n{\"type\": \"RuntimeError\"}"));
     }
+    exchanges_.fetch_add(1, std::memory_order_relaxed);
     r.proc = i;
     r.status = reply[0];
     // A process's word, so bounded (it is only a cost estimate): at most its wall time x cores.
@@ -625,9 +632,10 @@ absl::Status PyTransform::Exchange(const std::vector<int64_t>& request, const st
   return absl::InternalError("unreachable");
 }
 
-absl::Status PyTransform::ApplyProcess(int64_t position, SampleWriter& out) const {
+absl::Status PyTransform::ApplyProcess(int64_t position, ThreadWorker* state,
+                                       SampleWriter& out) const {
   std::shared_ptr<const std::vector<int64_t>> keys, offsets;
-  int64_t seed = 0, first_index = 0;
+  int64_t seed = 0, first_index = 0, per_batch = 1, chunk = 1, generation = 0;
   int proc = -1;  // the batch's worker process
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -635,25 +643,75 @@ absl::Status PyTransform::ApplyProcess(int64_t position, SampleWriter& out) cons
     offsets = offsets_;
     seed = seed_;
     first_index = first_index_;
+    per_batch = per_batch_;
+    chunk = chunk_;
+    generation = generation_;
     if (!procs_.empty() && position >= 0) {
       proc = int((first_batch_ + position / per_batch_) % int64_t(procs_.size()));
     }
   }
-  if (!keys || position + 1 >= int64_t(offsets->size())) {
+  if (!keys || position < 0 || position + 1 >= int64_t(offsets->size())) {
     return Failed(position, absl::StrCat("feedline: no keys for position ", position));
   }
   const int64_t b = (*offsets)[size_t(position)], e = (*offsets)[size_t(position) + 1];
-  std::vector<int64_t> request = {1, position, e - b, seed, first_index + b};
-  request.insert(request.end(), keys->begin() + b, keys->begin() + e);
   const std::string what =
       e - b == 1 ? absl::StrCat("dataset[", (*keys)[size_t(b)], "]")
                  : absl::StrCat("the batch of dataset[",
                                 absl::StrJoin(keys->begin() + b, keys->begin() + e, ", "), "]");
+  // A sample of this thread's last chunk: no exchange.
+  if (state != nullptr && state->chunk_generation == generation && position > state->chunk_first &&
+      position - state->chunk_first < int64_t(state->chunk_entries.size())) {
+    const ChunkEntry& c = state->chunk_entries[size_t(position - state->chunk_first)];
+    const uint8_t* data = state->chunk_bytes.data() + c.offset;
+    if (c.status != 0)
+      return Failed(position, std::string(reinterpret_cast<const char*>(data), c.size));
+    absl::Status st = WriteFields(data, c.size, out);
+    return st.ok() ? st : Failed(position, absl::StrCat(what, ": ", st.message()));
+  }
+  // Small samples in place: this position and the next ones of its batch, in one exchange.
+  int64_t count = 1;
+  if (!batch_mode_ && chunk > 1 && state != nullptr) {
+    count = std::min({chunk, (position / per_batch + 1) * per_batch - position,
+                      int64_t(offsets->size()) - 1 - position});
+    // One key per position in place; anything else is asked for alone.
+    if ((*offsets)[size_t(position + count)] - b != count) count = 1;
+  }
+  const int64_t last = (*offsets)[size_t(position + count)];
+  std::vector<int64_t> request = {1, position, last - b, seed, first_index + b};
+  request.insert(request.end(), keys->begin() + b, keys->begin() + last);
   Reply r;
-  absl::Status st = Exchange(request, what, r, proc);
+  absl::Status st = Exchange(request, what, r, proc, /*chunk=*/count > 1);
   if (absl::IsCancelled(st)) return st;
-  ReportOffThreadCpu(r.cpu_ns);  // the sample's cost is the process's CPU, not this wait
+  ReportOffThreadCpu(r.cpu_ns);  // the samples' cost is the process's CPU, not this wait
   if (!st.ok()) return Failed(position, std::string(st.message()));
+  if (r.status == 2) {  // a chunk: its table checked, copied, and the process is free again
+    st = ReadChunkTable(r.data, r.size, count, &state->chunk_entries);
+    if (!st.ok()) {
+      malformed_.fetch_add(1);
+      int pid = -1;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        pid = procs_[size_t(r.proc)].pid;
+      }
+      ::kill(pid, SIGKILL);
+      Respawn(r.proc);
+      state->chunk_entries.clear();
+      return Failed(
+          position,
+          absl::StrCat("feedline: worker process ", pid, " sent a malformed reply (", st.message(),
+                       ") for ", what, "; it was replaced\n{\"type\": \"RuntimeError\"}"));
+    }
+    state->chunk_bytes.assign(r.data, r.data + r.size);
+    state->chunk_first = position;
+    state->chunk_generation = generation;
+    ReleaseProc(r.proc);
+    const ChunkEntry& c = state->chunk_entries[0];
+    const uint8_t* data = state->chunk_bytes.data() + c.offset;
+    if (c.status != 0)
+      return Failed(position, std::string(reinterpret_cast<const char*>(data), c.size));
+    st = WriteFields(data, c.size, out);
+    return st.ok() ? st : Failed(position, absl::StrCat(what, ": ", st.message()));
+  }
   if (r.status != 0) {
     st = Failed(position, std::string(reinterpret_cast<const char*>(r.data), r.size));
   } else if (batch_mode_) {
@@ -721,7 +779,8 @@ void PyTransform::AdoptProcesses(PyTransform& from, const std::string& config) {
 }
 
 void PyTransform::SetKeys(std::vector<int64_t> keys, std::vector<int64_t> offsets, int64_t seed,
-                          int64_t first_index, int64_t first_batch, int64_t positions_per_batch) {
+                          int64_t first_index, int64_t first_batch, int64_t positions_per_batch,
+                          int64_t chunk) {
   auto k = std::make_shared<const std::vector<int64_t>>(std::move(keys));
   auto o = std::make_shared<const std::vector<int64_t>>(std::move(offsets));
   std::lock_guard<std::mutex> lock(mu_);
@@ -731,6 +790,8 @@ void PyTransform::SetKeys(std::vector<int64_t> keys, std::vector<int64_t> offset
   first_index_ = first_index;
   first_batch_ = std::max<int64_t>(0, first_batch);
   per_batch_ = std::max<int64_t>(1, positions_per_batch);
+  chunk_ = std::max<int64_t>(1, chunk);
+  ++generation_;
   errors_.clear();
   results_.clear();
 }
@@ -763,6 +824,7 @@ py::dict PyTransform::Stats() const {
   d["retries"] = retries_.load();
   d["timeouts"] = timeouts_.load();
   d["malformed_replies"] = malformed_.load();
+  d["exchanges"] = exchanges_.load();  // requests answered by worker processes
   d["processes"] = processes();
   return d;
 }

@@ -16,15 +16,18 @@
 // Wire format (little-endian int64 words). Request: [op=1, position, n, seed, index, key_0 ..
 // key_n-1]: `seed` is the epoch's base seed and `index` the place of key_0 in the epoch's whole
 // order (resumed epochs included), so the process seeds each sample's RNGs from (seed, index +
-// j) whichever process makes it; op=0 asks the process to exit (the other words are 0); op=3
-// (AdoptProcesses) is described there. Reply: [status, inline, nbytes, cpu_ns] then, when
-// `inline`, nbytes of payload on the pipe (else the payload is at the start of the staging area);
-// cpu_ns is the process's CPU time for the request (the autotuner's cost of the sample:
-// ReportOffThreadCpu), bounded by the request's wall time x cores where it is read. status 0: the
-// payload is the sample's fields in schema order, each as its shape (one word per dimension)
-// then its elements, padded to 8 bytes; in batch mode the payload is opaque (a pickled batch,
-// kept for `take_result`). status 1: the payload is an error text: a summary line, then details
-// for Python (`take_error`).
+// j) whichever process makes it. In batch mode the n keys are one position's batch; else they
+// are n consecutive positions of one batch (a chunk: SetKeys). op=0 asks the process to exit
+// (the other words are 0); op=3 (AdoptProcesses) is described there. Reply: [status, inline,
+// nbytes, cpu_ns] then, when `inline`, nbytes of payload on the pipe (else the payload is at
+// the start of the staging area); cpu_ns is the process's CPU time for the request (the
+// autotuner's cost of the samples: ReportOffThreadCpu), bounded by the request's wall time x
+// cores where it is read. status 0: the payload is the (first) sample's fields in schema order,
+// each as its shape (one word per dimension) then its elements, padded to 8 bytes; in batch
+// mode the payload is opaque (a batch: _payload.py, kept for `take_result`). status 1: the
+// payload is an error text: a summary line, then details for Python (`take_error`). status 2
+// (a chunk asked for): the payload is a table of the chunk's first samples, each its own
+// status 0 or 1 payload (wire_format.h: ReadChunkTable); the rest are asked for again.
 //
 // Thread safety: Apply from any number of engine threads; the setters from the Python thread
 // between epochs (they take the same lock).
@@ -81,9 +84,11 @@ class PyTransform : public SampleTransform {
   // `seed` and `first_index` (the epoch order's index of keys[0]) go with every request.
   // Position p belongs to the epoch's batch first_batch + p / positions_per_batch, which worker
   // process (batch mod processes) makes, as torch's DataLoader sends batch k to worker k mod n.
+  // `chunk` (> 1: samples made in place, small ones) asks a process for up to that many
+  // positions of a batch at once: one exchange, and the thread writes them one by one.
   void SetKeys(std::vector<int64_t> keys, std::vector<int64_t> offsets, int64_t seed = 0,
-               int64_t first_index = 0, int64_t first_batch = 0,
-               int64_t positions_per_batch = 1);
+               int64_t first_index = 0, int64_t first_batch = 0, int64_t positions_per_batch = 1,
+               int64_t chunk = 1);
   // A batch is one worker process's work (see SetKeys), so the engine hands off whole batches.
   bool WholeBatches() const override { return true; }
   // Worker threads run Python under the training thread's GIL (worker processes are niced in
@@ -122,7 +127,7 @@ class PyTransform : public SampleTransform {
   int TakeWorkerId() const;
   void ReturnWorkerId(int id) const;
   absl::Status ApplyThread(int64_t position, ThreadWorker* state, SampleWriter& out) const;
-  absl::Status ApplyProcess(int64_t position, SampleWriter& out) const;
+  absl::Status ApplyProcess(int64_t position, ThreadWorker* state, SampleWriter& out) const;
   // One request to an idle worker process (process `only`, if >= 0), its reply checked; a
   // death is retried once on the new process. On success the process stays taken (its staging
   // area holds the payload) until ReleaseProc(r.proc). Errors: Cancelled (closing), else
@@ -135,8 +140,9 @@ class PyTransform : public SampleTransform {
     size_t size = 0;
     std::vector<uint8_t> inline_payload;
   };
+  // `chunk`: the request asks for several positions, and a chunk reply (status 2) may come.
   absl::Status Exchange(const std::vector<int64_t>& request, const std::string& what, Reply& r,
-                        int only = -1) const;
+                        int only = -1, bool chunk = false) const;
   // Parses a sample's payload into the slot.
   absl::Status WriteFields(const uint8_t* p, size_t n, SampleWriter& out) const;
   absl::Status Failed(int64_t position, const std::string& text) const;
@@ -162,6 +168,8 @@ class PyTransform : public SampleTransform {
   mutable std::vector<Proc> procs_;
   std::shared_ptr<const std::vector<int64_t>> keys_, offsets_;
   int64_t seed_ = 0, first_index_ = 0, first_batch_ = 0, per_batch_ = 1;  // the epoch's (mu_)
+  int64_t chunk_ = 1;                                                     // (mu_)
+  int64_t generation_ = 0;  // SetKeys calls (mu_): a thread's chunk is of one epoch's keys
   mutable std::map<int64_t, std::string> errors_;
   // Batch mode: a position's batches. Under on_error="skip" a failed batch's place is taken by
   // another position, which is then made twice (the same bytes): each make is taken once.
@@ -177,7 +185,7 @@ class PyTransform : public SampleTransform {
   // Worker threads: gil_wait_ns_ waiting to take the GIL for a sample, call_ns_ in the dataset's
   // code (wall), off_cpu_ns_ the part of it off a CPU (the GIL taken back, I/O, a core).
   mutable std::atomic<int64_t> samples_{0}, gil_wait_ns_{0}, call_ns_{0}, off_cpu_ns_{0},
-      deaths_{0}, retries_{0}, timeouts_{0}, malformed_{0};
+      deaths_{0}, retries_{0}, timeouts_{0}, malformed_{0}, exchanges_{0};
 };
 
 }  // namespace feedline::python

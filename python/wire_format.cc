@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 
 namespace feedline::python {
 
@@ -28,6 +29,31 @@ absl::Status ReadSampleReply(const Schema& schema, const uint8_t* p, size_t n,
     if (n - off < bytes) return absl::DataLossError("truncated reply");
     std::memcpy(*dst, p + off, bytes);
     off += std::min(n - off, (bytes + 7) / 8 * 8);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadChunkTable(const uint8_t* p, size_t n, int64_t asked,
+                            std::vector<ChunkEntry>* out) {
+  out->clear();
+  int64_t count = 0;
+  if (n < 8) return absl::DataLossError("a chunk reply without its table");
+  std::memcpy(&count, p, 8);
+  if (count < 1 || count > asked) {
+    return absl::DataLossError(
+        absl::StrCat("a chunk reply of ", count, " samples (", asked, " asked for)"));
+  }
+  const size_t table = 8 + 24 * size_t(count);
+  if (n < table) return absl::DataLossError("a chunk reply shorter than its table");
+  for (int64_t j = 0; j < count; ++j) {
+    int64_t e[3];
+    std::memcpy(e, p + 8 + 24 * size_t(j), sizeof e);
+    if ((e[0] != 0 && e[0] != 1) || e[1] < int64_t(table) || e[2] < 0 || uint64_t(e[1]) > n ||
+        uint64_t(e[2]) > n - uint64_t(e[1])) {
+      return absl::DataLossError(absl::StrCat("a chunk reply's sample ", j, " (status ", e[0], ", ",
+                                              e[2], " bytes at ", e[1], " of ", n, ")"));
+    }
+    out->push_back(ChunkEntry{e[0], size_t(e[1]), size_t(e[2])});
   }
   return absl::OkStatus();
 }

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "feedline/schema.h"
@@ -19,6 +20,19 @@ namespace feedline::python {
 // kInvalidArgument naming it) and a payload shorter than the shapes say (kDataLoss, "truncated
 // reply"); nothing is read past `n`.
 absl::Status ReadSampleReply(const Schema& schema, const uint8_t* p, size_t n, SampleWriter& out);
+
+// A chunk reply (status 2: the samples of a request for several positions, each its own reply)
+// in `p[0, n)`: [count, (status, offset, size) x count] (little-endian int64 words), then each
+// sample's payload at its offset. Checked before use: 1 <= count <= `asked`, each status 0 or
+// 1, each [offset, offset + size) after the table and within `n` (kDataLoss otherwise, naming
+// what is wrong). The entries go to `out`.
+struct ChunkEntry {
+  int64_t status = 0;
+  size_t offset = 0;
+  size_t size = 0;
+};
+absl::Status ReadChunkTable(const uint8_t* p, size_t n, int64_t asked,
+                            std::vector<ChunkEntry>* out);
 
 }  // namespace feedline::python
 

@@ -249,6 +249,65 @@ def _release(staging, nbytes):
         pass
 
 
+def _sample_into(dataset, schema, key, epoch_seed, index, init_error, where, area):
+    """Makes dataset[key] (its RNGs seeded for `index` of the epoch) into `area`, a writable
+    part of the staging area: (status, size, the payload when it is larger than `area`, for the
+    pipe, else None)."""
+    try:
+        if init_error is not None:
+            raise init_error
+        seed_sample(epoch_seed, index)
+        leaves = _collate.flatten(dataset[key], schema)
+        parts, size = [], 0
+        for f, a in zip(schema.fields, leaves):
+            parts.append(struct.pack(f"<{len(f.shape)}q", *a.shape))
+            parts.append(a)
+            size += 8 * len(f.shape) + (a.nbytes + 7) // 8 * 8
+        if schema.objects:
+            a = leaves[-1]
+            parts.append(struct.pack("<q", a.size))
+            parts.append(a)
+            size += 8 + (a.nbytes + 7) // 8 * 8
+    except Exception as e:  # noqa: BLE001 (the sample's error, re-raised in the loop)
+        payload = error_text(e, f"dataset[{key}]", where).encode()
+        if len(payload) > len(area):
+            return 1, len(payload), payload
+        area[:len(payload)] = payload
+        return 1, len(payload), None
+    buf = bytearray(size) if size > len(area) else area
+    off = 0
+    for p in parts:  # shapes (bytes, 8-aligned) and arrays (padded to 8)
+        b = memoryview(p) if isinstance(p, bytes) else p.reshape(-1).view("u1").data
+        buf[off:off + b.nbytes] = b
+        off += (b.nbytes + 7) // 8 * 8
+    return 0, size, (None if buf is area else buf)
+
+
+_ENTRY = struct.Struct("<qqq")  # a chunk's sample: status, offset, size
+
+
+def _chunk_into(dataset, schema, keys, epoch_seed, index, init_error, where, view):
+    """The samples of `keys` (positions that follow each other in one batch), each into the
+    staging area after the chunk's table ([count, (status, offset, size) x count]): (2, the
+    bytes used, None). Samples that no longer fit end the chunk early (the loader asks for the
+    rest again); if the first does not fit, its own reply (status 0 or 1, through the pipe)."""
+    off = 8 + _ENTRY.size * len(keys)
+    entries = []
+    for j, key in enumerate(keys):
+        status, size, payload = _sample_into(dataset, schema, key, epoch_seed, index + j,
+                                             init_error, where, view[off:])
+        if payload is not None:
+            if not entries:
+                return status, size, payload
+            break
+        entries.append((status, off, size))
+        off += (size + 7) // 8 * 8
+    struct.pack_into("<q", view, 0, len(entries))
+    for j, e in enumerate(entries):
+        _ENTRY.pack_into(view, 8 + _ENTRY.size * j, *e)
+    return 2, off, None
+
+
 def main(dataset, schema, batch_mode, collate_fn, request_fd, reply_fd, staging_fd,
          staging_bytes, worker_id, num_workers, base_seed, worker_init_fn, close_fds,
          parent_pid=None, pad=None, learn=False, auto_collation=True, nice=0):
@@ -303,7 +362,8 @@ def main(dataset, schema, batch_mode, collate_fn, request_fd, reply_fd, staging_
             continue
         cpu0 = time.process_time_ns()  # the request's CPU, this process's threads included
         keys = struct.unpack(f"<{n}q", raw)
-        what = f"dataset[{keys[0]}]" if n == 1 else f"the batch of dataset{list(keys)}"
+        what = (f"dataset[{keys[0]}]" if n == 1 or not batch_mode
+                else f"the batch of dataset{list(keys)}")
         try:
             if init_error is not None:
                 raise init_error
@@ -334,27 +394,17 @@ def main(dataset, schema, batch_mode, collate_fn, request_fd, reply_fd, staging_
                 # Not kept until the next whole batch (after a layout is learned, never): the
                 # batch's tensors are in shared memory (torch's collate, in a worker).
                 out = None
-                parts = None
                 if payload is None and size >= _LARGE_REPLY:
                     large = size
-            else:
-                seed_sample(epoch_seed, index)
-                leaves = _collate.flatten(dataset[keys[0]], schema)
-                parts, size = [], 0
-                for f, a in zip(schema.fields, leaves):
-                    parts.append(struct.pack(f"<{len(f.shape)}q", *a.shape))
-                    parts.append(a)
-                    size += 8 * len(f.shape) + (a.nbytes + 7) // 8 * 8
-                if schema.objects:
-                    a = leaves[-1]
-                    parts.append(struct.pack("<q", a.size))
-                    parts.append(a)
-                    size += 8 + (a.nbytes + 7) // 8 * 8
-                payload = None
-            status = 0
-        except Exception as e:  # noqa: BLE001 (the sample's error, re-raised in the loop)
+                status = 0
+            elif n == 1:
+                status, size, payload = _sample_into(dataset, schema, keys[0], epoch_seed, index,
+                                                     init_error, where, view)
+            else:  # a chunk of small samples: one exchange for several
+                status, size, payload = _chunk_into(dataset, schema, keys, epoch_seed, index,
+                                                    init_error, where, view)
+        except Exception as e:  # noqa: BLE001 (the batch's error, re-raised in the loop)
             payload = error_text(e, what, where).encode()
-            parts = None
             status = 1
             size = len(payload)
             if size <= staging_bytes:
@@ -362,16 +412,6 @@ def main(dataset, schema, batch_mode, collate_fn, request_fd, reply_fd, staging_
                 payload = None
                 if size >= _LARGE_REPLY:
                     large = size
-        if parts is not None:  # the sample's fields: into the staging area (or inline)
-            inline = size > staging_bytes
-            buf = bytearray(size) if inline else view
-            off = 0
-            for p in parts:  # shapes (bytes, 8-aligned) and arrays (padded to 8)
-                b = memoryview(p) if isinstance(p, bytes) else p.reshape(-1).view("u1").data
-                buf[off:off + b.nbytes] = b
-                off += (b.nbytes + 7) // 8 * 8
-            payload = buf if inline else None
-        # In the staging area, or inline (payload) when larger than it.
         reply = _HEADER.pack(status, int(payload is not None), size,
                              time.process_time_ns() - cpu0)
         _write_all(reply_fd, reply if payload is None else reply + bytes(payload))

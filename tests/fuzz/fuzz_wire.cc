@@ -5,7 +5,9 @@
 // The schema has a fixed, a padded 2-d and a ragged field (python/py_dataset.h's kinds), the
 // sample position and the schema's bounds come from a hash of the input. Properties: no crash;
 // a refused reply is kDataLoss or kInvalidArgument; an accepted one wrote every field within its
-// bounds, and its fixed field holds the reply's bytes.
+// bounds, and its fixed field holds the reply's bytes. A third of the inputs are read as a chunk
+// reply (ReadChunkTable): a table refused as kDataLoss, or entries within the reply, each
+// sample of which is read as above.
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -55,6 +57,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int64_t pos = int64_t(h.Next() % kBatch);
   // The reply in a buffer of its own size, so that a read past it is ASan's.
   std::vector<uint8_t> reply(data, data + size);
+  if (h.Next() % 3 == 0) {  // read as a chunk reply: its table, then each sample it holds
+    const int64_t asked = 1 + int64_t(h.Next() % 64);
+    std::vector<feedline::python::ChunkEntry> entries;
+    const absl::Status st =
+        feedline::python::ReadChunkTable(reply.data(), reply.size(), asked, &entries);
+    if (!st.ok()) {
+      FUZZ_CHECK(absl::IsDataLoss(st), st.ToString());
+      return 0;
+    }
+    FUZZ_CHECK(!entries.empty() && int64_t(entries.size()) <= asked, "");
+    const size_t table = 8 + 24 * entries.size();
+    for (const feedline::python::ChunkEntry& e : entries) {
+      FUZZ_CHECK(e.status == 0 || e.status == 1, "");
+      FUZZ_CHECK(e.offset >= table && e.offset <= size && e.size <= size - e.offset, "");
+      if (e.status != 0) continue;
+      // Each sample from its own copy, so that a read past its entry is ASan's too.
+      std::vector<uint8_t> sample(reply.begin() + ptrdiff_t(e.offset),
+                                  reply.begin() + ptrdiff_t(e.offset + e.size));
+      feedline::SampleWriter w = layout->Writer(&slot, pos);
+      const absl::Status s =
+          feedline::python::ReadSampleReply(schema, sample.data(), sample.size(), w);
+      FUZZ_CHECK(s.ok() || absl::IsDataLoss(s) || absl::IsInvalidArgument(s), s.ToString());
+    }
+    return 0;
+  }
   feedline::SampleWriter writer = layout->Writer(&slot, pos);
   const absl::Status st =
       feedline::python::ReadSampleReply(schema, reply.data(), reply.size(), writer);

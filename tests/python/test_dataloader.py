@@ -7,6 +7,7 @@ import collections
 import os
 import random
 import signal
+import struct
 import threading
 import time
 import warnings
@@ -625,6 +626,89 @@ def test_whole_batches_from_worker_processes_keep_every_tensor_as_made():
             assert x.requires_grad == y.requires_grad and torch.equal(x, y), k
         a["transposed"][0, 0] = -1  # the batch is the loop's to change
     assert len(got) == 3 and got[1]["big"].shape == (70 << 20,) and got[1]["big"][-1] == 4
+
+
+class Small(tud.Dataset):
+    def __len__(self):
+        return 256
+
+    def __getitem__(self, i):
+        return torch.arange(10, dtype=torch.float32) + i, i % 7
+
+
+def test_small_samples_go_to_worker_processes_many_per_exchange():
+    """A sample of a few hundred bytes costs its worker process about what its hand-off does (a
+    pipe round trip): in place, up to 64 of a batch's small samples go in one exchange (the
+    pure-Python workload of `feedline-bench --python-dataset`: 0.67x torch's DataLoader with one
+    exchange per sample, 1.4x with chunks). The batches are torch's."""
+    loader = feedline.DataLoader(Small(), batch_size=64, num_workers=2, executor="process")
+    theirs = list(tud.DataLoader(Small(), batch_size=64))
+    for _ in range(2):
+        got = list(loader)
+        assert len(got) == 4
+        for (x, y), (tx, ty) in zip(got, theirs):
+            assert torch.equal(x, tx) and torch.equal(y, ty)
+    # Epoch 0: 2 whole batches (the layout learned), the layout sent to both processes, 2
+    # batches in place; epoch 1: 4 in place (one exchange per sample: 388 in all).
+    assert loader.stats()["python"]["exchanges"] == 10
+
+
+class FailsInAChunk(tud.Dataset):
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        if i in (21, 22):
+            raise KeyError(f"no sample {i}")
+        return torch.tensor([i, i])
+
+
+def test_samples_of_one_exchange_fail_and_are_replaced_each_on_its_own():
+    loader = feedline.DataLoader(FailsInAChunk(), batch_size=10, num_workers=2,
+                                 executor="process", on_error="skip")
+    got = torch.cat([b for b in loader])[:, 0].tolist()
+    # Each failed sample's place is taken by another sample (on_error="skip").
+    assert len(got) == 40 and set(got) == {i for i in range(40) if i not in (21, 22)}
+    strict = iter(feedline.DataLoader(FailsInAChunk(), batch_size=10, num_workers=2,
+                                      executor="process"))
+    assert int(next(strict)[0, 0]) == 0 and int(next(strict)[0, 0]) == 10
+    with pytest.raises(KeyError, match="no sample 21"):
+        next(strict)
+    assert int(next(strict)[0, 0]) == 30
+
+
+class _LyingTable:
+    """A chunk reply's table entry that points past the reply."""
+    size = 24
+
+    def pack_into(self, view, offset, status, at, size):
+        struct.pack_into("<qqq", view, offset, status, 1 << 40, size)
+
+
+class LiesInItsChunk(tud.Dataset):
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        if i == 9 and tud.get_worker_info() is not None and not os.path.exists(self.marker):
+            open(self.marker, "w").close()  # once: the replacement process tells the truth
+            from feedline import _worker
+            _worker._ENTRY = _LyingTable()
+        return torch.tensor([i])
+
+
+def test_a_malformed_chunk_reply_is_its_first_samples_error_and_the_worker_is_replaced(tmp_path):
+    loader = feedline.DataLoader(LiesInItsChunk(str(tmp_path / "lied")), batch_size=4, num_workers=2,
+                                 executor="process", on_error="skip", timeout=60)
+    got = torch.cat([b for b in loader])[:, 0].tolist()
+    # Batches 0 and 1 are made whole (the layout learned); 8-11 are one chunk, whose reply lies:
+    # its first sample fails (another takes its place: skip), the others are made again by the
+    # new process.
+    assert len(got) == 12 and set(got) == {i for i in range(12) if i != 8}
+    assert loader.stats()["python"]["malformed_replies"] == 1
 
 
 class Slow(tud.Dataset):

@@ -14,6 +14,26 @@ from .._util import _parse_bytes, _parse_count, _resolve_cuda
 from ._runtime import _check_cuda, _cpus, _signed64, _tls, _weak, _worker_copy
 
 
+# Samples in place go to a worker process in chunks of up to this many bytes (and 64 samples):
+# a sample of a few KiB (a tokenized line, parsed fields) costs about what its hand-off does (a
+# pipe round trip between the engine's thread and the process), so small ones go together, one
+# exchange for many. Larger samples go one by one, as they are made.
+_CHUNK_BYTES = 256 << 10
+
+
+def _sample_bytes(schema):
+    """The most bytes a sample of the layout takes in a reply (shapes and fields)."""
+    return sum(8 * len(f.shape) + 8 + f.slot_elements() *
+               torch.empty((), dtype=f.dtype).element_size() for f in schema.fields)
+
+
+def _chunk(schema):
+    """Positions per request to a worker process (1 when samples are made whole)."""
+    if schema is None:
+        return 1
+    return max(1, min(64, _CHUNK_BYTES // max(1, _sample_bytes(schema))))
+
+
 class _Executor:
     """DataLoader's engine side (a mixin: the loader's own attributes)."""
 
@@ -62,7 +82,8 @@ class _Executor:
         if self._executor == "process":
             # Batch k of the epoch goes to worker process k mod n, as torch's batches go.
             self._transform.set_keys(flat, offsets, _signed64(base_seed), first_index,
-                                     first_batch=skip, positions_per_batch=engine_batch)
+                                     first_batch=skip, positions_per_batch=engine_batch,
+                                     chunk=_chunk(schema))
         else:
             self._transform.set_keys([], [0])
         positions = len(left) if batch_mode else len(flat)
@@ -296,9 +317,7 @@ class _Executor:
         when written."""
         if self._schema is None:
             return 64 << 20
-        per = sum(8 * len(f.shape) + 8 + f.slot_elements() *
-                  torch.empty((), dtype=f.dtype).element_size() for f in self._schema.fields)
-        return max(16 << 20, 2 * per + _collate.OBJECT_BYTES + 4096)
+        return max(16 << 20, 2 * _sample_bytes(self._schema) + _collate.OBJECT_BYTES + 4096)
 
     def _stop_processes(self):
         if self._transform is not None:
