@@ -44,6 +44,7 @@ With --hog, another process keeps one core busy throughout (a logger, a checkpoi
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -220,10 +221,10 @@ def _measure(cmd, env):
             if now - listed >= 0.5:
                 pids, listed = _tree(proc.pid), now
             rss = _rss(pids)
-            if rss > peak["rss"]:
-                peak["rss"] = rss
-                if now - pss_at >= 0.5:
-                    peak["pss"], pss_at = max(peak["pss"], _pss(pids)), now
+            # Also every 2 s: shared memory that no process maps is in no RSS.
+            if (rss > peak["rss"] and now - pss_at >= 0.5) or now - pss_at >= 2.0:
+                peak["pss"], pss_at = max(peak["pss"], _pss(pids)), now
+            peak["rss"] = max(peak["rss"], rss)
 
     t = threading.Thread(target=sample, daemon=True)
     t.start()
@@ -295,7 +296,7 @@ def main():
             p.error("the video workload needs --video-dir")
         import video_compare
         video_compare.make_videos(a.video_dir, 120, a.quiet)  # once (as --compare-video does)
-    text_args = []
+    text_args, work = [], None
     if any(w in TEXT_WORKLOADS for w in workloads):
         if not a.text_dir:
             p.error("the text workloads need --text-dir (corpus.txt and m.model)")
@@ -353,6 +354,8 @@ def main():
     finally:
         if hog is not None:
             hog.kill()
+        if work is not None:  # the text workloads' corpus
+            shutil.rmtree(work, ignore_errors=True)
     # Means over the rounds, and the ratios.
     mean = {}
     for key, runs in results.items():

@@ -134,8 +134,8 @@ def run(args, extra, name):
 
     def sample():
         # The RSS sum every 50 ms; the process list every 0.5 s (it changes rarely; scanning
-        # /proc is not free); PSS when the RSS sum reaches a new peak, at most twice a second,
-        # as feedline-bench's own sampler (bench/process_tree.h) does. Reading smaps_rollup
+        # /proc is not free); PSS (_pss) when the RSS sum reaches a new peak, at most twice a
+        # second, as feedline-bench's own sampler (bench/process_tree.h) does, and every 2 s. Reading smaps_rollup
         # every 50 ms walked the page tables of the contender under its mmap lock: a
         # measurement that slowed what it measured, a multithreaded process most.
         pids, listed, pss_at = [proc.pid], 0.0, 0.0
@@ -145,10 +145,10 @@ def run(args, extra, name):
                 pids, listed = _tree(proc.pid), now
                 peak["processes"] = max(peak["processes"], len(pids))
             rss = _rss(pids)
-            if rss > peak["rss"]:
-                peak["rss"] = rss
-                if now - pss_at >= 0.5:
-                    peak["pss"], pss_at = max(peak["pss"], _pss(pids)), now
+            # Also every 2 s: shared memory that no process maps is in no RSS.
+            if (rss > peak["rss"] and now - pss_at >= 0.5) or now - pss_at >= 2.0:
+                peak["pss"], pss_at = max(peak["pss"], _pss(pids)), now
+            peak["rss"] = max(peak["rss"], rss)
 
     t = threading.Thread(target=sample, daemon=True)
     t.start()
