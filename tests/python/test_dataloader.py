@@ -470,6 +470,41 @@ def test_the_autotuner_costs_a_sample_by_its_worker_process_cpu():
     assert not any("consumer waited" in d["reason"] for d in s["tuning"]), s["tuning"]
 
 
+class _CpuLie:
+    """A reply header whose CPU word claims 146 years."""
+    def __init__(self, real):
+        self.real, self.size = real, real.size
+
+    def pack(self, status, inline, nbytes, cpu_ns):
+        return self.real.pack(status, inline, nbytes, 1 << 62)
+
+
+class LiesAboutItsCpu(BurnsCpu):
+    def __getitem__(self, i):
+        if tud.get_worker_info() is not None:
+            from feedline import _worker
+            if not isinstance(_worker._HEADER, _CpuLie):
+                _worker._HEADER = _CpuLie(_worker._HEADER)
+        return super().__getitem__(i)
+
+
+def test_a_worker_process_that_lies_about_its_cpu_does_not_mislead_the_autotuner():
+    """The CPU word of a reply is the process's word (146 years here): it is bounded by the
+    request's wall time times the cores, so samples cannot cost more than the worker processes
+    could have spent making them."""
+    t = time.monotonic()
+    loader = feedline.DataLoader(LiesAboutItsCpu(160, 2.0), batch_size=16, executor="process")
+    for _ in range(2):
+        assert sum(len(b) for b in loader) == 160
+    elapsed_ms = (time.monotonic() - t) * 1e3
+    s = loader.stats()
+    py = s["python"]
+    # At most what the processes could have spent: each request's wall time x cores (their
+    # start-up included, in the first requests' wall time).
+    bound = elapsed_ms * os.cpu_count() * py["processes"] / py["samples"]
+    assert 1.0 < s["map_ms_per_sample"] < bound, (s["map_ms_per_sample"], bound)
+
+
 class Megabyte(tud.Dataset):
     def __len__(self):
         return 48
