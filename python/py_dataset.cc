@@ -661,12 +661,7 @@ absl::Status PyTransform::ApplyProcess(int64_t position, ThreadWorker* state,
   // A sample of this thread's last chunk: no exchange.
   if (state != nullptr && state->chunk_generation == generation && position > state->chunk_first &&
       position - state->chunk_first < int64_t(state->chunk_entries.size())) {
-    const ChunkEntry& c = state->chunk_entries[size_t(position - state->chunk_first)];
-    const uint8_t* data = state->chunk_bytes.data() + c.offset;
-    if (c.status != 0)
-      return Failed(position, std::string(reinterpret_cast<const char*>(data), c.size));
-    absl::Status st = WriteFields(data, c.size, out);
-    return st.ok() ? st : Failed(position, absl::StrCat(what, ": ", st.message()));
+    return WriteChunkSample(*state, position, what, out);
   }
   // Small samples in place: this position and the next ones of its batch, in one exchange.
   int64_t count = 1;
@@ -705,12 +700,7 @@ absl::Status PyTransform::ApplyProcess(int64_t position, ThreadWorker* state,
     state->chunk_first = position;
     state->chunk_generation = generation;
     ReleaseProc(r.proc);
-    const ChunkEntry& c = state->chunk_entries[0];
-    const uint8_t* data = state->chunk_bytes.data() + c.offset;
-    if (c.status != 0)
-      return Failed(position, std::string(reinterpret_cast<const char*>(data), c.size));
-    st = WriteFields(data, c.size, out);
-    return st.ok() ? st : Failed(position, absl::StrCat(what, ": ", st.message()));
+    return WriteChunkSample(*state, position, what, out);
   }
   if (r.status != 0) {
     st = Failed(position, std::string(reinterpret_cast<const char*>(r.data), r.size));
@@ -726,6 +716,17 @@ absl::Status PyTransform::ApplyProcess(int64_t position, ThreadWorker* state,
   }
   ReleaseProc(r.proc);  // only now: the staging area has been copied
   return st;
+}
+
+absl::Status PyTransform::WriteChunkSample(const ThreadWorker& state, int64_t position,
+                                           const std::string& what, SampleWriter& out) const {
+  const ChunkEntry& c = state.chunk_entries[size_t(position - state.chunk_first)];
+  const uint8_t* data = state.chunk_bytes.data() + c.offset;
+  if (c.status != 0) {
+    return Failed(position, std::string(reinterpret_cast<const char*>(data), c.size));
+  }
+  absl::Status st = WriteFields(data, c.size, out);
+  return st.ok() ? st : Failed(position, absl::StrCat(what, ": ", st.message()));
 }
 
 void PyTransform::AdoptProcesses(PyTransform& from, const std::string& config) {

@@ -143,6 +143,9 @@ class PyTransform : public SampleTransform {
   // `chunk`: the request asks for several positions, and a chunk reply (status 2) may come.
   absl::Status Exchange(const std::vector<int64_t>& request, const std::string& what, Reply& r,
                         int only = -1, bool chunk = false) const;
+  // Writes `position`'s sample (or its error) from the thread's last chunk reply.
+  absl::Status WriteChunkSample(const ThreadWorker& state, int64_t position,
+                                const std::string& what, SampleWriter& out) const;
   // Parses a sample's payload into the slot.
   absl::Status WriteFields(const uint8_t* p, size_t n, SampleWriter& out) const;
   absl::Status Failed(int64_t position, const std::string& text) const;
