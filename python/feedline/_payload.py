@@ -24,9 +24,9 @@ _MIN_OUT_OF_BAND = 4096
 
 
 def _plain(t):
-    """A tensor whose bytes can travel as they are: a plain dense CPU tensor, owning its
-    storage whole (no view of a larger one: the pickle keeps such sharing), no autograd
-    history, names or lazy conjugation."""
+    """A tensor whose bytes can travel as they are: a plain dense CPU tensor that owns its
+    storage whole (a view of a larger storage is pickled as usual, with its storage), without
+    autograd history, names or lazy conjugation."""
     import torch
     if (type(t) is not torch.Tensor or t.layout != torch.strided or t.device.type != "cpu"
             or t.requires_grad or t.is_quantized or not t.is_contiguous()
