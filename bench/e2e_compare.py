@@ -47,7 +47,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -205,32 +204,10 @@ def run_contender(a):
 # --- the driver ---------------------------------------------------------------------------------
 
 def _measure(cmd, env):
-    """Runs one contender; returns (its result dict, peak PSS of its process tree). Sampled as
-    python_compare.py does: the RSS sum every 50 ms, PSS (which walks page tables: it slows
-    what it measures when read often) at new RSS peaks, at most twice a second."""
-    from python_compare import _pss, _rss, _tree
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            text=True)
-    peak = {"rss": 0, "pss": 0}
-    done = threading.Event()
-
-    def sample():
-        pids, listed, pss_at = [proc.pid], 0.0, 0.0
-        while not done.wait(0.05):
-            now = time.monotonic()
-            if now - listed >= 0.5:
-                pids, listed = _tree(proc.pid), now
-            rss = _rss(pids)
-            # Also every 2 s: shared memory that no process maps is in no RSS.
-            if (rss > peak["rss"] and now - pss_at >= 0.5) or now - pss_at >= 2.0:
-                peak["pss"], pss_at = max(peak["pss"], _pss(pids)), now
-            peak["rss"] = max(peak["rss"], rss)
-
-    t = threading.Thread(target=sample, daemon=True)
-    t.start()
-    out, err = proc.communicate()
-    done.set()
-    t.join()
+    """Runs one contender; returns (its result dict, peak PSS of its process tree), sampled as
+    python_compare.py samples its contenders (run_sampled)."""
+    from python_compare import run_sampled
+    _, out, err, peak = run_sampled(cmd, env)
     for line in out.splitlines():
         if line.startswith("result "):
             return json.loads(line[7:]), peak["pss"]

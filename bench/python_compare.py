@@ -121,12 +121,9 @@ def _pss(pids):
     return total + sum(objects.values())
 
 
-def run(args, extra, name):
-    cmd = [sys.executable, os.path.join(HERE, "peer_pydataset.py"), "--data", args.data,
-           "--epochs", str(args.epochs), "--batch-size", str(args.batch_size)] + extra
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1",
-               OPENBLAS_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [HERE, env.get("PYTHONPATH", "")] if p)
+def run_sampled(cmd, env):
+    """Runs `cmd` to its end, sampling its process tree's memory meanwhile: (the finished
+    Popen, stdout, stderr, peak {"rss", "pss", "processes"})."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)
     peak = {"rss": 0, "pss": 0, "processes": 0}
@@ -135,9 +132,9 @@ def run(args, extra, name):
     def sample():
         # The RSS sum every 50 ms; the process list every 0.5 s (it changes rarely; scanning
         # /proc is not free); PSS (_pss) when the RSS sum reaches a new peak, at most twice a
-        # second, as feedline-bench's own sampler (bench/process_tree.h) does, and every 2 s. Reading smaps_rollup
-        # every 50 ms walked the page tables of the contender under its mmap lock: a
-        # measurement that slowed what it measured, a multithreaded process most.
+        # second, as feedline-bench's own sampler (bench/process_tree.h) does, and every 2 s.
+        # Reading smaps_rollup every 50 ms walked the page tables of the contender under its
+        # mmap lock: a measurement that slowed what it measured, a multithreaded process most.
         pids, listed, pss_at = [proc.pid], 0.0, 0.0
         while not done.wait(0.05):
             now = time.monotonic()
@@ -155,6 +152,16 @@ def run(args, extra, name):
     out, err = proc.communicate()
     done.set()
     t.join()
+    return proc, out, err, peak
+
+
+def run(args, extra, name):
+    cmd = [sys.executable, os.path.join(HERE, "peer_pydataset.py"), "--data", args.data,
+           "--epochs", str(args.epochs), "--batch-size", str(args.batch_size)] + extra
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1",
+               OPENBLAS_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [HERE, env.get("PYTHONPATH", "")] if p)
+    proc, out, err, peak = run_sampled(cmd, env)
     if proc.returncode != 0:
         sys.stderr.write(err)
         raise SystemExit(f"python-dataset: {name} failed ({' '.join(cmd)})")

@@ -583,14 +583,7 @@ absl::Status PyTransform::Exchange(const std::vector<int64_t>& request, const st
         }
       }
     }
-    if (!malformed.empty()) {
-      malformed_.fetch_add(1);
-      ::kill(p.pid, SIGKILL);
-      Respawn(i);
-      return absl::UnknownError(absl::StrCat(
-          "feedline: worker process ", p.pid, " sent a malformed reply (", malformed, ") for ",
-          what, "; it was replaced\n{\"type\": \"RuntimeError\"}"));
-    }
+    if (!malformed.empty()) return ReplaceMalformed(i, p.pid, malformed, what);
     if (io == Io::kClosed) {
       ReleaseProc(i);
       return absl::CancelledError("the loader is closed");
@@ -682,19 +675,14 @@ absl::Status PyTransform::ApplyProcess(int64_t position, ThreadWorker* state,
   if (r.status == 2) {  // a chunk: its table checked, copied, and the process is free again
     st = ReadChunkTable(r.data, r.size, count, &state->chunk_entries);
     if (!st.ok()) {
-      malformed_.fetch_add(1);
+      state->chunk_entries.clear();
       int pid = -1;
       {
         std::lock_guard<std::mutex> lock(mu_);
         pid = procs_[size_t(r.proc)].pid;
       }
-      ::kill(pid, SIGKILL);
-      Respawn(r.proc);
-      state->chunk_entries.clear();
-      return Failed(
-          position,
-          absl::StrCat("feedline: worker process ", pid, " sent a malformed reply (", st.message(),
-                       ") for ", what, "; it was replaced\n{\"type\": \"RuntimeError\"}"));
+      return Failed(position,
+                    std::string(ReplaceMalformed(r.proc, pid, st.message(), what).message()));
     }
     state->chunk_bytes.assign(r.data, r.data + r.size);
     state->chunk_first = position;
@@ -716,6 +704,16 @@ absl::Status PyTransform::ApplyProcess(int64_t position, ThreadWorker* state,
   }
   ReleaseProc(r.proc);  // only now: the staging area has been copied
   return st;
+}
+
+absl::Status PyTransform::ReplaceMalformed(int i, int pid, absl::string_view why,
+                                           const std::string& what) const {
+  malformed_.fetch_add(1);
+  ::kill(pid, SIGKILL);
+  Respawn(i);
+  return absl::UnknownError(absl::StrCat("feedline: worker process ", pid,
+                                         " sent a malformed reply (", why, ") for ", what,
+                                         "; it was replaced\n{\"type\": \"RuntimeError\"}"));
 }
 
 absl::Status PyTransform::WriteChunkSample(const ThreadWorker& state, int64_t position,

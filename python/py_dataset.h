@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "feedline/dataset.h"
 #include "feedline/schema.h"
 #include "feedline/transform.h"
@@ -143,6 +144,10 @@ class PyTransform : public SampleTransform {
   // `chunk`: the request asks for several positions, and a chunk reply (status 2) may come.
   absl::Status Exchange(const std::vector<int64_t>& request, const std::string& what, Reply& r,
                         int only = -1, bool chunk = false) const;
+  // Process i (pid) sent a malformed reply (`why`) for `what`: it is killed and replaced, and
+  // the request's error says so.
+  absl::Status ReplaceMalformed(int i, int pid, absl::string_view why,
+                                const std::string& what) const;
   // Writes `position`'s sample (or its error) from the thread's last chunk reply.
   absl::Status WriteChunkSample(const ThreadWorker& state, int64_t position,
                                 const std::string& what, SampleWriter& out) const;

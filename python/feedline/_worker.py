@@ -249,13 +249,20 @@ def _release(staging, nbytes):
         pass
 
 
-def _sample_into(dataset, schema, key, epoch_seed, index, init_error, where, area):
+def _placed(data, area):
+    """`data` written at the start of `area` (None), or `data` itself when larger (for the
+    pipe)."""
+    if len(data) > len(area):
+        return data
+    area[:len(data)] = data
+    return None
+
+
+def _sample_into(dataset, schema, key, epoch_seed, index, where, area):
     """Makes dataset[key] (its RNGs seeded for `index` of the epoch) into `area`, a writable
     part of the staging area: (status, size, the payload when it is larger than `area`, for the
     pipe, else None)."""
     try:
-        if init_error is not None:
-            raise init_error
         seed_sample(epoch_seed, index)
         leaves = _collate.flatten(dataset[key], schema)
         parts, size = [], 0
@@ -270,10 +277,7 @@ def _sample_into(dataset, schema, key, epoch_seed, index, init_error, where, are
             size += 8 + (a.nbytes + 7) // 8 * 8
     except Exception as e:  # noqa: BLE001 (the sample's error, re-raised in the loop)
         payload = error_text(e, f"dataset[{key}]", where).encode()
-        if len(payload) > len(area):
-            return 1, len(payload), payload
-        area[:len(payload)] = payload
-        return 1, len(payload), None
+        return 1, len(payload), _placed(payload, area)
     buf = bytearray(size) if size > len(area) else area
     off = 0
     for p in parts:  # shapes (bytes, 8-aligned) and arrays (padded to 8)
@@ -286,7 +290,7 @@ def _sample_into(dataset, schema, key, epoch_seed, index, init_error, where, are
 _ENTRY = struct.Struct("<qqq")  # a chunk's sample: status, offset, size
 
 
-def _chunk_into(dataset, schema, keys, epoch_seed, index, init_error, where, view):
+def _chunk_into(dataset, schema, keys, epoch_seed, index, where, view):
     """The samples of `keys` (positions that follow each other in one batch), each into the
     staging area after the chunk's table ([count, (status, offset, size) x count]): (2, the
     bytes used, None). Samples that no longer fit end the chunk early (the loader asks for the
@@ -294,8 +298,8 @@ def _chunk_into(dataset, schema, keys, epoch_seed, index, init_error, where, vie
     off = 8 + _ENTRY.size * len(keys)
     entries = []
     for j, key in enumerate(keys):
-        status, size, payload = _sample_into(dataset, schema, key, epoch_seed, index + j,
-                                             init_error, where, view[off:])
+        status, size, payload = _sample_into(dataset, schema, key, epoch_seed, index + j, where,
+                                             view[off:])
         if payload is not None:
             if not entries:
                 return status, size, payload
@@ -399,19 +403,15 @@ def main(dataset, schema, batch_mode, collate_fn, request_fd, reply_fd, staging_
                 status = 0
             elif n == 1:
                 status, size, payload = _sample_into(dataset, schema, keys[0], epoch_seed, index,
-                                                     init_error, where, view)
+                                                     where, view)
             else:  # a chunk of small samples: one exchange for several
                 status, size, payload = _chunk_into(dataset, schema, keys, epoch_seed, index,
-                                                    init_error, where, view)
+                                                    where, view)
         except Exception as e:  # noqa: BLE001 (the batch's error, re-raised in the loop)
-            payload = error_text(e, what, where).encode()
-            status = 1
-            size = len(payload)
-            if size <= staging_bytes:
-                view[:size] = payload
-                payload = None
-                if size >= _LARGE_REPLY:
-                    large = size
+            text = error_text(e, what, where).encode()
+            status, size, payload = 1, len(text), _placed(text, view)
+            if payload is None and size >= _LARGE_REPLY:
+                large = size
         reply = _HEADER.pack(status, int(payload is not None), size,
                              time.process_time_ns() - cpu0)
         _write_all(reply_fd, reply if payload is None else reply + bytes(payload))
