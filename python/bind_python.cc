@@ -63,6 +63,9 @@ void BindPython(py::module_& m) {
       .def("set_keys", &PyTransform::SetKeys, py::arg("keys"), py::arg("offsets"),
            py::arg("seed") = 0, py::arg("first_index") = 0, py::arg("first_batch") = 0,
            py::arg("positions_per_batch") = 1, py::arg("chunk") = 1)
+      .def("set_keys_ahead", &PyTransform::SetKeysAhead, py::arg("epoch"), py::arg("keys"),
+           py::arg("offsets"), py::arg("seed"), py::arg("positions_per_batch"), py::arg("chunk"))
+      .def("adopt_ahead", &PyTransform::AdoptAhead)
       .def("set_timeout", &PyTransform::set_timeout_s)
       .def("adopt_processes",
            [](PyTransform& t, PyTransform& from, const py::bytes& config) {

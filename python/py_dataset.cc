@@ -267,17 +267,19 @@ absl::Status PyTransform::Apply(const Record&, const SampleContext& context, Wor
   }
   // A sample made off the worker threads (a replacement on the consumer's thread) is worker 0's.
   auto* worker = dynamic_cast<ThreadWorker*>(state);
-  st = use_procs ? ApplyProcess(position, worker, out) : ApplyThread(position, worker, out);
+  st = use_procs ? ApplyProcess(position, context.epoch(), worker, out)
+                 : ApplyThread(position, worker, out);
   if (st.ok()) samples_.fetch_add(1, std::memory_order_relaxed);
   return st;
 }
 
-absl::Status PyTransform::Failed(int64_t position, const std::string& text) const {
+absl::Status PyTransform::Failed(int64_t position, const std::string& text,
+                                 int64_t generation) const {
   const size_t nl = text.find('\n');
   const std::string summary = text.substr(0, nl);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    errors_[position] = text;
+    errors_[{generation >= 0 ? generation : keys_.generation, position}] = text;
   }
   absl::Status st = absl::DataLossError(summary);
   // The Python side's error details (JSON after the summary) say `"replace": false` for a
@@ -625,26 +627,25 @@ absl::Status PyTransform::Exchange(const std::vector<int64_t>& request, const st
   return absl::InternalError("unreachable");
 }
 
-absl::Status PyTransform::ApplyProcess(int64_t position, ThreadWorker* state,
+absl::Status PyTransform::ApplyProcess(int64_t position, int64_t epoch, ThreadWorker* state,
                                        SampleWriter& out) const {
-  std::shared_ptr<const std::vector<int64_t>> keys, offsets;
-  int64_t seed = 0, first_index = 0, per_batch = 1, chunk = 1, generation = 0;
+  KeySet set;
   int proc = -1;  // the batch's worker process
   {
     std::lock_guard<std::mutex> lock(mu_);
-    keys = keys_;
-    offsets = offsets_;
-    seed = seed_;
-    first_index = first_index_;
-    per_batch = per_batch_;
-    chunk = chunk_;
-    generation = generation_;
+    // A head start's positions (the engine's next epoch, started ahead) are of the keys set
+    // ahead; every other, of the epoch's.
+    set = ahead_started_ && epoch == ahead_epoch_ ? ahead_ : keys_;
     if (!procs_.empty() && position >= 0) {
-      proc = int((first_batch_ + position / per_batch_) % int64_t(procs_.size()));
+      proc = int((set.first_batch + position / set.per_batch) % int64_t(procs_.size()));
     }
   }
+  const auto& keys = set.keys;
+  const auto& offsets = set.offsets;
+  const int64_t seed = set.seed, first_index = set.first_index, per_batch = set.per_batch;
+  const int64_t chunk = set.chunk, generation = set.generation;
   if (!keys || position < 0 || position + 1 >= int64_t(offsets->size())) {
-    return Failed(position, absl::StrCat("feedline: no keys for position ", position));
+    return Failed(position, absl::StrCat("feedline: no keys for position ", position), generation);
   }
   const int64_t b = (*offsets)[size_t(position)], e = (*offsets)[size_t(position) + 1];
   const std::string what =
@@ -671,7 +672,7 @@ absl::Status PyTransform::ApplyProcess(int64_t position, ThreadWorker* state,
   absl::Status st = Exchange(request, what, r, proc, /*chunk=*/count > 1);
   if (absl::IsCancelled(st)) return st;
   ReportOffThreadCpu(r.cpu_ns);  // the samples' cost is the process's CPU, not this wait
-  if (!st.ok()) return Failed(position, std::string(st.message()));
+  if (!st.ok()) return Failed(position, std::string(st.message()), generation);
   if (r.status == 2) {  // a chunk: its table checked, copied, and the process is free again
     st = ReadChunkTable(r.data, r.size, count, &state->chunk_entries);
     if (!st.ok()) {
@@ -682,7 +683,8 @@ absl::Status PyTransform::ApplyProcess(int64_t position, ThreadWorker* state,
         pid = procs_[size_t(r.proc)].pid;
       }
       return Failed(position,
-                    std::string(ReplaceMalformed(r.proc, pid, st.message(), what).message()));
+                    std::string(ReplaceMalformed(r.proc, pid, st.message(), what).message()),
+                    generation);
     }
     state->chunk_bytes.assign(r.data, r.data + r.size);
     state->chunk_first = position;
@@ -691,7 +693,7 @@ absl::Status PyTransform::ApplyProcess(int64_t position, ThreadWorker* state,
     return WriteChunkSample(*state, position, what, out);
   }
   if (r.status != 0) {
-    st = Failed(position, std::string(reinterpret_cast<const char*>(r.data), r.size));
+    st = Failed(position, std::string(reinterpret_cast<const char*>(r.data), r.size), generation);
   } else if (batch_mode_) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -700,7 +702,7 @@ absl::Status PyTransform::ApplyProcess(int64_t position, ThreadWorker* state,
     *out.Fixed<int64_t>(0) = position;
   } else {
     st = WriteFields(r.data, r.size, out);
-    if (!st.ok()) st = Failed(position, absl::StrCat(what, ": ", st.message()));
+    if (!st.ok()) st = Failed(position, absl::StrCat(what, ": ", st.message()), generation);
   }
   ReleaseProc(r.proc);  // only now: the staging area has been copied
   return st;
@@ -721,10 +723,12 @@ absl::Status PyTransform::WriteChunkSample(const ThreadWorker& state, int64_t po
   const ChunkEntry& c = state.chunk_entries[size_t(position - state.chunk_first)];
   const uint8_t* data = state.chunk_bytes.data() + c.offset;
   if (c.status != 0) {
-    return Failed(position, std::string(reinterpret_cast<const char*>(data), c.size));
+    return Failed(position, std::string(reinterpret_cast<const char*>(data), c.size),
+                  state.chunk_generation);
   }
   absl::Status st = WriteFields(data, c.size, out);
-  return st.ok() ? st : Failed(position, absl::StrCat(what, ": ", st.message()));
+  return st.ok() ? st
+                 : Failed(position, absl::StrCat(what, ": ", st.message()), state.chunk_generation);
 }
 
 void PyTransform::AdoptProcesses(PyTransform& from, const std::string& config) {
@@ -780,24 +784,65 @@ void PyTransform::AdoptProcesses(PyTransform& from, const std::string& config) {
 void PyTransform::SetKeys(std::vector<int64_t> keys, std::vector<int64_t> offsets, int64_t seed,
                           int64_t first_index, int64_t first_batch, int64_t positions_per_batch,
                           int64_t chunk) {
-  auto k = std::make_shared<const std::vector<int64_t>>(std::move(keys));
-  auto o = std::make_shared<const std::vector<int64_t>>(std::move(offsets));
+  KeySet set;
+  set.keys = std::make_shared<const std::vector<int64_t>>(std::move(keys));
+  set.offsets = std::make_shared<const std::vector<int64_t>>(std::move(offsets));
+  set.seed = seed;
+  set.first_index = first_index;
+  set.first_batch = std::max<int64_t>(0, first_batch);
+  set.per_batch = std::max<int64_t>(1, positions_per_batch);
+  set.chunk = std::max<int64_t>(1, chunk);
   std::lock_guard<std::mutex> lock(mu_);
-  keys_ = std::move(k);
-  offsets_ = std::move(o);
-  seed_ = seed;
-  first_index_ = first_index;
-  first_batch_ = std::max<int64_t>(0, first_batch);
-  per_batch_ = std::max<int64_t>(1, positions_per_batch);
-  chunk_ = std::max<int64_t>(1, chunk);
-  ++generation_;
+  set.generation = ++generation_;
+  keys_ = std::move(set);
+  ahead_ = KeySet();
+  ahead_epoch_ = -1;
+  ahead_started_ = false;
   errors_.clear();
   results_.clear();
 }
 
+bool PyTransform::SetKeysAhead(int64_t epoch, std::vector<int64_t> keys,
+                               std::vector<int64_t> offsets, int64_t seed,
+                               int64_t positions_per_batch, int64_t chunk) {
+  KeySet set;
+  set.keys = std::make_shared<const std::vector<int64_t>>(std::move(keys));
+  set.offsets = std::make_shared<const std::vector<int64_t>>(std::move(offsets));
+  set.seed = seed;
+  set.per_batch = std::max<int64_t>(1, positions_per_batch);
+  set.chunk = std::max<int64_t>(1, chunk);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ahead_started_) return false;
+  set.generation = ++generation_;
+  ahead_ = std::move(set);
+  ahead_epoch_ = epoch;
+  return true;
+}
+
+bool PyTransform::AdoptAhead() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ahead_epoch_ < 0) return false;
+  keys_ = std::move(ahead_);
+  ahead_ = KeySet();
+  ahead_epoch_ = -1;
+  ahead_started_ = false;
+  for (auto it = errors_.begin(); it != errors_.end();) {  // the last epoch's are not asked for
+    it = it->first.first == keys_.generation ? std::next(it) : errors_.erase(it);
+  }
+  results_.clear();
+  return true;
+}
+
+bool PyTransform::MayStartEpoch(int64_t epoch) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (batch_mode_ || procs_.empty() || ahead_epoch_ != epoch) return false;
+  ahead_started_ = true;
+  return true;
+}
+
 std::string PyTransform::TakeError(int64_t position) const {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = errors_.find(position);
+  auto it = errors_.find({keys_.generation, position});
   if (it == errors_.end()) return "";
   std::string s = std::move(it->second);
   errors_.erase(it);

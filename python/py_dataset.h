@@ -43,6 +43,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -95,8 +96,19 @@ class PyTransform : public SampleTransform {
   // Worker threads run Python under the training thread's GIL (worker processes are niced in
   // their own process: _worker.main).
   bool SharesConsumerLocks() const override { return true; }
-  // Positions are the sampler's keys, set before each epoch.
-  bool MayStartAhead() const override { return false; }
+  // Positions are the sampler's keys, set before each epoch; the next epoch's may be set
+  // ahead (SetKeysAhead), and the engine starts it early only then (MayStartEpoch).
+  bool MayStartAhead() const override { return !batch_mode_; }
+  // The next epoch's keys, foreseen by Python while this epoch runs (feedline.DataLoader draws
+  // the sampler's next order on a copy of the RNG states): engine epoch `epoch`'s positions
+  // are made with them once the engine starts that epoch ahead (worker processes only). False,
+  // and nothing changed, when the engine has started it already with the keys set before.
+  bool SetKeysAhead(int64_t epoch, std::vector<int64_t> keys, std::vector<int64_t> offsets,
+                    int64_t seed, int64_t positions_per_batch, int64_t chunk);
+  // iter() drew the order foreseen: the keys set ahead become the epoch's (its errors kept).
+  // False when none were set.
+  bool AdoptAhead();
+  bool MayStartEpoch(int64_t epoch) const override;
   void set_timeout_s(double s) { timeout_s_.store(s); }
   // Takes over `from`'s processes (and its respawn) and sends each the new configuration
   // (op=3: [3, nbytes, words, 0, 0] then `config`, pickled by Python); a process that does not
@@ -128,7 +140,8 @@ class PyTransform : public SampleTransform {
   int TakeWorkerId() const;
   void ReturnWorkerId(int id) const;
   absl::Status ApplyThread(int64_t position, ThreadWorker* state, SampleWriter& out) const;
-  absl::Status ApplyProcess(int64_t position, ThreadWorker* state, SampleWriter& out) const;
+  absl::Status ApplyProcess(int64_t position, int64_t epoch, ThreadWorker* state,
+                            SampleWriter& out) const;
   // One request to an idle worker process (process `only`, if >= 0), its reply checked; a
   // death is retried once on the new process. On success the process stays taken (its staging
   // area holds the payload) until ReleaseProc(r.proc). Errors: Cancelled (closing), else
@@ -153,7 +166,8 @@ class PyTransform : public SampleTransform {
                                 const std::string& what, SampleWriter& out) const;
   // Parses a sample's payload into the slot.
   absl::Status WriteFields(const uint8_t* p, size_t n, SampleWriter& out) const;
-  absl::Status Failed(int64_t position, const std::string& text) const;
+  // `generation`: of the keys the position was made with (-1: the epoch's).
+  absl::Status Failed(int64_t position, const std::string& text, int64_t generation = -1) const;
   int AcquireProc() const;  // blocks for an idle process; -1 when there are none
   // Blocks for process `only` (also while it is being respawned); -1 when it is not running.
   int AcquireProc(int only) const;
@@ -174,11 +188,20 @@ class PyTransform : public SampleTransform {
   mutable std::mutex spawn_mu_;
   mutable std::condition_variable idle_;
   mutable std::vector<Proc> procs_;
-  std::shared_ptr<const std::vector<int64_t>> keys_, offsets_;
-  int64_t seed_ = 0, first_index_ = 0, first_batch_ = 0, per_batch_ = 1;  // the epoch's (mu_)
-  int64_t chunk_ = 1;                                                     // (mu_)
-  int64_t generation_ = 0;  // SetKeys calls (mu_): a thread's chunk is of one epoch's keys
-  mutable std::map<int64_t, std::string> errors_;
+  // An epoch's keys (SetKeys, SetKeysAhead); `generation` counts the sets: a thread's chunk
+  // and a failed position's error are of one set.
+  struct KeySet {
+    std::shared_ptr<const std::vector<int64_t>> keys, offsets;
+    int64_t seed = 0, first_index = 0, first_batch = 0, per_batch = 1, chunk = 1;
+    int64_t generation = 0;
+  };
+  KeySet keys_;                         // the epoch's (mu_)
+  KeySet ahead_;                        // the next epoch's, when foreseen (mu_)
+  int64_t ahead_epoch_ = -1;            // the engine epoch ahead_ is for, or -1 (mu_)
+  mutable bool ahead_started_ = false;  // the engine started ahead_epoch_ with ahead_ (mu_)
+  int64_t generation_ = 0;              // (mu_)
+  // Failed positions' errors, by (generation, position).
+  mutable std::map<std::pair<int64_t, int64_t>, std::string> errors_;
   // Batch mode: a position's batches. Under on_error="skip" a failed batch's place is taken by
   // another position, which is then made twice (the same bytes): each make is taken once.
   mutable std::multimap<int64_t, std::string> results_;

@@ -156,6 +156,11 @@ class SampleTransform {
   // is set between epochs (feedline.DataLoader's sampler order). The engine then starts no epoch
   // ahead of the consumer (LoaderOptions::epoch_head_start is not applied).
   virtual bool MayStartAhead() const { return true; }
+  // Asked (on the consumer's thread) when the engine would start `epoch` ahead, its previous
+  // epoch's batches all made: false, not yet (asked again at the consumer's next batch).
+  // feedline.DataLoader's transform says yes once Python has foreseen that epoch's sampler
+  // order. Only asked when MayStartAhead().
+  virtual bool MayStartEpoch(int64_t /*epoch*/) const { return true; }
   // True when this transform was made from the loader options of `group` (the image built-in's
   // transform, image::MakeTransform(options), from the image options): the generic factory
   // then takes those options beside the engine's. Any other option of a group no transform

@@ -295,8 +295,9 @@ void EpochRun::Shutdown() {
 void EpochRun::MaybeStartNext() {
   LoaderShared& sh = *core_.shared;
   if (next_tried_ || !sh.options.epoch_head_start() || !ring_.AllAssembled()) return;
-  next_tried_ = true;
   const int64_t next = core_.epoch + 1;
+  if (!sh.transform->MayStartEpoch(next)) return;  // asked again at the next batch
+  next_tried_ = true;
   auto wanted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.epochs.mu) {
     return !sh.epochs.loader_gone && sh.epochs.head_start == nullptr && sh.epochs.active == this &&
            sh.epochs.next_epoch == next && sh.epochs.next_start_batch == 0 &&

@@ -224,6 +224,9 @@ class PerSource final : public SampleTransform {
   bool MayStartAhead() const override {
     return !Any([](const SampleTransform& t) { return !t.MayStartAhead(); });
   }
+  bool MayStartEpoch(int64_t epoch) const override {
+    return !Any([epoch](const SampleTransform& t) { return !t.MayStartEpoch(epoch); });
+  }
   bool ReadsOptions(OptionGroup group) const override {
     return Any([group](const SampleTransform& t) { return t.ReadsOptions(group); });
   }

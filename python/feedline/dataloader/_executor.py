@@ -10,6 +10,7 @@ import torch
 import torch.utils.data as tud
 
 from .. import _collate, _feedline, _worker
+from . import _ahead
 from .._util import _parse_bytes, _parse_count, _resolve_cuda
 from ._runtime import _check_cuda, _cpus, _signed64, _tls, _weak, _worker_copy
 
@@ -79,11 +80,14 @@ class _Executor:
         self._ensure_transform(schema, batch_mode)
         self._keys = flat if not batch_mode else left
         self._key_offsets = offsets
+        ahead_ok, self._ahead_ok = self._ahead_ok, False
         if self._executor == "process":
-            # Batch k of the epoch goes to worker process k mod n, as torch's batches go.
-            self._transform.set_keys(flat, offsets, _signed64(base_seed), first_index,
-                                     first_batch=skip, positions_per_batch=engine_batch,
-                                     chunk=_chunk(schema))
+            # Batch k of the epoch goes to worker process k mod n, as torch's batches go. The
+            # keys set ahead are this order's when iter() drew the order foreseen.
+            if not (ahead_ok and not learning and self._transform.adopt_ahead()):
+                self._transform.set_keys(flat, offsets, _signed64(base_seed), first_index,
+                                         first_batch=skip, positions_per_batch=engine_batch,
+                                         chunk=_chunk(schema))
         else:
             self._transform.set_keys([], [0])
         positions = len(left) if batch_mode else len(flat)
@@ -112,6 +116,38 @@ class _Executor:
             self._loader_key = key
         self._results.clear()
         return self._loader.start_epoch(), schema, engine_batch, learning
+
+    def _foresee(self, done):
+        """The next epoch's order drawn ahead, once `done` batches of this one are taken (see
+        _ahead): its keys go to the transform, for the engine's head start."""
+        loader = self._loader
+        if loader is None or len(loader) - done > _ahead.WINDOW or not _ahead.eligible(self):
+            return
+        schema = self._layout() if self._wants_layout else None
+        if schema is None or self._learning():
+            return
+        current = _ahead.states(self)
+        seen = self._foresight
+        if seen is not None and (seen.tries > _ahead.TRIES or
+                                 _ahead.same_states(seen.states, current)):
+            return
+        f = _ahead.foresee(self, current)
+        if seen is not None:
+            f.tries = seen.tries + 1
+        flat = [k for b in f.batches for k in b]
+        sizes = {len(b) for b in f.batches[:-1]}
+        # The same engine run (its positions, batch) and samples in place, as _start_engine has.
+        if (len(flat) != loader.num_samples or not f.batches or len(sizes) > 1 or
+                len(f.batches[-1]) > len(f.batches[0]) or
+                not all(isinstance(k, int) for k in flat)):
+            self._foresight = f  # (iter() compares and finds it is not this run's)
+            f.tries = _ahead.TRIES + 1
+            return
+        if self._transform.set_keys_ahead(loader.next_epoch, flat, list(range(len(flat) + 1)),
+                                          _signed64(f.base_seed), len(f.batches[0]),
+                                          _chunk(schema)):
+            self._foresight = f
+        # else the engine has started the order foreseen before: kept (iter() compares)
 
     def _learning(self):
         return self._wants_layout and self._learned is None

@@ -151,6 +151,8 @@ class _EngineIter(_BaseIter):
             self._finished = True
             raise StopIteration
         o = self._owner
+        if not self._learning_run:
+            o._foresee(self._batches_done)
         try:
             # timeout=: worker processes time each sample themselves (the hung one is killed
             # and its sample named); worker threads cannot be, so the wait for the batch is.

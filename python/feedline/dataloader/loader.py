@@ -120,6 +120,8 @@ class DataLoader(_Executor, _Resume, typing.Generic[_T_co]):
         self._keys = []
         self._iterator_ref = None  # the current epoch's iterator, weakly: see _iterator
         self._epochs_started = 0
+        self._foresight = None  # the next epoch's order, drawn ahead (_ahead)
+        self._ahead_ok = False  # iter() drew the order foreseen: its head start is kept
         self._resume = None
         self._epoch_state = None
         self._IterableDataset_len_called = None  # what len(loader) said, as torch keeps it
@@ -212,6 +214,12 @@ class DataLoader(_Executor, _Resume, typing.Generic[_T_co]):
             self._epoch_state = None
         else:
             batches = [list(b) if self._auto_collation else [b] for b in self._index_sampler]
+            # The head start the engine made of this order, if it was foreseen (_ahead).
+            foreseen, self._foresight = self._foresight, None
+            self._ahead_ok = (foreseen is not None and skip == 0 and resume is None
+                              and foreseen.base_seed == base_seed and foreseen.batches == batches)
+            if foreseen is not None and not self._ahead_ok and self._loader is not None:
+                self._loader.set_epoch(self._loader.next_epoch + 1)  # drops what it started
             fp = _order_fingerprint(batches)
             if resume is not None and resume.get("order") not in (None, fp):
                 raise ValueError("load_state_dict: the sampler gave another order than the saved "

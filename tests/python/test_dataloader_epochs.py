@@ -1,0 +1,175 @@
+"""feedline.DataLoader across epochs: the next epoch's first batches are made before iter()
+asks for them when its order can be foreseen, and never change what an epoch gives."""
+
+import collections
+import os
+import time
+
+import pytest
+import torch
+import torch.utils.data as tud
+import torch.utils.data.distributed as tudd
+
+import feedline
+
+
+class Logged(tud.Dataset):
+    """Each sample says when it was made (a line per sample in its worker's file) and carries
+    a draw from torch's RNG (seeded per sample in feedline's worker processes)."""
+
+    def __init__(self, directory, n=32):
+        self.directory, self.n = directory, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        with open(os.path.join(self.directory, f"made.{os.getpid()}"), "a") as f:
+            f.write(f"{i} {time.monotonic()}\n")
+        return torch.full((3,), float(i)), torch.rand(2)
+
+
+def _made(directory):
+    """(key, time) of every sample made, in no order."""
+    out = []
+    for name in os.listdir(directory):
+        if name.startswith("made."):
+            with open(os.path.join(directory, name)) as f:
+                out += [(int(k), float(t)) for k, t in (line.split() for line in f)]
+    return out
+
+
+def _epochs(loader, epochs, between=None):
+    """Each epoch's batches (keys, draws), and the RNG state after each iter()."""
+    out, states = [], []
+    for e in range(epochs):
+        if between is not None:
+            between(e)
+        it = iter(loader)
+        states.append(torch.get_rng_state())
+        out.append([(b[0][:, 0].long().tolist(), b[1]) for b in it])
+    return out, states
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for ea, eb in zip(a, b):
+        assert [k for k, _ in ea] == [k for k, _ in eb]
+        for (_, x), (_, y) in zip(ea, eb):
+            assert torch.equal(x, y)
+
+
+def _loader(ds, **kw):
+    kw.setdefault("batch_size", 4)
+    kw.setdefault("shuffle", True)
+    return feedline.DataLoader(ds, num_workers=2, **kw)
+
+
+def _run(tmp_path, name, monkeypatch, head_start, epochs=4, between=None, **kw):
+    d = tmp_path / name
+    d.mkdir()
+    monkeypatch.setenv("FEEDLINE_EPOCH_HEAD_START", "1" if head_start else "0")
+    torch.manual_seed(7)
+    loader = _loader(Logged(str(d)), **kw)
+    got = _epochs(loader, epochs, between)
+    loader.close()
+    return got
+
+
+def test_the_next_epochs_first_batches_are_made_before_iter_asks(tmp_path):
+    d = str(tmp_path)
+    torch.manual_seed(0)
+    loader = _loader(Logged(d))
+    for _ in range(2):  # the first epoch learns the layout; the second runs it in place
+        for _ in loader:
+            pass
+    time.sleep(1.0)  # the trainer's last step, a validation pass: the workers are free
+    made = _made(d)  # (each sample is made once an epoch)
+    first = next(iter(loader))
+    keys = set(first[0][:, 0].long().tolist())
+    times = {k: sum(1 for j, _ in made if j == k) for k in keys}
+    assert times == {k: 3 for k in keys}  # epochs 0 and 1, and epoch 2's head start
+    loader.close()
+
+
+def test_a_head_start_changes_no_batch_and_no_rng_state(tmp_path, monkeypatch):
+    on = _run(tmp_path, "on", monkeypatch, True)
+    off = _run(tmp_path, "off", monkeypatch, False)
+    _same(on[0], off[0])
+    assert all(torch.equal(a, b) for a, b in zip(on[1], off[1]))
+    # Each sample made once an epoch, and at most once more: the fifth epoch's head start.
+    made = collections.Counter(k for k, _ in _made(str(tmp_path / "on")))
+    assert set(made) == set(range(32)) and set(made.values()) <= {4, 5}
+    assert sum(made.values()) - 4 * 32 <= 32
+    # The order is torch's DataLoader's for the same seed (whose iter() draws a base seed and
+    # then the sampler's order at every epoch, as feedline's does).
+    torch.manual_seed(7)
+    ref = tud.DataLoader(Logged(str(tmp_path / "off")), batch_size=4, shuffle=True,
+                         num_workers=2)
+    assert [k for k, _ in on[0][2]] == [k for k, _ in _epochs(ref, 3)[0][2]]
+
+
+def test_a_draw_between_epochs_gives_the_order_iter_draws(tmp_path, monkeypatch):
+    def draw(e):  # the training loop draws from torch's RNG between epochs
+        if e:
+            torch.rand(5)
+
+    on = _run(tmp_path, "on", monkeypatch, True, between=draw)
+    off = _run(tmp_path, "off", monkeypatch, False, between=draw)
+    _same(on[0], off[0])
+    assert all(torch.equal(a, b) for a, b in zip(on[1], off[1]))
+
+
+@pytest.mark.parametrize("generator", [False, True])
+def test_set_epoch_and_generators_give_the_order_iter_draws(tmp_path, monkeypatch, generator):
+    def sampler_and_gen(name):
+        ds = Logged(str(tmp_path / name))
+        gen = torch.Generator().manual_seed(3) if generator else None
+        return dict(sampler=tudd.DistributedSampler(ds, num_replicas=2, rank=1, seed=5)
+                    if not generator else tud.RandomSampler(ds, generator=gen),
+                    generator=gen, shuffle=None)
+
+    results = []
+    for head_start in (True, False):
+        name = f"hs{int(head_start)}"
+        (tmp_path / name).mkdir()
+        monkeypatch.setenv("FEEDLINE_EPOCH_HEAD_START", "1" if head_start else "0")
+        torch.manual_seed(7)
+        kw = sampler_and_gen(name)
+        loader = feedline.DataLoader(Logged(str(tmp_path / name)), batch_size=4, num_workers=2,
+                                     **kw)
+
+        def set_epoch(e, kw=kw):
+            if hasattr(kw["sampler"], "set_epoch"):
+                kw["sampler"].set_epoch(e)
+
+        results.append(_epochs(loader, 4, set_epoch)[0])
+        loader.close()
+    _same(results[0], results[1])
+    assert [k for k, _ in results[0][2]] != [k for k, _ in results[0][3]]
+
+
+def test_a_broken_off_epoch_and_a_resume_drop_the_head_start(tmp_path, monkeypatch):
+    def broken(head_start):
+        d = tmp_path / f"b{int(head_start)}"
+        d.mkdir()
+        monkeypatch.setenv("FEEDLINE_EPOCH_HEAD_START", "1" if head_start else "0")
+        torch.manual_seed(11)
+        loader = _loader(Logged(str(d)))
+        out = []
+        for e in range(3):
+            out.append([b[0][:, 0].long().tolist() for b in loader])
+        state = None
+        it = iter(loader)
+        for i, b in enumerate(it):  # broken off mid-epoch, its state saved
+            if i == 5:
+                state = loader.state_dict()
+            if i == 6:
+                break
+        rest = [b[0][:, 0].long().tolist() for b in loader]  # a new epoch
+        loader.load_state_dict(state)
+        resumed = [b[0][:, 0].long().tolist() for b in loader]
+        loader.close()
+        return out, rest, resumed
+
+    assert broken(True) == broken(False)
