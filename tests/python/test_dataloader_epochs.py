@@ -173,3 +173,46 @@ def test_a_broken_off_epoch_and_a_resume_drop_the_head_start(tmp_path, monkeypat
         return out, rest, resumed
 
     assert broken(True) == broken(False)
+
+
+@pytest.mark.parametrize("persistent", [None, True, False])
+def test_the_rng_draws_are_torchs_for_its_persistent_workers_argument(tmp_path, persistent):
+    """torch's iter() draws a base seed and the sampler's order at every epoch, except with
+    persistent_workers=True after the first (its iterator is reset: the sampler's order only).
+    Left out, feedline keeps its workers and draws as torch's default (False) does."""
+    runs = []
+    for name, make in (("torch", tud.DataLoader), ("feedline", feedline.DataLoader)):
+        (tmp_path / name).mkdir()
+        kw = {} if persistent is None else dict(persistent_workers=persistent)
+        torch.manual_seed(5)
+        loader = make(Logged(str(tmp_path / name)), batch_size=4, shuffle=True, num_workers=2,
+                      **kw)
+        batches, states = _epochs(loader, 3)
+        runs.append(([[k for k, _ in e] for e in batches], states))
+    assert runs[0][0] == runs[1][0]
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
+
+
+def test_a_resume_with_persistent_workers_true_continues_the_run(tmp_path):
+    def loader(name):
+        (tmp_path / name).mkdir()
+        return feedline.DataLoader(Logged(str(tmp_path / name)), batch_size=4, shuffle=True,
+                                   num_workers=2, persistent_workers=True)
+
+    torch.manual_seed(9)
+    a = loader("a")
+    list(a)
+    it = iter(a)  # the second epoch, which draws no base seed
+    for _ in range(3):
+        next(it)
+    state = a.state_dict()
+    assert state["base_seed"] is not None
+    rest = [(b[0][:, 0].long().tolist(), b[1]) for b in it]
+    after = _epochs(a, 1)[0]
+    a.close()
+    torch.manual_seed(1234)  # another process's RNG: the state brings the run's back
+    b = loader("b")
+    b.load_state_dict(state)
+    _same([rest], [[(x[0][:, 0].long().tolist(), x[1]) for x in b]])
+    _same(after, _epochs(b, 1)[0])
+    b.close()

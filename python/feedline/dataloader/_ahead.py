@@ -71,8 +71,7 @@ def same_states(a, b):
 
 def draw(loader):
     """iter()'s draws, in its order: the workers' base seed, then the sampler's batches."""
-    base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
-                    .item())
+    base_seed, _ = loader._next_base_seed()
     batches = [list(b) if loader._auto_collation else [b] for b in loader._index_sampler]
     return base_seed, batches
 

@@ -84,5 +84,6 @@ def _check_state(state, iterable):
         g = state.get("generator_state")
         if g is not None and not isinstance(g, bytes):
             raise TypeError("load_state_dict: 'generator_state' must be bytes or None")
+        integer("base_seed", 0, 2**63 - 1)
         batches = integer("batches", required=True)
         integer("batches_done", 0, batches, required=True)

@@ -22,6 +22,14 @@ _ADDED_UP = ("samples", "batches", "elapsed_s", "consumer_wait_s", "epoch_start_
              "consumer_cpu_s", "consumer_run_delay_s")
 
 
+def _successor(seed):
+    """The next epoch's base seed from this one's (splitmix64), in [0, 2**63) as drawn ones."""
+    z = (seed + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) >> 1
+
+
 class DataLoader(_Executor, _Resume, typing.Generic[_T_co]):
     """A drop-in for ``torch.utils.data.DataLoader`` (same arguments, same batches).
 
@@ -44,6 +52,10 @@ class DataLoader(_Executor, _Resume, typing.Generic[_T_co]):
         bounds}; padded to the batch's longest with ``pad_value``, lengths beside them
         (``"<key>_lengths"`` in a dict sample, else a (padded, lengths) pair).
 
+    ``persistent_workers`` left out keeps the worker processes for the loader's life (torch's
+    default makes new ones each epoch) and draws from torch's RNG at each iter() what torch's
+    default draws; True or False: as torch's (with True, later epochs draw no base seed).
+
     ``num_workers=0`` loads in the calling thread as torch does; ``num_workers=N`` makes N
     worker processes as torch's (ids 0..N-1, batch k made by worker k mod N), how many work at
     once tuned; left out (None), one per core (``workers=N`` fixes it). For an
@@ -57,7 +69,7 @@ class DataLoader(_Executor, _Resume, typing.Generic[_T_co]):
     def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None,
                  num_workers=None, collate_fn=None, pin_memory=False, drop_last=False,
                  timeout=0, worker_init_fn=None, multiprocessing_context=None, generator=None,
-                 *, prefetch_factor=None, persistent_workers=True, pin_memory_device="",
+                 *, prefetch_factor=None, persistent_workers=None, pin_memory_device="",
                  workers="auto", executor="auto", memory_budget="auto", on_error="raise",
                  max_errors=None, seed=None, device=None, pad=None, pad_value=0):
         self._owner_pid = os.getpid()  # __del__ in a forked copy leaves the loader alone
@@ -72,7 +84,12 @@ class DataLoader(_Executor, _Resume, typing.Generic[_T_co]):
         self.timeout = timeout
         self.worker_init_fn = worker_init_fn
         self.multiprocessing_context = multiprocessing_context
-        self.persistent_workers = persistent_workers
+        # Left out (None): worker processes kept for the loader's life, and a base seed drawn
+        # at every iter() as torch's default loader draws; True: as torch's persistent workers,
+        # whose later epochs draw only the sampler's order (_next_base_seed).
+        self.persistent_workers = True if persistent_workers is None else persistent_workers
+        self._torch_persistent = persistent_workers is True and num_workers != 0
+        self._last_base_seed = None
         self._is_iterable = isinstance(dataset, tud.IterableDataset)
         dataset, batch_size, drop_last, sampler, batch_sampler, generator = _arguments.sampling(
             dataset, self._is_iterable, batch_size, shuffle, sampler, batch_sampler, drop_last,
@@ -200,8 +217,11 @@ class DataLoader(_Executor, _Resume, typing.Generic[_T_co]):
         if isinstance(self.dataset, tud.IterDataPipe):
             shared_seed = int(torch.empty((), dtype=torch.int64).random_(
                 generator=self.generator).item())
-        base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator)
-                        .item())
+        if resume is not None and resume.get("base_seed") is not None:
+            base_seed, drawn = resume["base_seed"], False  # an epoch that drew none
+        else:
+            base_seed, drawn = self._next_base_seed()
+        self._last_base_seed = base_seed
         self._epochs_started += 1
         if not self.persistent_workers:
             # As torch's workers made anew for each epoch: worker processes are, so they see the
@@ -228,13 +248,25 @@ class DataLoader(_Executor, _Resume, typing.Generic[_T_co]):
             self._epoch_state = {"rng_state": bytes(rng_state.numpy().tobytes()),
                                  "generator_state": None if gen_state is None else
                                  bytes(gen_state.numpy().tobytes()),
-                                 "order": fp, "batches": len(batches)}
+                                 "order": fp, "batches": len(batches),
+                                 "base_seed": None if drawn else base_seed}
             if self.num_workers == 0 or self._executor == "main":
                 it = _SerialIter(self, batches, skip)
             else:
                 it = self._engine_iter(batches, skip, base_seed)
         self._iterator = it
         return it
+
+    def _next_base_seed(self):
+        """The next epoch's base seed for the workers, and whether it was drawn. torch's
+        iter() draws one from torch's RNG (or the loader's generator), except with
+        persistent_workers=True after the first epoch: its iterator is reset and draws only the
+        sampler's order; the epoch's seed is then derived from the last one's (the workers'
+        RNGs go on in torch's: each epoch's augmentations differ)."""
+        if self._torch_persistent and self._last_base_seed is not None:
+            return _successor(self._last_base_seed), False
+        return int(torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+                   .item()), True
 
     def _engine_iter(self, batches, skip, base_seed):
         # As torch's iter(): the workers start (worker_init_fn runs in them) and begin on the
