@@ -216,3 +216,33 @@ def test_a_resume_with_persistent_workers_true_continues_the_run(tmp_path):
     _same([rest], [[(x[0][:, 0].long().tolist(), x[1]) for x in b]])
     _same(after, _epochs(b, 1)[0])
     b.close()
+
+
+class CountsItsEpochs(tud.Sampler):
+    """A sampler of the user's own: its order may depend on anything (here, how often it was
+    iterated), so feedline never iterates it ahead of iter()."""
+
+    def __init__(self, n):
+        self.n, self.iterated = n, 0
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        self.iterated += 1
+        return iter(torch.randperm(self.n, generator=torch.Generator().manual_seed(self.iterated))
+                    .tolist())
+
+
+@pytest.mark.parametrize("as_batch_sampler", [False, True])
+def test_a_sampler_of_the_users_own_is_iterated_only_by_iter(tmp_path, as_batch_sampler):
+    sampler = CountsItsEpochs(32)
+    kw = (dict(batch_sampler=tud.BatchSampler(sampler, 4, False)) if as_batch_sampler
+          else dict(sampler=sampler, batch_size=4))
+    loader = feedline.DataLoader(Logged(str(tmp_path)), num_workers=2, **kw)
+    orders = [[k for k, _ in e] for e in _epochs(loader, 4)[0]]
+    loader.close()
+    assert sampler.iterated == 4
+    for e, order in enumerate(orders):
+        want = torch.randperm(32, generator=torch.Generator().manual_seed(e + 1)).tolist()
+        assert [k for b in order for k in b] == want

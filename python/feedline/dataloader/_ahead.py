@@ -47,14 +47,23 @@ def eligible(loader):
         return False
     if os.environ.get("FEEDLINE_EPOCH_HEAD_START") == "0" or loader._resume is not None:
         return False
-    if loader._auto_collation and type(loader.batch_sampler) is not tud.BatchSampler:
-        return False
-    return type(loader.sampler) in _PURE_SAMPLERS
+    sampler = _sampler(loader)
+    return sampler is not None and type(sampler) in _PURE_SAMPLERS
+
+
+def _sampler(loader):
+    """The sampler iter() draws from (a batch_sampler's own, when one was given), or None when
+    batches come from anything but torch's BatchSampler."""
+    if not loader._auto_collation:
+        return loader.sampler
+    if type(loader.batch_sampler) is not tud.BatchSampler:
+        return None
+    return loader.batch_sampler.sampler
 
 
 def _generators(loader):
     gens = []
-    for g in (loader.generator, getattr(loader.sampler, "generator", None)):
+    for g in (loader.generator, getattr(_sampler(loader), "generator", None)):
         if isinstance(g, torch.Generator) and all(g is not h for h in gens):
             gens.append(g)
     return gens
