@@ -92,6 +92,31 @@ def test_the_next_epochs_first_batches_are_made_before_iter_asks(tmp_path):
     loader.close()
 
 
+def test_a_validation_loader_has_its_first_batch_made_while_training_runs(tmp_path):
+    """Training and validation alternate: the validation loader's next pass (shuffle=False, a
+    SequentialSampler) starts once its last pass's batches are made and goes on while the
+    training epoch runs, so its first batch is there when it is asked for again."""
+    (tmp_path / "train").mkdir()
+    (tmp_path / "val").mkdir()
+    torch.manual_seed(0)
+    train = _loader(Logged(str(tmp_path / "train")))
+    val = _loader(Logged(str(tmp_path / "val"), n=16), shuffle=False)
+    for _ in range(2):  # the first pass learns the layout; the second runs it in place
+        for _ in train:
+            pass
+        for _ in val:
+            pass
+    for _ in train:  # a training epoch, its steps taking their time
+        time.sleep(0.1)
+    made = _made(str(tmp_path / "val"))
+    first = next(iter(val))
+    keys = first[0][:, 0].long().tolist()
+    assert keys == [0, 1, 2, 3]
+    assert {k: sum(1 for j, _ in made if j == k) for k in keys} == {k: 3 for k in keys}
+    train.close()
+    val.close()
+
+
 def test_a_head_start_changes_no_batch_and_no_rng_state(tmp_path, monkeypatch):
     on = _run(tmp_path, "on", monkeypatch, True)
     off = _run(tmp_path, "off", monkeypatch, False)
