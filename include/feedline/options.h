@@ -188,9 +188,10 @@ class LoaderOptions {
   // Once every batch of an epoch is made, the workers go on with epoch + 1 (within the prefetch
   // bound, counting the batches not yet taken). Iterating another epoch (set_epoch, LoadState)
   // drops that head start. Off for a transform that says it may not start ahead
-  // (SampleTransform::MayStartAhead: the tokenizers, which count cuts; feedline.DataLoader,
-  // whose sampler order is set between epochs). stats() counts the head start's work (reads,
-  // errors, cache hits) when it is done.
+  // (SampleTransform::MayStartAhead: the tokenizers, which count cuts), and until the transform
+  // says it may start that epoch (SampleTransform::MayStartEpoch: feedline.DataLoader, once the
+  // next sampler order is drawn ahead). stats() counts the head start's work (reads, errors,
+  // cache hits) when it is done.
   FEEDLINE_ARG(kEngine, bool, epoch_head_start, true, NoCheck(),
                "start the next epoch's first batches before it is asked for, so that iterating "
                "it does not wait (FEEDLINE_EPOCH_HEAD_START=0 turns it off)");

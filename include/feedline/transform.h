@@ -152,9 +152,10 @@ class SampleTransform {
   virtual bool SharesConsumerLocks() const { return false; }
   // False when an epoch's samples may be made only once the consumer asks for that epoch: Apply
   // counts something of what it makes for stats() (the tokenizer's truncation cuts: a head
-  // start dropped by set_epoch would count documents never delivered), or what a position means
-  // is set between epochs (feedline.DataLoader's sampler order). The engine then starts no epoch
-  // ahead of the consumer (LoaderOptions::epoch_head_start is not applied).
+  // start dropped by set_epoch would count documents never delivered). The engine then starts no
+  // epoch ahead of the consumer (LoaderOptions::epoch_head_start is not applied). A transform
+  // whose positions mean what is set between epochs (feedline.DataLoader's sampler order) says
+  // yes here and answers MayStartEpoch once the next epoch's are known.
   virtual bool MayStartAhead() const { return true; }
   // Asked (on the consumer's thread) when the engine would start `epoch` ahead, its previous
   // epoch's batches all made: false, not yet (asked again at the consumer's next batch).
