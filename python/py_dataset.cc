@@ -781,9 +781,9 @@ void PyTransform::AdoptProcesses(PyTransform& from, const std::string& config) {
   }
 }
 
-void PyTransform::SetKeys(std::vector<int64_t> keys, std::vector<int64_t> offsets, int64_t seed,
-                          int64_t first_index, int64_t first_batch, int64_t positions_per_batch,
-                          int64_t chunk) {
+PyTransform::KeySet PyTransform::MakeKeySet(std::vector<int64_t> keys, std::vector<int64_t> offsets,
+                                            int64_t seed, int64_t first_index, int64_t first_batch,
+                                            int64_t positions_per_batch, int64_t chunk) {
   KeySet set;
   set.keys = std::make_shared<const std::vector<int64_t>>(std::move(keys));
   set.offsets = std::make_shared<const std::vector<int64_t>>(std::move(offsets));
@@ -792,12 +792,24 @@ void PyTransform::SetKeys(std::vector<int64_t> keys, std::vector<int64_t> offset
   set.first_batch = std::max<int64_t>(0, first_batch);
   set.per_batch = std::max<int64_t>(1, positions_per_batch);
   set.chunk = std::max<int64_t>(1, chunk);
-  std::lock_guard<std::mutex> lock(mu_);
-  set.generation = ++generation_;
-  keys_ = std::move(set);
+  return set;
+}
+
+void PyTransform::ClearAhead() {
   ahead_ = KeySet();
   ahead_epoch_ = -1;
   ahead_started_ = false;
+}
+
+void PyTransform::SetKeys(std::vector<int64_t> keys, std::vector<int64_t> offsets, int64_t seed,
+                          int64_t first_index, int64_t first_batch, int64_t positions_per_batch,
+                          int64_t chunk) {
+  KeySet set = MakeKeySet(std::move(keys), std::move(offsets), seed, first_index, first_batch,
+                          positions_per_batch, chunk);
+  std::lock_guard<std::mutex> lock(mu_);
+  set.generation = ++generation_;
+  keys_ = std::move(set);
+  ClearAhead();
   errors_.clear();
   results_.clear();
 }
@@ -805,12 +817,8 @@ void PyTransform::SetKeys(std::vector<int64_t> keys, std::vector<int64_t> offset
 bool PyTransform::SetKeysAhead(int64_t epoch, std::vector<int64_t> keys,
                                std::vector<int64_t> offsets, int64_t seed,
                                int64_t positions_per_batch, int64_t chunk) {
-  KeySet set;
-  set.keys = std::make_shared<const std::vector<int64_t>>(std::move(keys));
-  set.offsets = std::make_shared<const std::vector<int64_t>>(std::move(offsets));
-  set.seed = seed;
-  set.per_batch = std::max<int64_t>(1, positions_per_batch);
-  set.chunk = std::max<int64_t>(1, chunk);
+  KeySet set = MakeKeySet(std::move(keys), std::move(offsets), seed, /*first_index=*/0,
+                          /*first_batch=*/0, positions_per_batch, chunk);
   std::lock_guard<std::mutex> lock(mu_);
   if (ahead_started_) return false;
   set.generation = ++generation_;
@@ -823,9 +831,7 @@ bool PyTransform::AdoptAhead() {
   std::lock_guard<std::mutex> lock(mu_);
   if (ahead_epoch_ < 0) return false;
   keys_ = std::move(ahead_);
-  ahead_ = KeySet();
-  ahead_epoch_ = -1;
-  ahead_started_ = false;
+  ClearAhead();
   for (auto it = errors_.begin(); it != errors_.end();) {  // the last epoch's are not asked for
     it = it->first.first == keys_.generation ? std::next(it) : errors_.erase(it);
   }

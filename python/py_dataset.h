@@ -195,6 +195,11 @@ class PyTransform : public SampleTransform {
     int64_t seed = 0, first_index = 0, first_batch = 0, per_batch = 1, chunk = 1;
     int64_t generation = 0;
   };
+  // A key set of SetKeys' arguments (counts clamped to their least); its generation unset.
+  static KeySet MakeKeySet(std::vector<int64_t> keys, std::vector<int64_t> offsets, int64_t seed,
+                           int64_t first_index, int64_t first_batch, int64_t positions_per_batch,
+                           int64_t chunk);
+  void ClearAhead();                    // no keys set ahead (mu_ held)
   KeySet keys_;                         // the epoch's (mu_)
   KeySet ahead_;                        // the next epoch's, when foreseen (mu_)
   int64_t ahead_epoch_ = -1;            // the engine epoch ahead_ is for, or -1 (mu_)

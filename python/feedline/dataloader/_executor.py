@@ -35,6 +35,12 @@ def _chunk(schema):
     return max(1, min(64, _CHUNK_BYTES // max(1, _sample_bytes(schema))))
 
 
+def _regular(batches):
+    """Batches of one size but the last, which is not larger (collated in place)."""
+    sizes = {len(b) for b in batches[:-1]}
+    return bool(batches) and len(sizes) <= 1 and (not sizes or len(batches[-1]) <= min(sizes))
+
+
 class _Executor:
     """DataLoader's engine side (a mixin: the loader's own attributes)."""
 
@@ -47,9 +53,7 @@ class _Executor:
         left = batches[skip:]
         if not left:
             return None
-        sizes = {len(b) for b in left[:-1]}
-        regular = self._auto_collation and len(sizes) <= 1 and (
-            not sizes or len(left[-1]) <= min(sizes))
+        regular = self._auto_collation and _regular(left)
         first_index = sum(len(b) for b in batches[:skip])  # the epoch order's index of left[0][0]
         flat = [k for b in left for k in b]
         if self._executor is None:
@@ -135,10 +139,8 @@ class _Executor:
         if seen is not None:
             f.tries = seen.tries + 1
         flat = [k for b in f.batches for k in b]
-        sizes = {len(b) for b in f.batches[:-1]}
         # The same engine run (its positions, batch) and samples in place, as _start_engine has.
-        if (len(flat) != loader.num_samples or not f.batches or len(sizes) > 1 or
-                len(f.batches[-1]) > len(f.batches[0]) or
+        if (len(flat) != loader.num_samples or not _regular(f.batches) or
                 not all(isinstance(k, int) for k in flat)):
             self._foresight = f  # (iter() compares and finds it is not this run's)
             f.tries = _ahead.TRIES + 1
