@@ -145,6 +145,16 @@ void BindEngine(py::module_& m) {
              if (!s.ok()) ThrowStatus(s, false);
            })
       .def_property_readonly("next_epoch", &Loader::next_epoch)
+      .def("drop_ahead",
+           [](Loader& l) {
+             py::gil_scoped_release release;
+             l.DropAhead();
+           })
+      .def("start_ahead",
+           [](Loader& l, int64_t epoch) {
+             py::gil_scoped_release release;
+             return l.StartAhead(epoch);
+           })
       .def("stats", [](const Loader& l) { return StatsToDict(l.stats()); })
       .def("set_workers", &Loader::set_workers)
       .def("set_prefetch", &Loader::set_prefetch)

@@ -66,6 +66,7 @@ void BindPython(py::module_& m) {
       .def("set_keys_ahead", &PyTransform::SetKeysAhead, py::arg("epoch"), py::arg("keys"),
            py::arg("offsets"), py::arg("seed"), py::arg("positions_per_batch"), py::arg("chunk"))
       .def("adopt_ahead", &PyTransform::AdoptAhead)
+      .def("forget_ahead", &PyTransform::ForgetAhead)
       .def("set_timeout", &PyTransform::set_timeout_s)
       .def("adopt_processes",
            [](PyTransform& t, PyTransform& from, const py::bytes& config) {

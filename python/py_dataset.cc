@@ -839,6 +839,11 @@ bool PyTransform::AdoptAhead() {
   return true;
 }
 
+void PyTransform::ForgetAhead() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ClearAhead();
+}
+
 bool PyTransform::MayStartEpoch(int64_t epoch) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (batch_mode_ || procs_.empty() || ahead_epoch_ != epoch) return false;

@@ -108,6 +108,9 @@ class PyTransform : public SampleTransform {
   // iter() drew the order foreseen: the keys set ahead become the epoch's (its errors kept).
   // False when none were set.
   bool AdoptAhead();
+  // Forgets the keys set ahead, once the engine has dropped the head start made with them
+  // (Loader::DropAhead): SetKeysAhead then takes another order for that epoch.
+  void ForgetAhead();
   bool MayStartEpoch(int64_t epoch) const override;
   void set_timeout_s(double s) { timeout_s_.store(s); }
   // Takes over `from`'s processes (and its respawn) and sends each the new configuration

@@ -170,6 +170,15 @@ class Loader {
   const LoaderOptions& options() const noexcept;  // with "auto" fields resolved
   void set_epoch(int64_t epoch);
   int64_t next_epoch() const noexcept;  // the epoch that StartEpoch() will start
+  // The next epoch's head start (LoaderOptions::epoch_head_start) made from outside an epoch,
+  // for a transform whose next epoch became known, or changed, after the last epoch's end
+  // (feedline.DataLoader: its sampler order drawn again once another loader's draws moved
+  // torch's RNG). DropAhead drops the head start started, if any; StartAhead(epoch) starts
+  // one now, as an epoch's end would: false, nothing started, while an epoch runs or a head
+  // start is there, when `epoch` is not next_epoch() from its first batch, when head starts
+  // are off, or when the transform says not yet (SampleTransform::MayStartEpoch).
+  void DropAhead();
+  bool StartAhead(int64_t epoch);
   Stats stats() const;
 
   // Where the loader is, for checkpoints: the epoch in progress and the batches of it already

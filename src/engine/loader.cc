@@ -751,6 +751,41 @@ absl::Status Loader::LoadState(const State& st, bool resplit) {
   Drop(std::move(head_start));
   return absl::OkStatus();
 }
+void Loader::DropAhead() {
+  std::unique_ptr<EpochRun, EpochHandoff::RunDeleter> head_start;
+  {
+    std::lock_guard<std::mutex> lock(shared_->epochs.mu);
+    head_start = std::move(shared_->epochs.head_start);
+  }
+  Drop(std::move(head_start));
+}
+
+bool Loader::StartAhead(int64_t epoch) {
+  LoaderShared& sh = *shared_;
+  auto wanted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.epochs.mu) {
+    return !sh.epochs.loader_gone && sh.epochs.head_start == nullptr &&
+           sh.epochs.active == nullptr && sh.epochs.next_epoch == epoch &&
+           sh.epochs.next_start_batch == 0 && sh.epochs.next_skip == 0;
+  };
+  if (!sh.options.epoch_head_start() || epoch < 0) return false;
+  {
+    std::lock_guard<std::mutex> lock(sh.epochs.mu);
+    if (!wanted()) return false;
+  }
+  if (!sh.transform->MayStartEpoch(epoch)) return false;
+  std::unique_ptr<EpochRun, EpochHandoff::RunDeleter> run(
+      new EpochRun(shared_, epoch, 0, /*head_start=*/true));
+  {
+    std::lock_guard<std::mutex> lock(sh.epochs.mu);
+    if (wanted()) {
+      sh.epochs.head_start = std::move(run);
+      return true;
+    }
+  }
+  Drop(std::move(run));  // an epoch was started meanwhile
+  return false;
+}
+
 int64_t Loader::next_epoch() const noexcept {
   std::lock_guard<std::mutex> lock(shared_->epochs.mu);
   return shared_->epochs.next_epoch;

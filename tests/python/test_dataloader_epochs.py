@@ -24,18 +24,21 @@ class Logged(tud.Dataset):
         return self.n
 
     def __getitem__(self, i):
+        draw = torch.rand(2)
         with open(os.path.join(self.directory, f"made.{os.getpid()}"), "a") as f:
-            f.write(f"{i} {time.monotonic()}\n")
-        return torch.full((3,), float(i)), torch.rand(2)
+            f.write(f"{i} {time.monotonic()} {draw[0].item()!r}\n")
+        return torch.full((3,), float(i)), draw
 
 
-def _made(directory):
-    """(key, time) of every sample made, in no order."""
+def _made(directory, draws=False):
+    """(key, time) of every sample made, in no order; (key, time, its first draw) with
+    `draws`."""
     out = []
     for name in os.listdir(directory):
         if name.startswith("made."):
             with open(os.path.join(directory, name)) as f:
-                out += [(int(k), float(t)) for k, t in (line.split() for line in f)]
+                for k, t, d in (line.split() for line in f):
+                    out.append((int(k), float(t), float(d)) if draws else (int(k), float(t)))
     return out
 
 
@@ -92,29 +95,51 @@ def test_the_next_epochs_first_batches_are_made_before_iter_asks(tmp_path):
     loader.close()
 
 
-def test_a_validation_loader_has_its_first_batch_made_while_training_runs(tmp_path):
-    """Training and validation alternate: the validation loader's next pass (shuffle=False, a
-    SequentialSampler) starts once its last pass's batches are made and goes on while the
-    training epoch runs, so its first batch is there when it is asked for again."""
-    (tmp_path / "train").mkdir()
-    (tmp_path / "val").mkdir()
+def _alternate(tmp_path, name, monkeypatch, head_start, rounds=3):
+    """A training loader (shuffled) and a validation loader (in order) alternating for
+    `rounds` epochs each, the training steps taking their time: each pass's batches (keys,
+    draws), and for each pass whether a sample of its first batch (its key and its draw: the
+    next pass's head start makes the same keys with other draws) was made after its iter()."""
+    monkeypatch.setenv("FEEDLINE_EPOCH_HEAD_START", "1" if head_start else "0")
+    for part in ("train", "val"):
+        (tmp_path / name / part).mkdir(parents=True)
     torch.manual_seed(0)
-    train = _loader(Logged(str(tmp_path / "train")))
-    val = _loader(Logged(str(tmp_path / "val"), n=16), shuffle=False)
-    for _ in range(2):  # the first pass learns the layout; the second runs it in place
-        for _ in train:
-            pass
-        for _ in val:
-            pass
-    for _ in train:  # a training epoch, its steps taking their time
-        time.sleep(0.1)
-    made = _made(str(tmp_path / "val"))
-    first = next(iter(val))
-    keys = first[0][:, 0].long().tolist()
-    assert keys == [0, 1, 2, 3]
-    assert {k: sum(1 for j, _ in made if j == k) for k in keys} == {k: 3 for k in keys}
-    train.close()
-    val.close()
+    loaders = {"train": _loader(Logged(str(tmp_path / name / "train"))),
+               "val": _loader(Logged(str(tmp_path / name / "val"), n=16), shuffle=False)}
+    passes, made_after = [], []
+    for _ in range(rounds):
+        for part, loader in loaders.items():
+            t = time.monotonic()
+            it = iter(loader)
+            batches = []
+            for b in it:
+                batches.append((b[0][:, 0].long().tolist(), b[1]))
+                if part == "train":
+                    time.sleep(0.05)
+            passes.append(batches)
+            # The first batch's samples as delivered (key, draw): when they were made.
+            first = {(k, float(d[0])) for k, d in zip(batches[0][0], batches[0][1])}
+            made_after.append(any((k, d) in first and when > t
+                                  for k, when, d in _made(str(tmp_path / name / part), True)))
+            time.sleep(0.05)  # the trainer between the passes: the workers are free
+    for loader in loaders.values():
+        loader.close()
+    return passes, made_after
+
+
+def test_a_validation_loader_has_its_first_batch_made_while_training_runs(tmp_path, monkeypatch):
+    """Training and validation alternate, and each one's iter() draws from torch's RNG what the
+    other's next pass depends on (its workers' base seed): each loader's next order is drawn
+    again when the other's iter() has drawn, and its head start made with it, so the first
+    batch of every pass but the first round's is made before iter() is called, with the keys
+    and draws the loaders give with the head start off."""
+    on, made_after = _alternate(tmp_path, "on", monkeypatch, True)
+    off, made_after_off = _alternate(tmp_path, "off", monkeypatch, False)
+    _same(on, off)
+    # Round 0 learns the layout (train, val); from then on, nothing of a first batch is made
+    # after its iter().
+    assert made_after[2:] == [False] * 4, made_after
+    assert made_after_off == [True] * 6  # (the test fails with the head start off)
 
 
 def test_a_head_start_changes_no_batch_and_no_rng_state(tmp_path, monkeypatch):

@@ -10,13 +10,18 @@ engine then starts the next epoch's first batches with that order once this epoc
 made (its head start), and iter() keeps them only if its own draws give the same order and
 base seed; anything that changed the RNGs or the sampler in between (a draw in the training
 step, set_epoch on a DistributedSampler, a new batch size) gives another order, and the head
-start is dropped. Worker processes with persistent_workers only: they see the data set as it
+start is dropped. A training and a validation loader that alternate draw from the same RNG
+(each one's iter() moves what the other's next order is drawn from): when one's iter() draws,
+the others between their epochs draw their next order again, and their head starts are made
+again with it (the work done with the old order is lost, but not the next epoch's start).
+Worker processes with persistent_workers only: they see the data set as it
 was when they started, whenever the sample is made; a data set changed between epochs is seen
 by torch's new workers of a non-persistent loader, and by feedline's then too, so those load
 nothing ahead.
 """
 
 import os
+import weakref
 
 import torch
 import torch.utils.data as tud
@@ -31,6 +36,9 @@ WINDOW = 8
 # Foreseen orders that iter() would not draw (the RNG moved since) before giving up for the
 # epoch: a training step that draws from torch's RNG moves it at every batch.
 TRIES = 2
+# The loaders that foresaw an order: when one's iter() draws from torch's RNG, the others
+# between their epochs draw theirs again (moved).
+FORESEEN = weakref.WeakSet()
 
 
 class Foresight:
@@ -96,3 +104,12 @@ def foresee(loader, current):
         for g, s in zip(gens, current[1:]):
             g.set_state(s)
     return Foresight(current, base_seed, batches)
+
+
+def moved(drawer):
+    """`drawer`'s iter() has drawn from torch's RNG: the orders the other loaders foresaw on
+    its earlier state are drawn again (a training loader's iter() moves the RNG a validation
+    loader's next order is drawn from, and the other way round)."""
+    for loader in list(FORESEEN):
+        if loader is not drawer:
+            loader._foresee_again()

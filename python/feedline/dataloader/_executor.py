@@ -46,15 +46,18 @@ class _Executor:
 
     def _start_engine(self, batches, skip, base_seed):
         """Starts the engine over batches[skip:]: (engine epoch, schema or None, engine batch,
-        learning) or None when there is nothing to load. `learning`: the layout is not known
-        yet, and the engine makes only as many whole batches as there are worker processes
-        (each learns the layout from its batch); the caller starts it again after them, in
-        place. No batch is made twice, and every worker is busy at once, as torch's are."""
+        learning, the engine batch it starts at) or None when there is nothing to load.
+        `learning`: the layout is not known yet, and the engine makes only as many whole
+        batches as there are worker processes (each learns the layout from its batch); the
+        caller starts it again after them, in place. No batch is made twice, and every worker
+        is busy at once, as torch's are. Otherwise the engine run has the whole epoch's
+        positions and starts at batch `skip` (the rest of a learning epoch, a resumed epoch, a
+        restart with grown pad bounds): every epoch is then a run of the same engine loader,
+        so each one's end can start the next one ahead (_foresee)."""
         left = batches[skip:]
         if not left:
             return None
-        regular = self._auto_collation and _regular(left)
-        first_index = sum(len(b) for b in batches[:skip])  # the epoch order's index of left[0][0]
+        regular = self._auto_collation and _regular(batches)
         flat = [k for b in left for k in b]
         if self._executor is None:
             self._executor, self._executor_reason = self._choose_executor(flat)
@@ -71,9 +74,13 @@ class _Executor:
                             if self._pad else None)
         schema = self._layout() if self._wants_layout else None
         learning = self._learning()
-        if learning:
+        if learning:  # the first batches from `skip`, a run of their own
             left = left[:self._process_count()]
-            flat = [k for b in left for k in b]
+            first_batch, start = skip, 0
+            first_index = sum(len(b) for b in batches[:skip])  # the order's index of left[0][0]
+        else:  # the whole epoch, started at batch `skip`
+            left, first_batch, start, first_index = batches, 0, skip, 0
+        flat = [k for b in left for k in b]
         batch_mode = schema is None
         if batch_mode:
             engine_batch = 1
@@ -90,7 +97,7 @@ class _Executor:
             # keys set ahead are this order's when iter() drew the order foreseen.
             if not (ahead_ok and not learning and self._transform.adopt_ahead()):
                 self._transform.set_keys(flat, offsets, _signed64(base_seed), first_index,
-                                         first_batch=skip, positions_per_batch=engine_batch,
+                                         first_batch=first_batch, positions_per_batch=engine_batch,
                                          chunk=_chunk(schema))
         else:
             self._transform.set_keys([], [0])
@@ -119,7 +126,11 @@ class _Executor:
                 device=(self._engine_device() if schema is not None else None) or "cpu")
             self._loader_key = key
         self._results.clear()
-        return self._loader.start_epoch(), schema, engine_batch, learning
+        if start:  # the engine's next epoch, from batch `start` (a head start of it is dropped)
+            state = dict(self._loader.state(), epoch=self._loader.next_epoch, batches_done=start,
+                         skipped=0)
+            self._loader.load_state(state, False)
+        return self._loader.start_epoch(), schema, engine_batch, learning, start
 
     def _foresee(self, done):
         """The next epoch's order drawn ahead, once `done` batches of this one are taken (see
@@ -138,18 +149,47 @@ class _Executor:
         f = _ahead.foresee(self, current)
         if seen is not None:
             f.tries = seen.tries + 1
+        self._set_ahead(f, schema)
+
+    def _set_ahead(self, f, schema):
+        """The order foreseen `f` to the transform, as the keys of the engine's next epoch:
+        True when they are set (the engine starts that epoch with them)."""
+        loader = self._loader
         flat = [k for b in f.batches for k in b]
         # The same engine run (its positions, batch) and samples in place, as _start_engine has.
         if (len(flat) != loader.num_samples or not _regular(f.batches) or
                 not all(isinstance(k, int) for k in flat)):
             self._foresight = f  # (iter() compares and finds it is not this run's)
             f.tries = _ahead.TRIES + 1
-            return
+            return False
         if self._transform.set_keys_ahead(loader.next_epoch, flat, list(range(len(flat) + 1)),
                                           _signed64(f.base_seed), len(f.batches[0]),
                                           _chunk(schema)):
             self._foresight = f
-        # else the engine has started the order foreseen before: kept (iter() compares)
+            _ahead.FORESEEN.add(self)
+            return True
+        return False  # the engine has started the order foreseen before: kept (iter() compares)
+
+    def _foresee_again(self):
+        """torch's RNG moved after this loader's last epoch ended with its next order foreseen
+        (another loader's iter() drew from it: a training and a validation loader alternate):
+        the order is drawn again, and the head start made with the old one is replaced by one
+        made with the new one (else iter() would find it is not its order, and drop it)."""
+        seen, loader, it = self._foresight, self._loader, self._iterator
+        if seen is None or loader is None or not getattr(it, "_finished", False):
+            return  # nothing foreseen, or an epoch runs (its next batches foresee again)
+        current = _ahead.states(self)
+        if _ahead.same_states(seen.states, current) or not _ahead.eligible(self):
+            return
+        f = _ahead.foresee(self, current)
+        if f.base_seed == seen.base_seed and f.batches == seen.batches:
+            seen.states = current
+            return
+        loader.drop_ahead()
+        self._transform.forget_ahead()
+        self._foresight = None
+        if self._set_ahead(f, self._layout()):
+            loader.start_ahead(loader.next_epoch)
 
     def _learning(self):
         return self._wants_layout and self._learned is None

@@ -106,8 +106,8 @@ class _EngineIter(_BaseIter):
         if got is None:
             self._finished = True
             return
-        self._epoch, self._schema, self._engine_batch, self._learning_run = got
-        self._position_batch = 0
+        self._epoch, self._schema, self._engine_batch, self._learning_run, start = got
+        self._position_batch = start
         # Collated batches come from the copy stage already on the GPU (see _start_engine).
         self._on_device = self._schema is not None and o._engine_device() is not None
 

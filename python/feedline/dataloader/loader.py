@@ -9,7 +9,7 @@ import torch
 import torch.utils.data as tud
 
 from .. import _collate
-from . import _arguments
+from . import _ahead, _arguments
 from ._executor import _Executor
 from ._iterable import _IterableIter
 from ._iterators import _EmptyIter, _EngineIter, _SerialIter
@@ -255,6 +255,8 @@ class DataLoader(_Executor, _Resume, typing.Generic[_T_co]):
             else:
                 it = self._engine_iter(batches, skip, base_seed)
         self._iterator = it
+        if _ahead.FORESEEN:
+            _ahead.moved(self)  # the orders other loaders foresaw on the RNG before these draws
         return it
 
     def _next_base_seed(self):
