@@ -121,7 +121,7 @@ def _alternate(tmp_path, name, monkeypatch, head_start, rounds=3):
             first = {(k, float(d[0])) for k, d in zip(batches[0][0], batches[0][1])}
             made_after.append(any((k, d) in first and when > t
                                   for k, when, d in _made(str(tmp_path / name / part), True)))
-            time.sleep(0.05)  # the trainer between the passes: the workers are free
+            time.sleep(0.25)  # the trainer between the passes (logging, a checkpoint)
     for loader in loaders.values():
         loader.close()
     return passes, made_after
