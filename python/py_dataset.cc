@@ -697,7 +697,8 @@ absl::Status PyTransform::ApplyProcess(int64_t position, int64_t epoch, ThreadWo
   } else if (batch_mode_) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      results_.emplace(position, std::string(reinterpret_cast<const char*>(r.data), r.size));
+      results_.emplace(std::make_pair(generation, position),
+                       std::string(reinterpret_cast<const char*>(r.data), r.size));
     }
     *out.Fixed<int64_t>(0) = position;
   } else {
@@ -835,7 +836,9 @@ bool PyTransform::AdoptAhead() {
   for (auto it = errors_.begin(); it != errors_.end();) {  // the last epoch's are not asked for
     it = it->first.first == keys_.generation ? std::next(it) : errors_.erase(it);
   }
-  results_.clear();
+  for (auto it = results_.begin(); it != results_.end();) {
+    it = it->first.first == keys_.generation ? std::next(it) : results_.erase(it);
+  }
   return true;
 }
 
@@ -846,7 +849,7 @@ void PyTransform::ForgetAhead() {
 
 bool PyTransform::MayStartEpoch(int64_t epoch) const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (batch_mode_ || procs_.empty() || ahead_epoch_ != epoch) return false;
+  if (procs_.empty() || ahead_epoch_ != epoch) return false;
   ahead_started_ = true;
   return true;
 }
@@ -862,7 +865,7 @@ std::string PyTransform::TakeError(int64_t position) const {
 
 std::string PyTransform::TakeResult(int64_t position) const {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = results_.find(position);
+  auto it = results_.find({keys_.generation, position});
   if (it == results_.end()) return "";
   std::string s = std::move(it->second);
   results_.erase(it);

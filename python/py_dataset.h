@@ -97,8 +97,9 @@ class PyTransform : public SampleTransform {
   // their own process: _worker.main).
   bool SharesConsumerLocks() const override { return true; }
   // Positions are the sampler's keys, set before each epoch; the next epoch's may be set
-  // ahead (SetKeysAhead), and the engine starts it early only then (MayStartEpoch).
-  bool MayStartAhead() const override { return !batch_mode_; }
+  // ahead (SetKeysAhead), and the engine starts it early only then (MayStartEpoch: with worker
+  // processes, whole batches or samples in place).
+  bool MayStartAhead() const override { return true; }
   // The next epoch's keys, foreseen by Python while this epoch runs (feedline.DataLoader draws
   // the sampler's next order on a copy of the RNG states): engine epoch `epoch`'s positions
   // are made with them once the engine starts that epoch ahead (worker processes only). False,
@@ -210,9 +211,10 @@ class PyTransform : public SampleTransform {
   int64_t generation_ = 0;              // (mu_)
   // Failed positions' errors, by (generation, position).
   mutable std::map<std::pair<int64_t, int64_t>, std::string> errors_;
-  // Batch mode: a position's batches. Under on_error="skip" a failed batch's place is taken by
-  // another position, which is then made twice (the same bytes): each make is taken once.
-  mutable std::multimap<int64_t, std::string> results_;
+  // Batch mode: a position's batches, by (generation, position): a head start's are kept apart
+  // from those of the epoch still taken. Under on_error="skip" a failed batch's place is taken
+  // by another position, which is then made twice (the same bytes): each make is taken once.
+  mutable std::multimap<std::pair<int64_t, int64_t>, std::string> results_;
   mutable std::vector<bool> worker_ids_;  // taken ids (mu_)
   std::atomic<double> timeout_s_{0};
   std::atomic<bool> closed_{false};

@@ -62,6 +62,15 @@ def _same(a, b):
             assert torch.equal(x, y)
 
 
+def _own_collate(samples):
+    """A collate_fn of the user's: worker processes make whole batches with it (no layout)."""
+    return torch.stack([s[0] for s in samples]), torch.stack([s[1] for s in samples])
+
+
+COLLATES = [pytest.param({}, id="in-place"),
+            pytest.param({"collate_fn": _own_collate}, id="own-collate_fn")]
+
+
 def _loader(ds, **kw):
     kw.setdefault("batch_size", 4)
     kw.setdefault("shuffle", True)
@@ -79,11 +88,12 @@ def _run(tmp_path, name, monkeypatch, head_start, epochs=4, between=None, **kw):
     return got
 
 
-def test_the_next_epochs_first_batches_are_made_before_iter_asks(tmp_path):
+@pytest.mark.parametrize("collate", COLLATES)
+def test_the_next_epochs_first_batches_are_made_before_iter_asks(tmp_path, collate):
     d = str(tmp_path)
     torch.manual_seed(0)
-    loader = _loader(Logged(d))
-    for _ in range(2):  # the first epoch learns the layout; the second runs it in place
+    loader = _loader(Logged(d), **collate)
+    for _ in range(2):  # (in place: the first epoch learns the layout first)
         for _ in loader:
             pass
     time.sleep(1.0)  # the trainer's last step, a validation pass: the workers are free
@@ -142,9 +152,10 @@ def test_a_validation_loader_has_its_first_batch_made_while_training_runs(tmp_pa
     assert made_after_off == [True] * 6  # (the test fails with the head start off)
 
 
-def test_a_head_start_changes_no_batch_and_no_rng_state(tmp_path, monkeypatch):
-    on = _run(tmp_path, "on", monkeypatch, True)
-    off = _run(tmp_path, "off", monkeypatch, False)
+@pytest.mark.parametrize("collate", COLLATES)
+def test_a_head_start_changes_no_batch_and_no_rng_state(tmp_path, monkeypatch, collate):
+    on = _run(tmp_path, "on", monkeypatch, True, **collate)
+    off = _run(tmp_path, "off", monkeypatch, False, **collate)
     _same(on[0], off[0])
     assert all(torch.equal(a, b) for a, b in zip(on[1], off[1]))
     # Each sample made once an epoch, and at most once more: the fifth epoch's head start.

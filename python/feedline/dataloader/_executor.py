@@ -138,8 +138,7 @@ class _Executor:
         loader = self._loader
         if loader is None or len(loader) - done > _ahead.WINDOW or not _ahead.eligible(self):
             return
-        schema = self._layout() if self._wants_layout else None
-        if schema is None or self._learning():
+        if self._learning():
             return
         current = _ahead.states(self)
         seen = self._foresight
@@ -149,22 +148,31 @@ class _Executor:
         f = _ahead.foresee(self, current)
         if seen is not None:
             f.tries = seen.tries + 1
-        self._set_ahead(f, schema)
+        self._set_ahead(f)
 
-    def _set_ahead(self, f, schema):
+    def _set_ahead(self, f):
         """The order foreseen `f` to the transform, as the keys of the engine's next epoch:
         True when they are set (the engine starts that epoch with them)."""
         loader = self._loader
+        schema = self._layout() if self._wants_layout else None
         flat = [k for b in f.batches for k in b]
-        # The same engine run (its positions, batch) and samples in place, as _start_engine has.
-        if (len(flat) != loader.num_samples or not _regular(f.batches) or
-                not all(isinstance(k, int) for k in flat)):
+        # The same engine run (its positions, batch) and mode as _start_engine will give it.
+        if schema is not None:  # samples in place: batches of one size (but the last)
+            same = len(flat) == loader.num_samples and _regular(f.batches)
+            offsets, per_batch, chunk = list(range(len(flat) + 1)), len(f.batches[0]), \
+                _chunk(schema)
+        else:  # whole batches (the user's collate_fn, a sampler's batches of other sizes)
+            same = len(f.batches) == loader.num_samples and not (
+                self._auto_collation and _regular(f.batches) and
+                self.collate_fn is tud.default_collate)
+            offsets, per_batch, chunk = list(itertools.accumulate(
+                [0] + [len(b) for b in f.batches])), 1, 1
+        if not same or not all(isinstance(k, int) for k in flat):
             self._foresight = f  # (iter() compares and finds it is not this run's)
             f.tries = _ahead.TRIES + 1
             return False
-        if self._transform.set_keys_ahead(loader.next_epoch, flat, list(range(len(flat) + 1)),
-                                          _signed64(f.base_seed), len(f.batches[0]),
-                                          _chunk(schema)):
+        if self._transform.set_keys_ahead(loader.next_epoch, flat, offsets,
+                                          _signed64(f.base_seed), per_batch, chunk):
             self._foresight = f
             _ahead.FORESEEN.add(self)
             return True
@@ -188,7 +196,7 @@ class _Executor:
         loader.drop_ahead()
         self._transform.forget_ahead()
         self._foresight = None
-        if self._set_ahead(f, self._layout()):
+        if self._set_ahead(f):
             loader.start_ahead(loader.next_epoch)
 
     def _learning(self):
