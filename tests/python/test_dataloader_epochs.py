@@ -127,10 +127,7 @@ def _alternate(tmp_path, name, monkeypatch, head_start, rounds=3):
                 if part == "train":
                     time.sleep(0.05)
             passes.append(batches)
-            # The first batch's samples as delivered (key, draw): when they were made.
-            first = {(k, float(d[0])) for k, d in zip(batches[0][0], batches[0][1])}
-            made_after.append(any((k, d) in first and when > t
-                                  for k, when, d in _made(str(tmp_path / name / part), True)))
+            made_after.append(_first_made_after(str(tmp_path / name / part), batches, t))
             time.sleep(0.25)  # the trainer between the passes (logging, a checkpoint)
     for loader in loaders.values():
         loader.close()
@@ -150,6 +147,47 @@ def test_a_validation_loader_has_its_first_batch_made_while_training_runs(tmp_pa
     # after its iter().
     assert made_after[2:] == [False] * 4, made_after
     assert made_after_off == [True] * 6  # (the test fails with the head start off)
+
+
+def _first_made_after(directory, batches, t):
+    """Whether a sample of the first of `batches` (its key and its draw: a next pass's head
+    start makes the same keys with other draws) was made after the time `t`."""
+    first = {(k, float(d[0])) for k, d in zip(batches[0][0], batches[0][1])}
+    return any((k, d) in first and when > t for k, when, d in _made(directory, True))
+
+
+def test_training_steps_that_draw_from_torchs_rng_keep_the_head_start(tmp_path, monkeypatch):
+    """Each training step draws from torch's RNG (an augmentation in the loop, on the CPU):
+    the order foreseen near the epoch's end is stale by its last step, so it is drawn again at
+    the epoch's end and the head start made again with it. Every epoch's first batch after the
+    first two is made before its iter(), and the batches and RNG states are those of the head
+    start off."""
+    def run(name, head_start):
+        monkeypatch.setenv("FEEDLINE_EPOCH_HEAD_START", "1" if head_start else "0")
+        (tmp_path / name).mkdir()
+        torch.manual_seed(3)
+        loader = _loader(Logged(str(tmp_path / name)))
+        epochs, made_after, states = [], [], []
+        for _ in range(4):
+            t = time.monotonic()
+            batches = []
+            for b in loader:
+                batches.append((b[0][:, 0].long().tolist(), b[1]))
+                torch.rand(3)  # the step's own draw
+                time.sleep(0.03)
+            states.append(torch.get_rng_state())
+            epochs.append(batches)
+            made_after.append(_first_made_after(str(tmp_path / name), batches, t))
+            time.sleep(0.25)  # the trainer between epochs (logging, a checkpoint)
+        loader.close()
+        return epochs, made_after, states
+
+    on, made_after, on_states = run("on", True)
+    off, made_after_off, off_states = run("off", False)
+    _same(on, off)
+    assert all(torch.equal(a, b) for a, b in zip(on_states, off_states))
+    assert made_after[1:] == [False] * 3, made_after
+    assert made_after_off == [True] * 4
 
 
 @pytest.mark.parametrize("collate", COLLATES)

@@ -10,7 +10,9 @@ engine then starts the next epoch's first batches with that order once this epoc
 made (its head start), and iter() keeps them only if its own draws give the same order and
 base seed; anything that changed the RNGs or the sampler in between (a draw in the training
 step, set_epoch on a DistributedSampler, a new batch size) gives another order, and the head
-start is dropped. A training and a validation loader that alternate draw from the same RNG
+start is dropped. At an epoch's end (after the last training step) the order is drawn again
+if the RNG moved since, and the head start made again with it: a training step that draws from
+torch's RNG at every step keeps the head start. A training and a validation loader that alternate draw from the same RNG
 (each one's iter() moves what the other's next order is drawn from): when one's iter() draws,
 the others between their epochs draw their next order again, and their head starts are made
 again with it (the work done with the old order is lost, but not the next epoch's start).
@@ -47,6 +49,7 @@ class Foresight:
     def __init__(self, states, base_seed, batches):
         self.states, self.base_seed, self.batches = states, base_seed, batches
         self.tries = 1
+        self.usable = True  # False: not an order the engine's next run can be started with
 
 
 def eligible(loader):

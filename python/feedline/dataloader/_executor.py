@@ -169,7 +169,7 @@ class _Executor:
                 [0] + [len(b) for b in f.batches])), 1, 1
         if not same or not all(isinstance(k, int) for k in flat):
             self._foresight = f  # (iter() compares and finds it is not this run's)
-            f.tries = _ahead.TRIES + 1
+            f.tries, f.usable = _ahead.TRIES + 1, False
             return False
         if self._transform.set_keys_ahead(loader.next_epoch, flat, offsets,
                                           _signed64(f.base_seed), per_batch, chunk):
@@ -179,12 +179,14 @@ class _Executor:
         return False  # the engine has started the order foreseen before: kept (iter() compares)
 
     def _foresee_again(self):
-        """torch's RNG moved after this loader's last epoch ended with its next order foreseen
-        (another loader's iter() drew from it: a training and a validation loader alternate):
-        the order is drawn again, and the head start made with the old one is replaced by one
-        made with the new one (else iter() would find it is not its order, and drop it)."""
+        """torch's RNG moved since this loader's next order was foreseen (training steps drew
+        from it; or, between this loader's epochs, another loader's iter() did: a training and
+        a validation loader alternate): at the epoch's end the order is drawn again, and the
+        head start made with the old one is replaced by one made with the new one (else iter()
+        would find it is not its order, and drop it)."""
         seen, loader, it = self._foresight, self._loader, self._iterator
-        if seen is None or loader is None or not getattr(it, "_finished", False):
+        if (seen is None or not seen.usable or loader is None or
+                not getattr(it, "_finished", False)):
             return  # nothing foreseen, or an epoch runs (its next batches foresee again)
         current = _ahead.states(self)
         if _ahead.same_states(seen.states, current) or not _ahead.eligible(self):

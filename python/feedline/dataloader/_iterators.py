@@ -164,6 +164,10 @@ class _EngineIter(_BaseIter):
                 self._begin()  # the rest of the epoch, in place once the layout is known
                 return self.__next__()
             self._finished = True
+            # The training steps may have drawn from torch's RNG since the next order was
+            # foreseen (at every step, as a CPU augmentation in the loop does): drawn again now,
+            # after the last step, and the head start made with it.
+            o._foresee_again()
             raise
         except DataError:
             k = self._position_batch
