@@ -12,14 +12,14 @@ base seed; anything that changed the RNGs or the sampler in between (a draw in t
 step, set_epoch on a DistributedSampler, a new batch size) gives another order, and the head
 start is dropped. At an epoch's end (after the last training step) the order is drawn again
 if the RNG moved since, and the head start made again with it: a training step that draws from
-torch's RNG at every step keeps the head start. A training and a validation loader that alternate draw from the same RNG
-(each one's iter() moves what the other's next order is drawn from): when one's iter() draws,
-the others between their epochs draw their next order again, and their head starts are made
-again with it (the work done with the old order is lost, but not the next epoch's start).
-Worker processes with persistent_workers only: they see the data set as it
-was when they started, whenever the sample is made; a data set changed between epochs is seen
-by torch's new workers of a non-persistent loader, and by feedline's then too, so those load
-nothing ahead.
+torch's RNG at every step keeps the head start. A training and a validation loader that
+alternate draw from the same RNG (each one's iter() moves what the other's next order is drawn
+from): when one's iter() draws, the others between their epochs draw their next order again,
+and their head starts are made again with it (the work done with the old order is lost, but
+not the next epoch's start). Worker processes with persistent_workers only: they see the data
+set as it was when they started, whenever the sample is made; a data set changed between
+epochs is seen by torch's new workers of a non-persistent loader, and by feedline's then too,
+so those load nothing ahead.
 """
 
 import os
