@@ -23,6 +23,7 @@ so those load nothing ahead.
 """
 
 import os
+import threading
 import weakref
 
 import torch
@@ -112,7 +113,9 @@ def foresee(loader, current):
 def moved(drawer):
     """`drawer`'s iter() has drawn from torch's RNG: the orders the other loaders foresaw on
     its earlier state are drawn again (a training loader's iter() moves the RNG a validation
-    loader's next order is drawn from, and the other way round)."""
+    loader's next order is drawn from, and the other way round). Only those iterated on this
+    thread: a loader is one thread's at a time, and another thread may be at its iter()."""
+    me = threading.get_ident()
     for loader in list(FORESEEN):
-        if loader is not drawer:
+        if loader is not drawer and loader._iter_thread == me:
             loader._foresee_again()

@@ -2,6 +2,7 @@
 life (close) and its figures (stats). How the work is done is in the modules beside it."""
 
 import os
+import threading
 import typing
 import weakref
 
@@ -138,6 +139,7 @@ class DataLoader(_Executor, _Resume, typing.Generic[_T_co]):
         self._iterator_ref = None  # the current epoch's iterator, weakly: see _iterator
         self._epochs_started = 0
         self._foresight = None  # the next epoch's order, drawn ahead (_ahead)
+        self._iter_thread = None  # the thread of the last iter(): only its draws redraw it
         self._ahead_ok = False  # iter() drew the order foreseen: its head start is kept
         self._resume = None
         self._epoch_state = None
@@ -255,6 +257,7 @@ class DataLoader(_Executor, _Resume, typing.Generic[_T_co]):
             else:
                 it = self._engine_iter(batches, skip, base_seed)
         self._iterator = it
+        self._iter_thread = threading.get_ident()
         if _ahead.FORESEEN:
             _ahead.moved(self)  # the orders other loaders foresaw on the RNG before these draws
         return it
