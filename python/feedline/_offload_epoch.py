@@ -57,8 +57,12 @@ class Epoch:
     batch is made at its turn on its own. Batches the cluster lost are remade in this process.
     """
 
-    def __init__(self, owner, epoch, start, shape):
+    def __init__(self, owner, epoch, start, shape, remote=None):
         import torch
+        # How a lease's batch becomes the owner's: `remote(arrays, n)` for owners whose
+        # workers send their own format (n: the batch's arrays after the first), else the
+        # face's fields by name (`shape`). A rescue run may give whole batches (`Whole`).
+        self._remote = remote
         self._torch = torch
         self._shape = shape
         self._owner = owner
@@ -160,6 +164,8 @@ class Epoch:
         starts where expected (else dropped then, or by set_epoch and load_state_dict at
         once: Offload.drop_ahead). At most `depth` leases of them, under _lock."""
         nxt = self._epoch + 1
+        if not self._off.leases_ahead:
+            return
         if self._off.ahead is None:
             if self._owner._loader.next_epoch != nxt:  # set_epoch chose another
                 return
@@ -250,14 +256,15 @@ class Epoch:
         at = 0
         with self._lock:
             for got_b, error, fields in made:  # the lease's batches, ascending
+                width = 0 if error is not None else _width(fields)
                 if self._futures.pop(got_b, None) is None:  # (before a resumed epoch's start)
-                    at += len(fields) + 1 if error is None else 0
+                    at += width
                     continue
                 if error is not None:
                     self._received[got_b] = (None, error)
                 else:
-                    self._received[got_b] = ((arrays[at:at + len(fields) + 1], fields), None)
-                    at += len(fields) + 1
+                    self._received[got_b] = ((arrays[at:at + width], fields), None)
+                    at += width
             return self._received.pop(b)
 
     def _lose_lease(self, f):
@@ -288,8 +295,7 @@ class Epoch:
             run, queue = self._rescue
             lost = sorted(set(lost) | set(queue))
             run.cancel()
-        loader = (self._owner._loader if self._run is None else
-                  self._off.rescue_loader()._loader)
+        loader = self._owner._loader if self._run is None else self._off.rescue_maker()
         queue = collections.deque(lost)
         self._rescue = (loader.start_batches(self._epoch, list(lost)), queue)
 
@@ -345,6 +351,9 @@ class Epoch:
         if error is not None:
             raise _feedline.DataError(error)
         arrays, fields = received
+        if self._remote is not None:
+            self._off.bytes += sum(getattr(a, "nbytes", 0) or len(a) for a in arrays)
+            return self._remote(arrays, fields)
         torch = self._torch
         tensors = {}
         for (name, bf16), a in zip(fields, arrays):
@@ -379,6 +388,8 @@ class Epoch:
         if count == "local" and self._run is not None:
             self._local_n += 1
         views, indices = got
+        if isinstance(views, Whole):
+            return views.batch
         dl = self._torch.from_dlpack
         return self._shaped({name: dl(v) for name, v in views.items()}, dl(indices))
 
@@ -426,6 +437,20 @@ class Epoch:
             self.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+class Whole:
+    """A batch a rescue run made whole (the owner's own format), in place of field views."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch):
+        self.batch = batch
+
+
+def _width(fields):
+    """The arrays a lease's batch takes: its fields and its indices, or the owner's count."""
+    return fields + 1 if isinstance(fields, int) else len(fields) + 1
 
 
 _STRAGGLER_S = 30.0  # a leased batch not back after this long is made here

@@ -100,3 +100,23 @@ def load(payload):
             raise ValueError("feedline: a worker's batch reply is malformed")
         buffers.append(view[o:o + size])
     return pickle.loads(view[start:start + body], buffers=buffers)
+
+
+def split(obj):
+    """`obj` as (its pickle, [its tensors' bytes as uint8 numpy arrays]): for a transport that
+    sends arrays as they are (Dask's out-of-band frames), without a copy into the pickle."""
+    import numpy as np
+    buffers, out = [], io.BytesIO()
+    _Pickler(out, protocol=5, buffer_callback=buffers.append).dump(obj)
+    return out.getvalue(), [np.frombuffer(b.raw(), dtype=np.uint8) for b in buffers]
+
+
+def join(body, arrays):
+    """The object `split` gave (body, arrays) for: its tensors are views of `arrays` (copied
+    first where one is read-only, which a tensor cannot view)."""
+    import numpy as np
+    buffers = []
+    for a in arrays:
+        a = np.asarray(a)
+        buffers.append(a if a.flags.writeable else a.copy())
+    return pickle.loads(body, buffers=buffers)

@@ -209,11 +209,19 @@ class Offload:
         self.ahead = None  # (epoch, {batch: (future, submitted)}): the next epoch's first
         self.epoch = None  # a weak reference to the epoch iterating now
 
+    # Whether an epoch with nothing more to lease makes the next epoch's first batches (the
+    # next epoch's order is (seed, epoch + 1) for the loader faces; not known for others).
+    leases_ahead = True
+
     def submit(self, epoch, lease):
         """Leases the batches `lease` (ascending) of `epoch` to the cluster (under `lock`):
         (future, when)."""
-        f = self.client.submit(make_batches, self.spec, epoch, lease, pure=False,
-                               key=f"feedline-batches-{epoch}-{lease[0]}-{uuid.uuid4().hex}")
+        return self.track(self.client.submit(
+            make_batches, self.spec, epoch, lease, pure=False,
+            key=f"feedline-batches-{epoch}-{lease[0]}-{uuid.uuid4().hex}"))
+
+    def track(self, f):
+        """A lease just submitted, counted in flight until done: (future, when)."""
         now = time.perf_counter()
         self.running.add(f.key)
         self.submitted[f.key] = now
@@ -261,6 +269,11 @@ class Offload:
             return sum(self.client.nthreads().values())
         except Exception:  # noqa: BLE001 (a scheduler that went: no remote threads)
             return 0
+
+    def rescue_maker(self):
+        """What makes batches the cluster lost while the loader's run holds its workers: an
+        object with start_batches(epoch, batches), as the engine's loader."""
+        return self.rescue_loader()._loader
 
     def rescue_loader(self):
         """A loader of the same spec in this process (its own threads, at the trainer's

@@ -44,7 +44,7 @@ def _regular(batches):
 class _Executor:
     """DataLoader's engine side (a mixin: the loader's own attributes)."""
 
-    def _start_engine(self, batches, skip, base_seed):
+    def _start_engine(self, batches, skip, base_seed, run=True):
         """Starts the engine over batches[skip:]: (engine epoch, schema or None, engine batch,
         learning, the engine batch it starts at) or None when there is nothing to load.
         `learning`: the layout is not known yet, and the engine makes only as many whole
@@ -53,7 +53,9 @@ class _Executor:
         is busy at once, as torch's are. Otherwise the engine run has the whole epoch's
         positions and starts at batch `skip` (the rest of a learning epoch, a resumed epoch, a
         restart with grown pad bounds): every epoch is then a run of the same engine loader,
-        so each one's end can start the next one ahead (_foresee)."""
+        so each one's end can start the next one ahead (_foresee). With `run` False, the
+        loader is made ready (its keys set) and the run is left to the caller (the engine epoch
+        None), unless it is a learning run."""
         left = batches[skip:]
         if not left:
             return None
@@ -119,13 +121,15 @@ class _Executor:
             self._loader = _feedline.python_loader(
                 self._transform, positions=positions, fingerprint=positions,
                 batch_size=engine_batch, drop_last=False, workers=workers,
-                prefetch=prefetch,
+                prefetch=prefetch, epoch_head_start=self._offload is None,
                 memory_budget=_parse_bytes("memory_budget", self._memory_budget),
                 on_error=self._on_error,
                 max_errors=_parse_count("max_errors", self._max_errors),
                 device=(self._engine_device() if schema is not None else None) or "cpu")
             self._loader_key = key
         self._results.clear()
+        if not run and not learning:
+            return None, schema, engine_batch, learning, start
         if start:  # the engine's next epoch, from batch `start` (a head start of it is dropped)
             state = dict(self._loader.state(), epoch=self._loader.next_epoch, batches_done=start,
                          skipped=0)
@@ -136,7 +140,8 @@ class _Executor:
         """The next epoch's order drawn ahead, once `done` batches of this one are taken (see
         _ahead): its keys go to the transform, for the engine's head start."""
         loader = self._loader
-        if loader is None or len(loader) - done > _ahead.WINDOW or not _ahead.eligible(self):
+        if (loader is None or len(loader) - done > _ahead.WINDOW or not _ahead.eligible(self)
+                or self._offload is not None):  # (an offloading epoch has no head start)
             return
         if self._learning():
             return

@@ -8,7 +8,8 @@ import torch
 
 from .. import _collate, _payload
 from .._feedline import DataError
-from ._runtime import _raise_from_text, _to_device
+from . import _offload
+from ._runtime import _raise_from_text, _signed64, _to_device
 
 
 class _BaseIter:
@@ -97,17 +98,22 @@ class _EngineIter(_BaseIter):
         self._on_device = False
         self._serial = None  # the rest of the epoch's batches, when the calling thread loads
         self._learning_run = False  # this engine run makes the first batches, to learn the layout
+        self._offloading = None  # the epoch's batches with the cluster (offload=): an Epoch
 
     def _begin(self):
         """Starts (or, after a grown bound, restarts) the engine at the next batch to give."""
         self._started = True
         o = self._owner
-        got = o._start_engine(self._batches, self._batches_done, self._base_seed)
+        offload = o._offload is not None and o._offload.active
+        got = o._start_engine(self._batches, self._batches_done, self._base_seed, run=not offload)
         if got is None:
             self._finished = True
             return
         self._epoch, self._schema, self._engine_batch, self._learning_run, start = got
         self._position_batch = start
+        if self._epoch is None:  # made with the cluster: the engine's run claims its share
+            self._offloading = _offload.start(self, self._engine_batch,
+                                              _signed64(self._base_seed), self._local_batch)
         # Collated batches come from the copy stage already on the GPU (see _start_engine).
         self._on_device = self._schema is not None and o._engine_device() is not None
 
@@ -127,6 +133,9 @@ class _EngineIter(_BaseIter):
         epoch, self._epoch = self._epoch, None
         if epoch is not None:
             epoch.cancel()
+        offloading, self._offloading = self._offloading, None
+        if offloading is not None:
+            offloading.close()
 
     @property
     def _workers(self):
@@ -147,6 +156,8 @@ class _EngineIter(_BaseIter):
             return self._out(o._batch_in_caller(keys))
         if not self._started:
             self._begin()
+        if self._offloading is not None:
+            return self._next_offloaded()
         if self._epoch is None:
             self._finished = True
             raise StopIteration
@@ -170,9 +181,7 @@ class _EngineIter(_BaseIter):
             o._foresee_again()
             raise
         except DataError:
-            k = self._position_batch
-            texts = [o._transform.take_error(pos)
-                     for pos in range(k * self._engine_batch, (k + 1) * self._engine_batch)]
+            texts = self._errors_of(self._position_batch)
             for text in texts:
                 details = text.partition("\n")[2] if text else ""
                 if "_collate.PadOverflow" in details:
@@ -198,27 +207,60 @@ class _EngineIter(_BaseIter):
                     _raise_from_text(text)
             raise
         self._position_batch += 1
+        return self._out(self._local_batch({k: torch.from_dlpack(v) for k, v in fields.items()}),
+                         on_device=self._on_device)
+
+    def _errors_of(self, k):
+        """The error texts of engine batch k's positions (empty where none failed)."""
+        take = self._owner._transform.take_error
+        return [take(pos) for pos in range(k * self._engine_batch, (k + 1) * self._engine_batch)]
+
+    def _next_offloaded(self):
+        """The next batch of an epoch made with the cluster: its errors raised as the engine's
+        are (a grown pad bound restarts it at the batch)."""
+        try:
+            batch = next(self._offloading)
+        except StopIteration:
+            self._close()
+            self._finished = True
+            raise
+        except DataError as e:
+            k = self._offloading._next - 1
+            texts = [t for t in self._errors_of(k) if t] or [str(e)]
+            for text in texts:
+                details = text.partition("\n")[2]
+                if "_collate.PadOverflow" in details:
+                    overflow = _collate.overflow_of(json.loads(details).get("message", ""))
+                    if overflow is not None:
+                        self._grow_and_restart(overflow)
+                        return self.__next__()
+            self._batches_done += 1
+            _raise_from_text(texts[0])
+        return self._out(batch)  # (a local batch already on the device stays there)
+
+    def _local_batch(self, fields, indices=None):
+        """The batch of an engine run's fields (tensors by name), as the loop gets it."""
+        o = self._owner
         if self._schema is None:  # batch mode: the batch was made in Python
-            pos = int(torch.from_dlpack(fields["batch"])[0])
+            pos = int(fields["batch"][0])
             if o._executor == "process":
                 out, learned = _payload.load(o._transform.take_result(pos))
                 o._learn(learned)
-                return self._out(out)
+                return out
             made = o._results[pos]
             out = made.pop()
             if not made:
                 del o._results[pos]
-            return self._out(out)
+            return out
         columns = []
         for f in self._schema.fields:
-            columns.append(_collate.as_field_dtype(torch.from_dlpack(fields[f"f{f.index}"]), f))
-        lengths = {f.index: torch.from_dlpack(fields[f"f{f.index}_lengths"])
+            columns.append(_collate.as_field_dtype(fields[f"f{f.index}"], f))
+        lengths = {f.index: fields[f"f{f.index}_lengths"]
                    for f in self._schema.fields if f.variable}
         objects = None
         if self._schema.objects:
-            values = torch.from_dlpack(fields[_collate.OBJECTS_FIELD]).cpu().numpy()
-            offs = torch.from_dlpack(fields[_collate.OBJECTS_FIELD + "_offsets"]).tolist()
+            values = fields[_collate.OBJECTS_FIELD].cpu().numpy()
+            offs = fields[_collate.OBJECTS_FIELD + "_offsets"].tolist()
             objects = [pickle.loads(values[offs[i]:offs[i + 1]].tobytes())
                        for i in range(len(offs) - 1)]
-        return self._out(_collate.rebuild(self._schema, columns, objects, lengths),
-                         on_device=self._on_device)
+        return _collate.rebuild(self._schema, columns, objects, lengths)

@@ -10,7 +10,7 @@ import torch
 import torch.utils.data as tud
 
 from .. import _collate
-from . import _ahead, _arguments
+from . import _ahead, _arguments, _offload
 from ._executor import _Executor
 from ._iterable import _IterableIter
 from ._iterators import _EmptyIter, _EngineIter, _SerialIter
@@ -52,6 +52,11 @@ class DataLoader(_Executor, _Resume, typing.Generic[_T_co]):
       pad: True (pad every leaf whose shape varies), or {name: True | bound | per-dimension
         bounds}; padded to the batch's longest with ``pad_value``, lengths beside them
         (``"<key>_lengths"`` in a dict sample, else a (padded, lengths) pair).
+      offload: a distributed.Client or a Dask scheduler's address: the dataset (it must
+        pickle), collate_fn and worker_init_fn go to the cluster's workers, which make part of
+        each epoch's batches, as worker process k mod num_workers would make batch k, with the
+        same bytes; stats()["offload"] says how many came from where (map-style datasets,
+        worker processes, on_error="raise"; no head start of the next epoch).
 
     ``persistent_workers`` left out keeps the worker processes for the loader's life (torch's
     default makes new ones each epoch) and draws from torch's RNG at each iter() what torch's
@@ -72,7 +77,8 @@ class DataLoader(_Executor, _Resume, typing.Generic[_T_co]):
                  timeout=0, worker_init_fn=None, multiprocessing_context=None, generator=None,
                  *, prefetch_factor=None, persistent_workers=None, pin_memory_device="",
                  workers="auto", executor="auto", memory_budget="auto", on_error="raise",
-                 max_errors=None, seed=None, device=None, pad=None, pad_value=0):
+                 max_errors=None, seed=None, device=None, pad=None, pad_value=0,
+                 offload=None):
         self._owner_pid = os.getpid()  # __del__ in a forked copy leaves the loader alone
         multiprocessing_context = _arguments.check_arguments(
             num_workers, timeout, executor, on_error, pad, pad_value, collate_fn,
@@ -144,6 +150,10 @@ class DataLoader(_Executor, _Resume, typing.Generic[_T_co]):
         self._resume = None
         self._epoch_state = None
         self._IterableDataset_len_called = None  # what len(loader) said, as torch keeps it
+        self._offload = None
+        if offload is not None:
+            _offload.check(self)
+            self._offload = _offload.LoaderOffload(offload, self)
         _LIVE.add(self)
         _register_exit()
         self.__initialized = True
@@ -364,6 +374,8 @@ class DataLoader(_Executor, _Resume, typing.Generic[_T_co]):
                 for f in self._schema.fields if f.variable}
             py["pad_restarts"] = self._pad_restarts
         out["python"] = py
+        if self._offload is not None:
+            out["offload"] = self._offload.stats()
         return out
 
     def __repr__(self):
