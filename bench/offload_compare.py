@@ -3,7 +3,9 @@
 The trainer's process is pinned to one core (os.sched_setaffinity: a node whose CPUs are all
 taken), and one Dask worker process, started with the `dask` command-line tools the way a
 cluster's are, is pinned to the other core (the remote CPU pool). Contenders, interleaved round
-by round, each an epoch of ImageLoader(train transform) on the bundled images:
+by round, each an epoch of ImageLoader(train transform) on the bundled images, or with
+--workload pil of feedline.DataLoader over a torchvision ImageFolder (PIL decodes,
+RandomResizedCrop(224), flip: the dataset itself goes to the worker):
 
   local   the loader alone on the trainer's core;
   hybrid  the same loader with offload=<the scheduler>: the worker makes part of each epoch;
@@ -49,23 +51,58 @@ def _start_cluster(core):
     return address, [worker, scheduler]
 
 
+def _make(workload, data, batch_size, offload=None):
+    import feedline
+    if workload == "image":
+        return feedline.ImageLoader(data, batch_size=batch_size, transform="train", seed=0,
+                                    offload=offload)
+    import torch
+    import torchvision
+    from torchvision import transforms
+    t = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
+                            transforms.PILToTensor()])
+    ds = torchvision.datasets.ImageFolder(data, transform=t)
+    return feedline.DataLoader(ds, batch_size=batch_size, shuffle=True, offload=offload,
+                               generator=torch.Generator().manual_seed(0))
+
+
+def _cpu(loader):
+    """CPU seconds of the trainer: this process's threads and a DataLoader's worker processes
+    (their /proc stat, as they run: a child's own times reach os.times() only at its exit)."""
+    total = time.process_time()
+    tick = os.sysconf("SC_CLK_TCK")
+    for proc in getattr(loader, "_procs", {}).values():
+        try:
+            with open(f"/proc/{proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
 def _turn(loader, first_epoch, epochs):
     """Images/s over `epochs` consecutive epochs from `first_epoch`, and the trainer's CPU
-    seconds per batch (process time: every thread of this process, the loader's included).
+    seconds per batch (every thread of this process and its worker processes: _cpu).
     The turn starts at an epoch no contender has begun: work a loader did for its next epoch
     while the others had their turns is dropped (set_epoch cancels it), and within the turn
     each epoch's head start counts as it would in training."""
-    loader.set_epoch(first_epoch)
-    t0, c0 = time.perf_counter(), time.process_time()
+    if hasattr(loader, "set_epoch"):
+        loader.set_epoch(first_epoch)
+    t0, c0 = time.perf_counter(), _cpu(loader)
     n = batches = 0
     for _ in range(epochs):
         for images, _ in loader:
             n += images.shape[0]
             batches += 1
-    rate, cpu = n / (time.perf_counter() - t0), (time.process_time() - c0) / batches
+    rate, cpu = n / (time.perf_counter() - t0), (_cpu(loader) - c0) / batches
     # Its head start of the next epoch (and the cluster's) would run during the next turn,
-    # another contender's: dropped now (set_epoch to an epoch other than the next).
-    loader.set_epoch(first_epoch)
+    # another contender's: dropped now (set_epoch to an epoch other than the next; a
+    # DataLoader's next order is drawn at iter(): its engine's head start is dropped).
+    if hasattr(loader, "set_epoch"):
+        loader.set_epoch(first_epoch)
+    elif loader._loader is not None:
+        loader._loader.drop_ahead()
     return rate, cpu
 
 
@@ -77,6 +114,7 @@ def main():
     p.add_argument("--epochs", type=int, default=3, help="consecutive epochs per turn")
     p.add_argument("--per-task", type=int, default=None,
                    help="batches per Dask task (default: the loader's own choice)")
+    p.add_argument("--workload", choices=("image", "pil"), default="image")
     p.add_argument("--json", help="write the figures here")
     a = p.parse_args()
     cores = sorted(os.sched_getaffinity(0))
@@ -85,14 +123,12 @@ def main():
     address, procs = _start_cluster(cores[1])
     os.sched_setaffinity(0, {cores[0]})  # before any thread of this process starts
     import distributed
-    import feedline
     try:
         client = distributed.Client(address, timeout=30, set_as_default=False)
         client.wait_for_workers(1, timeout=60)
-        kw = dict(batch_size=a.batch_size, transform="train", seed=0)
-        local = feedline.ImageLoader(a.data, **kw)
-        hybrid = feedline.ImageLoader(a.data, offload=client, **kw)
-        remote = feedline.ImageLoader(a.data, offload=client, **kw)
+        local = _make(a.workload, a.data, a.batch_size)
+        hybrid = _make(a.workload, a.data, a.batch_size, client)
+        remote = _make(a.workload, a.data, a.batch_size, client)
         remote._offload.local = False  # every full batch from the worker
         if a.per_task is not None:
             hybrid._offload.batches_per_task = remote._offload.batches_per_task = a.per_task
@@ -126,6 +162,7 @@ def main():
                          for c, made in received) / a.rounds
         st = hybrid.stats()["offload"]
         out = {
+            "workload": a.workload,
             "images": batches * a.batch_size,
             "batch_size": a.batch_size,
             "rounds": a.rounds,
@@ -143,7 +180,8 @@ def main():
             "remote_latency_ms": round(st["remote_latency_ms"], 1),
         }
         print(f"offload on one machine: trainer on core {cores[0]}, one Dask worker on core "
-              f"{cores[1]}, {out['images']} images, batch {a.batch_size}, train transform, {a.epochs} epochs a turn, "
+              f"{cores[1]}, {out['images']} images, batch {a.batch_size}, {a.workload} train transform, "
+              f"{a.epochs} epochs a turn, "
               f"{out['batches_per_task']} batches a task")
         for name in ("local", "hybrid", "remote"):
             print(f"  {name:7s} " + "  ".join(f"{x:7.1f}" for x, _ in rows[name]) + " img/s")

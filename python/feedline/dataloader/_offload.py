@@ -26,7 +26,7 @@ import torch
 
 from .. import _payload, _worker
 from .._offload_epoch import Epoch, Whole
-from ..offload import Offload
+from ..offload import Offload, set_up_worker
 from ._runtime import _raise_from_text, _tls, _worker_copy
 
 _PRODUCERS = collections.OrderedDict()  # spec id -> _Producer, on a Dask worker (LRU)
@@ -111,6 +111,7 @@ def make_batches(blob, spec_id, epoch_seed, items):
     tensors the next 1 + n of `arrays`; (batch, error text, None) for one whose sample or
     collate_fn raised (the text re-raises its type in the loop)."""
     t0 = time.perf_counter()
+    set_up_worker()
     p = _producer(spec_id, blob)
     arrays, made = [], []
     where = f"a Dask worker (pid {os.getpid()})"
