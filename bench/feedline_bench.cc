@@ -162,6 +162,9 @@ modes:
                         hybrid (offload=) and every batch from the worker, interleaved
                         turns of --epochs epochs (default 3): images/s, the trainer's CPU
                         per batch made and per batch received
+  --offload-workload image|pil
+                        with --offload: ImageLoader (default), or feedline.DataLoader over a
+                        torchvision ImageFolder (PIL decodes: the dataset goes to the worker)
   --dataset-variant overhead|cheap|computed|costly|all
                         which of --compare-dataset's variants to run (default all)
   --torch-workers LIST  the DataLoader worker counts to try, e.g. 1,2,4 (default: 1, 2,
@@ -204,6 +207,7 @@ struct BenchFlags {
   bool hog = false;  // --e2e --hog: another process busy on one core
   bool compare_video = false;  // --compare-video: bench/video_compare.py
   bool offload = false;        // --offload: bench/offload_compare.py
+  std::string offload_workload = "image";  // --offload-workload image|pil
   std::string dataset_variant = "all";
   std::vector<int> torch_workers;  // empty: the default list
   std::string python;
@@ -246,11 +250,27 @@ absl::StatusOr<double> ParseMilliseconds(absl::string_view flag, absl::string_vi
 }
 
 // The options that take a value (all but the switches).
-constexpr absl::string_view kValueFlags[] = {
-    "--data",     "--batch-size",    "--epochs",        "--workers", "--prefetch",
-    "--io-depth", "--transform",     "--layout",        "--device",  "--seed",
-    "--json",     "--io-latency-ms", "--consumer-ms",   "--plot",    "--trace",
-    "--source",   "--grid-seconds",  "--torch-workers", "--python",  "--dataset-variant"};
+constexpr absl::string_view kValueFlags[] = {"--data",
+                                             "--batch-size",
+                                             "--epochs",
+                                             "--workers",
+                                             "--prefetch",
+                                             "--io-depth",
+                                             "--transform",
+                                             "--layout",
+                                             "--device",
+                                             "--seed",
+                                             "--json",
+                                             "--io-latency-ms",
+                                             "--consumer-ms",
+                                             "--plot",
+                                             "--trace",
+                                             "--source",
+                                             "--grid-seconds",
+                                             "--torch-workers",
+                                             "--python",
+                                             "--dataset-variant",
+                                             "--offload-workload"};
 constexpr absl::string_view kSwitches[] = {
     "--quiet",          "--tune-grid", "--compare-torch", "--compare-dataset", "--compare-text",
     "--python-dataset", "--e2e",       "--hog",           "--compare-video",   "--offload"};
@@ -300,6 +320,9 @@ absl::StatusOr<BenchFlags> ParseFlags(int argc, char** argv) {
     if (name == "--data") {
       if (value.empty()) return BadValue(name, value, "a directory or list file");
       flags.data = std::string(value);
+    } else if (name == "--offload-workload") {
+      if (value != "image" && value != "pil") return BadValue(name, value, "image or pil");
+      flags.offload_workload = std::string(value);
     } else if (name == "--dataset-variant") {
       if (value != "overhead" && value != "cheap" && value != "computed" && value != "costly" &&
           value != "all")
@@ -408,6 +431,8 @@ absl::Status CheckCombinations(const BenchFlags& f) {
         "--e2e, --compare-video and --offload are separate runs");
   }
   if (f.hog && !f.e2e) return absl::InvalidArgumentError("--hog applies to --e2e only");
+  if (f.given.count("--offload-workload") && !f.offload)
+    return absl::InvalidArgumentError("--offload-workload applies to --offload only");
   if (f.compare_text || f.python_dataset || f.e2e || f.compare_video || f.offload) {
     const char* mode = f.compare_text     ? "--compare-text: "
                        : f.python_dataset ? "--python-dataset: "
@@ -785,6 +810,7 @@ int RunOffloadCompare(const BenchFlags& flags) {
   if (flags.given.count("--batch-size")) {
     args.insert(args.end(), {"--batch-size", absl::StrCat(flags.batch_size)});
   }
+  args.insert(args.end(), {"--workload", flags.offload_workload});
   if (!flags.json.empty()) args.insert(args.end(), {"--json", flags.json});
   return ExecPython(std::move(args));
 }

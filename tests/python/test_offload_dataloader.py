@@ -202,3 +202,19 @@ def test_what_offload_needs_is_said():
         warnings.simplefilter("error")
         with pytest.raises(TypeError, match="offload: expected a distributed.Client"):
             _loader(ds, 8786)
+
+
+def test_keys_worker_processes_cannot_take_are_refused(cluster):
+    """A sampler of string keys: the automatic executor would choose worker threads, which
+    offload cannot pair with; refused at iter(), naming why."""
+    class Named(tud.Dataset):
+        def __getitem__(self, key):
+            return torch.zeros(2)
+
+        def __len__(self):
+            return 4
+
+    loader = feedline.DataLoader(Named(), sampler=["a", "b", "c", "d"], batch_size=2,
+                                 num_workers=1, offload=cluster[1])
+    with pytest.raises(TypeError, match="offload: .*int sample keys"):
+        next(iter(loader))

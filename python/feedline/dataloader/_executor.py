@@ -65,6 +65,9 @@ class _Executor:
             self._executor, self._executor_reason = self._choose_executor(flat)
         if self._executor == "process" and not all(isinstance(k, int) for k in flat):
             raise TypeError("executor='process' needs int sample keys; use executor='thread'")
+        if self._offload is not None and self._executor != "process":
+            raise TypeError(f"offload: the batches are made by worker processes here and on "
+                            f"the cluster, which need int sample keys ({self._executor_reason})")
         if not self._procs_started():
             self._spawn_seed = base_seed
         if self._device is not None and self._device.type == "cuda":
