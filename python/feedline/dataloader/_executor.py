@@ -59,7 +59,6 @@ class _Executor:
         left = batches[skip:]
         if not left:
             return None
-        regular = self._auto_collation and _regular(batches)
         flat = [k for b in left for k in b]
         if self._executor is None:
             self._executor, self._executor_reason = self._choose_executor(flat)
@@ -73,11 +72,9 @@ class _Executor:
         if self._device is not None and self._device.type == "cuda":
             _check_cuda(self._engine_device())  # a clear DeviceError now, in any mode
         # In place needs the layout, which worker processes learn from their first batch.
-        self._wants_layout = (regular and self.collate_fn is tud.default_collate
-                              and self._executor == "process")
+        self._wants_layout = self._in_place(batches)
         self._pad_config = ((self._pad, self._pad_value, dict(self._pad_bounds))
                             if self._pad else None)
-        schema = self._layout() if self._wants_layout else None
         learning = self._learning()
         if learning:  # the first batches from `skip`, a run of their own
             left = left[:self._process_count()]
@@ -85,14 +82,8 @@ class _Executor:
             first_index = sum(len(b) for b in batches[:skip])  # the order's index of left[0][0]
         else:  # the whole epoch, started at batch `skip`
             left, first_batch, start, first_index = batches, 0, skip, 0
-        flat = [k for b in left for k in b]
+        schema, flat, offsets, engine_batch, chunk = self._plan(left)
         batch_mode = schema is None
-        if batch_mode:
-            engine_batch = 1
-            offsets = list(itertools.accumulate([0] + [len(b) for b in left]))
-        else:
-            engine_batch = max(len(left[0]), 1)
-            offsets = list(range(len(flat) + 1))
         self._ensure_transform(schema, batch_mode)
         self._keys = flat if not batch_mode else left
         self._key_offsets = offsets
@@ -103,11 +94,10 @@ class _Executor:
             if not (ahead_ok and not learning and self._transform.adopt_ahead()):
                 self._transform.set_keys(flat, offsets, _signed64(base_seed), first_index,
                                          first_batch=first_batch, positions_per_batch=engine_batch,
-                                         chunk=_chunk(schema))
+                                         chunk=chunk)
         else:
             self._transform.set_keys([], [0])
-        positions = len(left) if batch_mode else len(flat)
-        key = (positions, engine_batch, learning)
+        key = (len(offsets) - 1, engine_batch, learning)
         if self._loader is None or self._loader_key != key:
             if self._loader is not None:
                 self._retire(loader=self._loader)
@@ -122,7 +112,7 @@ class _Executor:
                 workers = len(left)
                 prefetch = max(prefetch or 0, len(left))
             self._loader = _feedline.python_loader(
-                self._transform, positions=positions, fingerprint=positions,
+                self._transform, positions=key[0], fingerprint=key[0],
                 batch_size=engine_batch, drop_last=False, workers=workers,
                 prefetch=prefetch, epoch_head_start=self._offload is None,
                 memory_budget=_parse_bytes("memory_budget", self._memory_budget),
@@ -162,19 +152,10 @@ class _Executor:
         """The order foreseen `f` to the transform, as the keys of the engine's next epoch:
         True when they are set (the engine starts that epoch with them)."""
         loader = self._loader
-        schema = self._layout() if self._wants_layout else None
-        flat = [k for b in f.batches for k in b]
+        schema, flat, offsets, per_batch, chunk = self._plan(f.batches)
         # The same engine run (its positions, batch) and mode as _start_engine will give it.
-        if schema is not None:  # samples in place: batches of one size (but the last)
-            same = len(flat) == loader.num_samples and _regular(f.batches)
-            offsets, per_batch, chunk = list(range(len(flat) + 1)), len(f.batches[0]), \
-                _chunk(schema)
-        else:  # whole batches (the user's collate_fn, a sampler's batches of other sizes)
-            same = len(f.batches) == loader.num_samples and not (
-                self._auto_collation and _regular(f.batches) and
-                self.collate_fn is tud.default_collate)
-            offsets, per_batch, chunk = list(itertools.accumulate(
-                [0] + [len(b) for b in f.batches])), 1, 1
+        same = ((len(offsets) - 1, per_batch, False) == self._loader_key and
+                (schema is None) == self._batch_mode)
         if not same or not all(isinstance(k, int) for k in flat):
             self._foresight = f  # (iter() compares and finds it is not this run's)
             f.tries, f.usable = _ahead.TRIES + 1, False
@@ -208,6 +189,23 @@ class _Executor:
         self._foresight = None
         if self._set_ahead(f):
             loader.start_ahead(loader.next_epoch)
+
+    def _in_place(self, batches):
+        """Whether an epoch of `batches` has its samples written in place (once the layout is
+        known): worker processes, torch's default collation, batches of one size (the last
+        not larger). Else its batches are made whole."""
+        return (self._auto_collation and _regular(batches) and
+                self.collate_fn is tud.default_collate and self._executor == "process")
+
+    def _plan(self, batches):
+        """How the engine runs `batches`: (schema or None, their keys, each position's offset
+        into them, positions per batch, positions per request to a worker process). In place,
+        a position is a sample; else a whole batch."""
+        schema = self._layout() if self._in_place(batches) else None
+        flat = [k for b in batches for k in b]
+        if schema is None:
+            return None, flat, list(itertools.accumulate([0] + [len(b) for b in batches])), 1, 1
+        return schema, flat, list(range(len(flat) + 1)), max(len(batches[0]), 1), _chunk(schema)
 
     def _learning(self):
         return self._wants_layout and self._learned is None
