@@ -110,7 +110,10 @@ def seed_worker(base_seed, worker_id):
     import torch
     seed = base_seed + worker_id
     random.seed(seed)
-    torch.manual_seed(seed)
+    # Not torch.manual_seed: in a forked child CUDA cannot start, and its lazy seeding records
+    # the caller's stack (traceback.format_stack), whose walk took a lock that a thread of the
+    # parent held at the fork (a Dask client's, with offload=): the worker hung at its start.
+    torch.default_generator.manual_seed(seed)
     try:
         import numpy as np
         from torch.utils.data._utils.worker import _generate_state

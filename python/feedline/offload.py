@@ -23,6 +23,7 @@ import warnings
 
 from . import _feedline
 from ._util import _is_url
+from ._worker import _keep_heap
 from .mix import Mix
 
 _PRODUCERS = collections.OrderedDict()  # spec key -> loader, on a Dask worker (LRU)
@@ -124,7 +125,6 @@ def set_up_worker():
     mapping whose pages faulted in zeroed, and PIL's decode and resize took 2.6x the CPU they
     take in the trainer's process."""
     if not _SET_UP:
-        from ._worker import _keep_heap
         _keep_heap()
         _SET_UP.append(True)
 

@@ -514,15 +514,24 @@ class Megabyte(tud.Dataset):
 
 
 def _kib_of_children(field="Pss_Shmem"):
-    """A memory figure (KiB, /proc/PID/smaps_rollup's `field`) of each child of this process."""
+    """A memory figure (KiB, /proc/PID/smaps_rollup's `field`) of each child of this process
+    (a child that exits while it is read, or a thread that ends, is left out: an earlier test's
+    worker process may end at any time)."""
     out = {}
     for t in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{t}/children") as f:
-            for pid in f.read().split():
+        try:
+            with open(f"/proc/self/task/{t}/children") as f:
+                pids = f.read().split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        for pid in pids:
+            try:
                 with open(f"/proc/{pid}/smaps_rollup") as r:
                     for line in r:
                         if line.startswith(field + ":"):
                             out[int(pid)] = int(line.split()[1])
+            except (FileNotFoundError, ProcessLookupError):
+                continue
     return out
 
 

@@ -218,3 +218,35 @@ def test_keys_worker_processes_cannot_take_are_refused(cluster):
                                  num_workers=1, offload=cluster[1])
     with pytest.raises(TypeError, match="offload: .*int sample keys"):
         next(iter(loader))
+
+
+def test_the_next_epochs_first_batches_are_leased_ahead(cluster):
+    """Near an epoch's end the next epoch's order is foreseen (drawn on a copy of torch's RNG
+    states) and the cluster makes its first batches ahead: taken over when iter() draws that
+    order; dropped when it draws another (a training step drew from torch's RNG), with the
+    batches still a local run's."""
+    _, client = cluster
+    ds = Augmented(n=40)
+    local = _epochs(_loader(ds), 3)
+    off = _loader(ds, client)
+    off._offload.local = False  # every batch leased: the cluster runs out of this epoch's
+    _same(_epochs(off, 3), local)
+    assert off.stats()["offload"]["batches_ahead"] > 0
+    # A loop whose steps draw from torch's RNG: what was leased ahead on the old state is not
+    # this order's (or is leased again on the new one at the epoch's end).
+    def drawing(loader):
+        out = []
+        for _ in range(3):
+            epoch = []
+            for b in loader:
+                epoch.append({k: v.clone() for k, v in b.items()})
+                torch.rand(3)
+            out.append(epoch)
+        return out
+
+    torch.manual_seed(1)
+    reference = drawing(_loader(ds, generator=None))  # the order from torch's global RNG
+    torch.manual_seed(1)
+    again = _loader(ds, client, generator=None)
+    again._offload.local = False
+    _same(drawing(again), reference)

@@ -133,8 +133,7 @@ class _Executor:
         """The next epoch's order drawn ahead, once `done` batches of this one are taken (see
         _ahead): its keys go to the transform, for the engine's head start."""
         loader = self._loader
-        if (loader is None or len(loader) - done > _ahead.WINDOW or not _ahead.eligible(self)
-                or self._offload is not None):  # (an offloading epoch has no head start)
+        if loader is None or len(loader) - done > _ahead.WINDOW or not _ahead.eligible(self):
             return
         if self._learning():
             return
@@ -152,6 +151,10 @@ class _Executor:
         """The order foreseen `f` to the transform, as the keys of the engine's next epoch:
         True when they are set (the engine starts that epoch with them)."""
         loader = self._loader
+        if self._offload is not None:  # the cluster's leases of its first batches, not the engine
+            self._foresight = f
+            _ahead.FORESEEN.add(self)
+            return self._offload.foresee(loader.next_epoch, f.batches, _signed64(f.base_seed))
         schema, flat, offsets, per_batch, chunk = self._plan(f.batches)
         # The same engine run (its positions, batch) and mode as _start_engine will give it.
         same = ((len(offsets) - 1, per_batch, False) == self._loader_key and
@@ -186,6 +189,8 @@ class _Executor:
             return
         loader.drop_ahead()
         self._transform.forget_ahead()
+        if self._offload is not None:
+            self._offload.drop_ahead(unless_epoch=-1)
         self._foresight = None
         if self._set_ahead(f):
             loader.start_ahead(loader.next_epoch)

@@ -218,11 +218,14 @@ class _EngineIter(_BaseIter):
     def _next_offloaded(self):
         """The next batch of an epoch made with the cluster: its errors raised as the engine's
         are (a grown pad bound restarts it at the batch)."""
+        o = self._owner
+        o._foresee(self._batches_done)  # (the cluster's leases of the next epoch's first)
         try:
             batch = next(self._offloading)
         except StopIteration:
             self._close()
             self._finished = True
+            o._foresee_again()
             raise
         except DataError as e:
             k = self._offloading._next - 1

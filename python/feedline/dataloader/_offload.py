@@ -199,6 +199,15 @@ class _CallerRun:
         self._queue.clear()
 
 
+def _firsts(batches):
+    """The index in the epoch's order of each batch's first sample."""
+    first, n = [], 0
+    for b in batches:
+        first.append(n)
+        n += len(b)
+    return first
+
+
 def _dumps(obj):
     """cloudpickle where it is there (Dask's own choice: classes and functions of a script or a
     notebook travel by value), else pickle."""
@@ -213,13 +222,18 @@ class LoaderOffload(Offload):
     """A DataLoader's link to the cluster: the spec (dataset, collate_fn, worker_init_fn)
     shipped once per change, the epoch's order for the leases."""
 
-    leases_ahead = False  # the next order is drawn from torch's RNG at iter(): not known
+    @property
+    def leases_ahead(self):
+        """The next epoch's first batches may be leased: its order was foreseen (_ahead: drawn
+        on a copy of torch's RNG states; iter() keeps the leases only if it draws the same)."""
+        return self.next_order is not None
 
     def __init__(self, offload, owner):
         super().__init__(offload, ("dataloader", None))
         import weakref
         self._owner = weakref.ref(owner)
         self.order = None  # (epoch, batches, first index of each, epoch seed)
+        self.next_order = None  # the same of the next epoch, foreseen
         self.num_workers = 1
         self._spec_key = None
         self._spec = None  # (spec id, the blob or a future of it)
@@ -256,19 +270,32 @@ class LoaderOffload(Offload):
     def owner(self):
         return self._owner()
 
+    def foresee(self, epoch, batches, epoch_seed):
+        """The order of the engine's epoch `epoch` (the next), foreseen: the current epoch's
+        leases, once it has none left worth leasing, make its first batches. A foresight that
+        replaces another drops what was leased with the other."""
+        with self.lock:
+            order = (epoch, batches, _firsts(batches), epoch_seed)
+            if self.next_order is not None and self.next_order[1:] != order[1:]:
+                self.drop_ahead(unless_epoch=-1)
+            self.next_order = order
+        return True
+
     def prepare(self, epoch, batches, epoch_seed):
-        """The epoch about to be made with the cluster: its order, and the spec shipped anew if
-        the dataset's side changed (a new layout leaves it; new worker processes do not)."""
+        """The epoch about to be made with the cluster: its order (what was leased ahead of it
+        with another order is dropped), and the spec shipped anew if the dataset's side changed
+        (a new layout leaves it; new worker processes do not)."""
         o = self.owner
         self.num_workers = o._process_count()
-        first, n = [], 0
-        for b in batches:
-            first.append(n)
-            n += len(b)
-        self.order = (epoch, batches, first, epoch_seed)
+        with self.lock:
+            foreseen, self.next_order = self.next_order, None
+            self.order = (epoch, batches, _firsts(batches), epoch_seed)
+        if foreseen is None or foreseen[0] != epoch or foreseen[1:] != self.order[1:]:
+            self.drop_ahead(unless_epoch=-1)
         key = (id(o.dataset), o._spawn_seed, self.num_workers)
         if key == self._spec_key:
             return
+        self.drop_ahead(unless_epoch=-1)  # (made with the spec before)
         self._infos.clear()
         blob = _dumps({"dataset": o.dataset, "collate_fn": o._batch_collate_fn,
                              "auto_collation": o._auto_collation,
@@ -281,7 +308,10 @@ class LoaderOffload(Offload):
         self._spec, self._spec_key = (spec_id, ship), key
 
     def submit(self, epoch, lease):
-        _, batches, first, seed = self.order
+        order = self.order if self.order[0] == epoch else self.next_order
+        if order is None or order[0] != epoch:
+            raise RuntimeError(f"feedline offload: no order for epoch {epoch} (a bug)")
+        _, batches, first, seed = order
         n = self.num_workers
         items = [(b, list(batches[b]), first[b], b % n) for b in lease]
         spec_id, ship = self._spec

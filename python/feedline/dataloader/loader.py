@@ -56,7 +56,7 @@ class DataLoader(_Executor, _Resume, typing.Generic[_T_co]):
         pickle), collate_fn and worker_init_fn go to the cluster's workers, which make part of
         each epoch's batches, as worker process k mod num_workers would make batch k, with the
         same bytes; stats()["offload"] says how many came from where (map-style datasets,
-        worker processes, on_error="raise"; no head start of the next epoch).
+        worker processes, on_error="raise").
 
     ``persistent_workers`` left out keeps the worker processes for the loader's life (torch's
     default makes new ones each epoch) and draws from torch's RNG at each iter() what torch's
