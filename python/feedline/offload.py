@@ -225,8 +225,8 @@ class Offload:
         self.ahead = None  # (epoch, {batch: (future, submitted)}): the next epoch's first
         self.epoch = None  # a weak reference to the epoch iterating now
 
-    # Whether an epoch with nothing more to lease makes the next epoch's first batches (the
-    # next epoch's order is (seed, epoch + 1) for the loader faces; not known for others).
+    # Whether an epoch with nothing more to lease makes the next epoch's first batches: a
+    # loader face's next order is (seed, epoch + 1); a DataLoader's is known when foreseen.
     leases_ahead = True
 
     def submit(self, epoch, lease):

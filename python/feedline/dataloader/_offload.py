@@ -298,9 +298,8 @@ class LoaderOffload(Offload):
         self.drop_ahead(unless_epoch=-1)  # (made with the spec before)
         self._infos.clear()
         blob = _dumps({"dataset": o.dataset, "collate_fn": o._batch_collate_fn,
-                             "auto_collation": o._auto_collation,
-                             "worker_init_fn": o.worker_init_fn,
-                             "num_workers": self.num_workers, "spawn_seed": o._spawn_seed})
+                       "auto_collation": o._auto_collation, "worker_init_fn": o.worker_init_fn,
+                       "num_workers": self.num_workers, "spawn_seed": o._spawn_seed})
         spec_id = hashlib.sha256(blob).hexdigest()
         ship = blob
         if len(blob) > _INLINE_SPEC:
