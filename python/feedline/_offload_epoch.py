@@ -1,6 +1,7 @@
 """An offloading loader's epoch: batches in order, each once, made here or on the cluster."""
 
 import collections
+import os
 import time
 import weakref
 
@@ -63,6 +64,7 @@ class Epoch:
         # workers send their own format (n: the batch's arrays after the first), else the
         # face's fields by name (`shape`). A rescue run may give whole batches (`Whole`).
         self._remote = remote
+        self._pid = os.getpid()  # a copy in a forked child has no client to cancel with
         self._torch = torch
         self._shape = shape
         self._owner = owner
@@ -433,6 +435,11 @@ class Epoch:
             _cancel(f)
 
     def __del__(self):
+        # Collected in a forked child (a DataLoader's worker process inherits the garbage of
+        # the parent): cancelling a lease there waited forever for the Dask client's event
+        # loop, a thread the child does not have (the worker hung at its first batch).
+        if getattr(self, "_pid", None) != os.getpid():
+            return
         try:
             self.close()
         except Exception:  # noqa: BLE001

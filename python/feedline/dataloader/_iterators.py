@@ -9,7 +9,7 @@ import torch
 from .. import _collate, _payload
 from .._feedline import DataError
 from . import _offload
-from ._runtime import _raise_from_text, _signed64, _to_device
+from ._runtime import _raise_from_text, _signed64, _to_device, _weak
 
 
 class _BaseIter:
@@ -112,8 +112,11 @@ class _EngineIter(_BaseIter):
         self._epoch, self._schema, self._engine_batch, self._learning_run, start = got
         self._position_batch = start
         if self._epoch is None:  # made with the cluster: the engine's run claims its share
+            # (The epoch refers to this iterator weakly: a cycle would leave it to the garbage
+            # collector, which could run its __del__ anywhere, a forked worker included.)
             self._offloading = _offload.start(self, self._engine_batch,
-                                              _signed64(self._base_seed), self._local_batch)
+                                              _signed64(self._base_seed),
+                                              _weak(self._local_batch))
         # Collated batches come from the copy stage already on the GPU (see _start_engine).
         self._on_device = self._schema is not None and o._engine_device() is not None
 
