@@ -110,9 +110,8 @@ def seed_worker(base_seed, worker_id):
     import torch
     seed = base_seed + worker_id
     random.seed(seed)
-    # Not torch.manual_seed: in a forked child CUDA cannot start, and its lazy seeding records
-    # the caller's stack (traceback.format_stack), whose walk took a lock that a thread of the
-    # parent held at the fork (a Dask client's, with offload=): the worker hung at its start.
+    # Not torch.manual_seed: in a forked child CUDA cannot start, and its lazy seeding only
+    # records the caller's whole stack (traceback.format_stack), as seed_sample avoids too.
     torch.default_generator.manual_seed(seed)
     try:
         import numpy as np
