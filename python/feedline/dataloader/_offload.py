@@ -249,15 +249,7 @@ class LoaderOffload(Offload):
             import torch.utils.data as tud
             o = self.owner
             own = _worker_copy(o.dataset)
-            seed = o._spawn_seed + worker_id  # seeded as _worker.seed_worker, CUDA's left
-            random.seed(seed)
-            torch.default_generator.manual_seed(seed)
-            try:
-                import numpy as np
-                from torch.utils.data._utils.worker import _generate_state
-                np.random.seed(_generate_state(o._spawn_seed, worker_id))
-            except ImportError:
-                pass
+            seed = _worker.seed_worker(o._spawn_seed, worker_id)  # (CPU generators only)
             info = tud._utils.worker.WorkerInfo(id=worker_id, num_workers=self.num_workers,
                                                 seed=seed, dataset=own)
             _tls.info = info
